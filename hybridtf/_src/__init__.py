@@ -1,0 +1,1 @@
+"""Private implementation of hybridtf. Import the public API from ``hybridtf``."""

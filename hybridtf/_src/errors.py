@@ -1,0 +1,20 @@
+"""Exception classes of hybridtf.
+
+Every error hybridtf raises on its own says what was wrong and what to do about
+it. Errors raised inside TensorFlow kernels surface as
+``tf.errors.InvalidArgumentError`` with the same wording as the Python checks.
+"""
+
+from __future__ import annotations
+
+
+class HybridTFError(Exception):
+    """Base class of hybridtf's own exceptions."""
+
+
+class OpLibraryError(HybridTFError, ImportError):
+    """The compiled op library is missing, or was built for another TensorFlow."""
+
+
+class NativeModuleError(HybridTFError, ImportError):
+    """The pybind11 module ``hybridtf._native`` is missing or broken."""

@@ -1,0 +1,105 @@
+// pybind11 module hybridtf._native: the TF-free implementation layer on NumPy
+// arrays. The planner's warm-up statistics, data-side tools and reference
+// tests call it without building a TensorFlow graph. Bad input raises
+// ValueError / TypeError with the same wording as the TF kernels.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/unique_partition/unique_partition_impl.h"
+
+namespace py = pybind11;
+
+namespace hybridtf {
+namespace {
+
+using unique_partition::PartitionSpec;
+using unique_partition::Strategy;
+using unique_partition::UniquePartitionCpu;
+
+int IdWidth(const py::array& array, const char* what) {
+  const py::dtype dtype = array.dtype();
+  if (dtype.kind() != 'i' || (dtype.itemsize() != 4 && dtype.itemsize() != 8)) {
+    throw py::type_error(std::string(what) + " must be an int32 or int64 array, got dtype " +
+                         std::string(py::str(dtype)) +
+                         ". Cast integral ids with astype, or hash other features into ids first.");
+  }
+  return static_cast<int>(dtype.itemsize());
+}
+
+template <typename Id>
+py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strategy,
+              const py::object& bounds_obj, bool inverse64) {
+  auto ids = py::array_t<Id, py::array::c_style>::ensure(ids_any);
+  if (!ids) throw py::type_error("ids must be a native-endian int32 or int64 array.");
+  std::vector<Id> bounds;
+  if (!bounds_obj.is_none()) {
+    auto b = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(bounds_obj);
+    if (!b || b.ndim() != 1) throw py::value_error("range_bounds must be a 1-D integer array.");
+    bounds.assign(b.data(), b.data() + b.shape(0));
+  }
+  PartitionSpec<Id> spec;
+  spec.num_partitions = num_partitions;
+  spec.strategy = strategy;
+  spec.bounds = bounds.empty() ? nullptr : bounds.data();
+  spec.num_bounds = static_cast<int64_t>(bounds.size());
+
+  const int64_t n = ids.shape(0);
+  UniquePartitionCpu<Id> impl;
+  ImplStatus status;
+  {
+    py::gil_scoped_release release;
+    status = impl.Prepare(ids.data(), n, spec);
+  }
+  if (!status.ok()) throw py::value_error(status.message());
+  py::array_t<Id> unique_ids(impl.num_unique());
+  py::array_t<int32_t> sizes(num_partitions);
+  auto finish = [&](auto inverse) {
+    Id* u = unique_ids.mutable_data();
+    int32_t* s = sizes.mutable_data();
+    auto* inv = inverse.mutable_data();
+    {
+      py::gil_scoped_release release;
+      impl.Finish(u, s, inv);
+    }
+    return py::make_tuple(unique_ids, sizes, inverse);
+  };
+  if (inverse64) return finish(py::array_t<int64_t>(n));
+  return finish(py::array_t<int32_t>(n));
+}
+
+py::tuple UniquePartitionPy(const py::array& ids, int64_t num_partitions,
+                            const std::string& strategy_name, const py::object& range_bounds,
+                            bool inverse64) {
+  const int width = IdWidth(ids, "ids");
+  if (ids.ndim() != 1) {
+    throw py::value_error("ids must be a vector (rank 1), got " + std::to_string(ids.ndim()) +
+                          " dimensions. Flatten packed ids first, e.g. ids.reshape(-1).");
+  }
+  if (num_partitions < 1 || num_partitions > unique_partition::kMaxPartitions) {
+    throw py::value_error("num_partitions must be in [1, " +
+                          std::to_string(unique_partition::kMaxPartitions) + "], got " +
+                          std::to_string(num_partitions) + ".");
+  }
+  Strategy strategy;
+  if (!unique_partition::ParseStrategy(strategy_name, &strategy)) {
+    throw py::value_error("strategy must be 'mod' or 'range', got '" + strategy_name + "'.");
+  }
+  const auto p = static_cast<int32_t>(num_partitions);
+  if (width == 4) return Run<int32_t>(ids, p, strategy, range_bounds, inverse64);
+  return Run<int64_t>(ids, p, strategy, range_bounds, inverse64);
+}
+
+}  // namespace
+}  // namespace hybridtf
+
+PYBIND11_MODULE(_native, m) {
+  m.doc() = "hybridtf's TF-free algorithms on NumPy arrays (see hybridtf.native).";
+  m.def("unique_partition", &hybridtf::UniquePartitionPy, py::arg("ids"), py::arg("num_partitions"),
+        py::arg("strategy") = "mod", py::arg("range_bounds") = py::none(),
+        py::arg("inverse64") = false,
+        "Fused unique + partition of a 1-D int32/int64 array; returns "
+        "(unique_ids, partition_sizes, inverse). Same contract as the TF op.");
+}

@@ -1,0 +1,264 @@
+// CPU implementation of the fused Unique&Partition algorithm. See
+// unique_partition_impl.h for the contract.
+//
+// One pass over the ids with an open-addressing hash table (linear probing,
+// Fibonacci hashing, load factor <= 1/2, grown on demand so that it stays
+// cache-sized for skewed ids) assigns each distinct id a uid in first-seen
+// order and counts distinct ids per partition. The partition of an id is
+// computed, and the id validated, once per distinct id. A second pass places
+// uids into their partition segment (a counting sort, which preserves
+// first-seen order inside a partition) and a third maps every position to its
+// output slot.
+#include "kernels/unique_partition/unique_partition_impl.h"
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace hybridtf {
+namespace unique_partition {
+
+namespace {
+
+constexpr uint64_t kFibonacci = 0x9E3779B97F4A7C15ull;
+constexpr int64_t kMinCapacity = 1024;
+constexpr int64_t kMaxInitialCapacity = int64_t{1} << 16;
+
+template <typename Id>
+inline uint64_t HashBits(Id id) {
+  return static_cast<uint64_t>(static_cast<int64_t>(id)) * kFibonacci;
+}
+
+int Log2(int64_t power_of_two) {
+  int log = 0;
+  while ((int64_t{1} << log) < power_of_two) ++log;
+  return log;
+}
+
+}  // namespace
+
+bool ParseStrategy(const std::string& name, Strategy* strategy) {
+  if (name == "mod") {
+    *strategy = Strategy::kModulo;
+    return true;
+  }
+  if (name == "range") {
+    *strategy = Strategy::kRange;
+    return true;
+  }
+  return false;
+}
+
+template <typename Id>
+ImplStatus ValidateSpec(const PartitionSpec<Id>& spec) {
+  const int32_t p = spec.num_partitions;
+  if (p < 1 || p > kMaxPartitions) {
+    return ImplStatus::InvalidArgument(
+        "num_partitions must be in [1, " + std::to_string(kMaxPartitions) +
+        "], got " + std::to_string(p) +
+        ". Use the number of ranks that own embedding shards.");
+  }
+  if (spec.strategy == Strategy::kModulo) {
+    if (spec.num_bounds != 0) {
+      return ImplStatus::InvalidArgument(
+          "range_bounds must be empty for strategy 'mod', got " +
+          std::to_string(spec.num_bounds) +
+          " values. Pass strategy='range' to partition by contiguous ranges.");
+    }
+    return ImplStatus::Ok();
+  }
+  if (spec.bounds == nullptr || spec.num_bounds != int64_t{p} + 1) {
+    return ImplStatus::InvalidArgument(
+        "strategy 'range' with num_partitions=" + std::to_string(p) +
+        " needs num_partitions + 1 = " + std::to_string(int64_t{p} + 1) +
+        " range_bounds, got " + std::to_string(spec.num_bounds) +
+        ". Build them with hybridtf.ops.even_range_bounds(num_rows, "
+        "num_partitions).");
+  }
+  if (spec.bounds[0] != 0) {
+    return ImplStatus::InvalidArgument(
+        "range_bounds[0] must be 0 (ranges cover [0, num_rows)), got " +
+        std::to_string(static_cast<int64_t>(spec.bounds[0])) + ".");
+  }
+  for (int32_t i = 0; i < p; ++i) {
+    if (spec.bounds[i] > spec.bounds[i + 1]) {
+      return ImplStatus::InvalidArgument(
+          "range_bounds must be non-decreasing, but range_bounds[" +
+          std::to_string(i) + "] = " +
+          std::to_string(static_cast<int64_t>(spec.bounds[i])) +
+          " > range_bounds[" + std::to_string(i + 1) + "] = " +
+          std::to_string(static_cast<int64_t>(spec.bounds[i + 1])) + ".");
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+ImplStatus ValidateLength(int64_t n) {
+  // Positions are tracked as int32 internally whatever the output index type.
+  if (n > std::numeric_limits<int32_t>::max()) {
+    return ImplStatus::InvalidArgument(
+        "ids has " + std::to_string(n) +
+        " elements; UniquePartition handles at most 2^31 - 1 ids per call. "
+        "Split the batch into micro-batches.");
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Id>
+ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position,
+                                                   int32_t* part) const {
+  const int32_t p = spec_.num_partitions;
+  if (spec_.strategy == Strategy::kModulo) {
+    int64_t r = static_cast<int64_t>(id) % p;
+    if (r < 0) r += p;
+    *part = static_cast<int32_t>(r);
+    return ImplStatus::Ok();
+  }
+  const Id limit = spec_.bounds[p];
+  if (id < 0) {
+    return ImplStatus::InvalidArgument(
+        "ids[" + std::to_string(position) + "] = " +
+        std::to_string(static_cast<int64_t>(id)) +
+        " is negative, but strategy 'range' needs ids in [0, " +
+        std::to_string(static_cast<int64_t>(limit)) +
+        "). Use strategy 'mod' for hashed ids, or map ids into the table's "
+        "vocabulary first.");
+  }
+  if (id >= limit) {
+    return ImplStatus::InvalidArgument(
+        "ids[" + std::to_string(position) + "] = " +
+        std::to_string(static_cast<int64_t>(id)) +
+        " is out of range: strategy 'range' covers ids in [0, " +
+        std::to_string(static_cast<int64_t>(limit)) +
+        ") (range_bounds[-1]). Check the table's vocabulary size.");
+  }
+  const Id* first = spec_.bounds + 1;
+  const Id* last = spec_.bounds + p + 1;
+  *part = static_cast<int32_t>(std::upper_bound(first, last, id) - first);
+  return ImplStatus::Ok();
+}
+
+template <typename Id>
+void UniquePartitionCpu<Id>::Rehash(int64_t capacity) {
+  table_.assign(static_cast<size_t>(capacity), Slot{Id(0), -1});
+  mask_ = static_cast<uint64_t>(capacity - 1);
+  shift_ = 64 - Log2(capacity);
+  const int32_t count = static_cast<int32_t>(uid_ids_.size());
+  for (int32_t uid = 0; uid < count; ++uid) {
+    uint64_t h = HashBits(uid_ids_[uid]) >> shift_;
+    while (table_[h].uid >= 0) h = (h + 1) & mask_;
+    table_[h] = Slot{uid_ids_[uid], uid};
+  }
+}
+
+template <typename Id>
+ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
+                                           const PartitionSpec<Id>& spec) {
+  ImplStatus status = ValidateSpec(spec);
+  if (!status.ok()) return status;
+  status = ValidateLength(n);
+  if (!status.ok()) return status;
+  spec_ = spec;
+  n_ = n;
+  first_uid_.resize(static_cast<size_t>(n));
+  uid_ids_.clear();
+  uid_part_.clear();
+  counts_.assign(static_cast<size_t>(spec.num_partitions), 0);
+
+  int64_t capacity = kMinCapacity;
+  while (capacity < std::min<int64_t>(2 * n, kMaxInitialCapacity)) {
+    capacity *= 2;
+  }
+  Rehash(capacity);
+
+  for (int64_t i = 0; i < n; ++i) {
+    const Id id = ids[i];
+    uint64_t h = HashBits(id) >> shift_;
+    for (;;) {
+      Slot& slot = table_[h];
+      if (slot.uid < 0) {
+        int32_t part = 0;
+        status = AssignPartition(id, i, &part);
+        if (!status.ok()) return status;
+        const int32_t uid = static_cast<int32_t>(uid_ids_.size());
+        slot = Slot{id, uid};
+        uid_ids_.push_back(id);
+        uid_part_.push_back(part);
+        ++counts_[part];
+        first_uid_[i] = uid;
+        if (2 * (int64_t{uid} + 1) > static_cast<int64_t>(table_.size())) {
+          Rehash(2 * static_cast<int64_t>(table_.size()));
+        }
+        break;
+      }
+      if (slot.key == id) {
+        first_uid_[i] = slot.uid;
+        break;
+      }
+      h = (h + 1) & mask_;
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Id>
+template <typename Idx>
+void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes,
+                                    Idx* inverse) {
+  const int32_t p = spec_.num_partitions;
+  std::vector<int64_t> cursor(static_cast<size_t>(p));
+  int64_t offset = 0;
+  for (int32_t q = 0; q < p; ++q) {
+    cursor[q] = offset;
+    partition_sizes[q] = static_cast<int32_t>(counts_[q]);
+    offset += counts_[q];
+  }
+  const int32_t count = static_cast<int32_t>(uid_ids_.size());
+  for (int32_t uid = 0; uid < count; ++uid) {
+    const int64_t slot = cursor[uid_part_[uid]]++;
+    unique_ids[slot] = uid_ids_[uid];
+    uid_part_[uid] = static_cast<int32_t>(slot);  // now: uid -> output slot
+  }
+  const int32_t* first_uid = first_uid_.data();
+  const int32_t* slot_of = uid_part_.data();
+  for (int64_t i = 0; i < n_; ++i) {
+    inverse[i] = static_cast<Idx>(slot_of[first_uid[i]]);
+  }
+}
+
+template <typename Id, typename Idx>
+ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n,
+                                    const PartitionSpec<Id>& spec,
+                                    std::vector<Id>* unique_ids,
+                                    std::vector<int32_t>* partition_sizes,
+                                    std::vector<Idx>* inverse) {
+  UniquePartitionCpu<Id> up;
+  ImplStatus status = up.Prepare(ids, n, spec);
+  if (!status.ok()) return status;
+  unique_ids->resize(static_cast<size_t>(up.num_unique()));
+  partition_sizes->resize(static_cast<size_t>(spec.num_partitions));
+  inverse->resize(static_cast<size_t>(n));
+  up.Finish(unique_ids->data(), partition_sizes->data(), inverse->data());
+  return ImplStatus::Ok();
+}
+
+#define HYBRIDTF_INSTANTIATE_ID(Id)                                          \
+  template ImplStatus ValidateSpec<Id>(const PartitionSpec<Id>&);            \
+  template class UniquePartitionCpu<Id>;                                     \
+  template void UniquePartitionCpu<Id>::Finish<int32_t>(Id*, int32_t*,       \
+                                                        int32_t*);           \
+  template void UniquePartitionCpu<Id>::Finish<int64_t>(Id*, int32_t*,       \
+                                                        int64_t*);           \
+  template ImplStatus UniquePartitionToVectors<Id, int32_t>(                 \
+      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*,        \
+      std::vector<int32_t>*, std::vector<int32_t>*);                         \
+  template ImplStatus UniquePartitionToVectors<Id, int64_t>(                 \
+      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*,        \
+      std::vector<int32_t>*, std::vector<int64_t>*);
+
+HYBRIDTF_INSTANTIATE_ID(int32_t)
+HYBRIDTF_INSTANTIATE_ID(int64_t)
+#undef HYBRIDTF_INSTANTIATE_ID
+
+}  // namespace unique_partition
+}  // namespace hybridtf

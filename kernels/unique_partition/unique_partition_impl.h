@@ -1,0 +1,111 @@
+// TF-free implementation layer of the fused Unique&Partition algorithm (CPU).
+//
+// Contract (shared by the CPU and CUDA implementations, the TF op and the
+// pybind11 binding):
+//
+//   Given ids[0..n) and a partition function part(id) in [0, P):
+//   * unique_ids holds every distinct id exactly once, grouped by partition in
+//     ascending partition order; inside one partition the ids appear in the
+//     order of their first occurrence in `ids`. Hence the segment of partition
+//     p equals tf.unique(ids[part(ids) == p]).y. The order is deterministic
+//     and does not depend on the number of threads.
+//   * partition_sizes[p] is the number of distinct ids owned by partition p
+//     (these are the alltoall split sizes under model-parallel sharding).
+//   * inverse[i] is the position of ids[i] in unique_ids, so
+//     unique_ids[inverse] == ids.
+//
+// Partition functions:
+//   * kModulo: part(id) = id mod P with a non-negative remainder (Python's %),
+//     so negative (hashed) ids are allowed.
+//   * kRange: contiguous ranges given by bounds[0..P] (bounds[0] == 0,
+//     non-decreasing); part(id) = p with bounds[p] <= id < bounds[p+1]. Ids
+//     must lie in [0, bounds[P]).
+#ifndef HYBRIDTF_KERNELS_UNIQUE_PARTITION_UNIQUE_PARTITION_IMPL_H_
+#define HYBRIDTF_KERNELS_UNIQUE_PARTITION_UNIQUE_PARTITION_IMPL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/common/status.h"
+
+namespace hybridtf {
+namespace unique_partition {
+
+constexpr int32_t kMaxPartitions = 4096;
+
+enum class Strategy { kModulo = 0, kRange = 1 };
+
+// Parses "mod" / "range"; returns false for anything else.
+bool ParseStrategy(const std::string& name, Strategy* strategy);
+
+// Describes how ids map to partitions. `bounds` points to num_partitions + 1
+// host values for kRange and is ignored (may be null) for kModulo.
+template <typename Id>
+struct PartitionSpec {
+  int32_t num_partitions = 1;
+  Strategy strategy = Strategy::kModulo;
+  const Id* bounds = nullptr;
+  int64_t num_bounds = 0;
+};
+
+// Checks num_partitions and, for kRange, the bounds: length P + 1, first
+// bound 0, non-decreasing. Used by every implementation before any work.
+template <typename Id>
+ImplStatus ValidateSpec(const PartitionSpec<Id>& spec);
+
+// Checks that n ids fit the int32 positions used internally.
+ImplStatus ValidateLength(int64_t n);
+
+// CPU implementation in two phases so that callers can allocate the
+// data-dependent unique_ids output between them:
+//
+//   UniquePartitionCpu<int64_t> up;
+//   ImplStatus s = up.Prepare(ids, n, spec);      // dedup, validate, count
+//   if (!s.ok()) ...;
+//   std::vector<int64_t> uniq(up.num_unique());
+//   up.Finish(uniq.data(), sizes, inverse);          // sizes[P], inverse[n]
+//
+// The object holds O(n) scratch; reuse it across calls to avoid reallocation.
+template <typename Id>
+class UniquePartitionCpu {
+ public:
+  ImplStatus Prepare(const Id* ids, int64_t n, const PartitionSpec<Id>& spec);
+  int64_t num_unique() const { return static_cast<int64_t>(uid_ids_.size()); }
+  // Writes unique_ids[num_unique()], partition_sizes[num_partitions] and
+  // inverse[n] (Idx is int32_t or int64_t). Call only after a successful
+  // Prepare.
+  template <typename Idx>
+  void Finish(Id* unique_ids, int32_t* partition_sizes, Idx* inverse);
+
+ private:
+  struct Slot {
+    Id key;
+    int32_t uid;  // -1 marks an empty slot.
+  };
+  void Rehash(int64_t capacity);
+  ImplStatus AssignPartition(Id id, int64_t position, int32_t* part) const;
+
+  PartitionSpec<Id> spec_;
+  int64_t n_ = 0;
+  std::vector<Slot> table_;
+  uint64_t mask_ = 0;
+  int shift_ = 64;
+  std::vector<int32_t> first_uid_;  // per position: uid in first-seen order
+  std::vector<Id> uid_ids_;         // per uid: the id
+  std::vector<int32_t> uid_part_;   // per uid: partition, then output slot
+  std::vector<int64_t> counts_;     // per partition
+};
+
+// One-shot convenience wrapper around UniquePartitionCpu (vectors out).
+template <typename Id, typename Idx>
+ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n,
+                                    const PartitionSpec<Id>& spec,
+                                    std::vector<Id>* unique_ids,
+                                    std::vector<int32_t>* partition_sizes,
+                                    std::vector<Idx>* inverse);
+
+}  // namespace unique_partition
+}  // namespace hybridtf
+
+#endif  // HYBRIDTF_KERNELS_UNIQUE_PARTITION_UNIQUE_PARTITION_IMPL_H_
