@@ -1,0 +1,1 @@
+"""Data side: synthetic CTR-like inputs today; Parquet input pipelines join later."""
