@@ -71,6 +71,17 @@ def find_nvcc() -> str | None:
     return str(default) if default.exists() else None
 
 
+def cuda_lib_dir(nvcc: str) -> pathlib.Path:
+    """Where libcudart_static.a lives: $CUDA_HOME / $CUDA_PATH, beside nvcc, or /usr/local/cuda."""
+    roots = [pathlib.Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    roots += [pathlib.Path(nvcc).resolve().parent.parent, pathlib.Path("/usr/local/cuda")]
+    for root in roots:
+        for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
+            if (root / sub / "libcudart_static.a").is_file():
+                return root / sub
+    raise BuildError(f"libcudart_static.a not found under {[str(r) for r in roots]}; set CUDA_HOME to the CUDA toolkit.")
+
+
 def want_cuda(nvcc: str | None) -> bool:
     mode = os.environ.get("HYBRIDTF_CUDA", "auto").strip().lower()
     if mode in ("0", "off", "no", "false"):
@@ -192,7 +203,7 @@ def build(out: pathlib.Path = DEFAULT_OUT, build_dir: pathlib.Path | None = None
     objects = [str(c[1]) for c in commands] + [str(_build_info_object(build_dir, info))]
     link = [os.environ.get("CXX", "g++"), "-shared", "-o", str(out), *objects, *lflags]
     if cuda:
-        cuda_lib = pathlib.Path(nvcc).resolve().parent.parent / "lib64"
+        cuda_lib = cuda_lib_dir(nvcc)
         link += [f"-L{cuda_lib}", "-Wl,--exclude-libs,ALL", "-lcudart_static", "-lrt", "-ldl", "-lpthread"]
     out.parent.mkdir(parents=True, exist_ok=True)
     _run(link)

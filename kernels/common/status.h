@@ -15,18 +15,26 @@ namespace hybridtf {
 
 class ImplStatus {
  public:
+  enum class Code { kOk, kInvalidArgument, kInternal };
+
   ImplStatus() = default;
   static ImplStatus Ok() { return ImplStatus(); }
+  // Bad input: the message says what is wrong and how to fix it.
   static ImplStatus InvalidArgument(std::string message) {
-    return ImplStatus(std::move(message));
+    return ImplStatus(Code::kInvalidArgument, std::move(message));
   }
-  bool ok() const { return ok_; }
+  // A failure that is not the caller's input (e.g. a CUDA runtime error).
+  static ImplStatus Internal(std::string message) {
+    return ImplStatus(Code::kInternal, std::move(message));
+  }
+  bool ok() const { return code_ == Code::kOk; }
+  Code code() const { return code_; }
   const std::string& message() const { return message_; }
 
  private:
-  explicit ImplStatus(std::string message)
-      : ok_(false), message_(std::move(message)) {}
-  bool ok_ = true;
+  ImplStatus(Code code, std::string message)
+      : code_(code), message_(std::move(message)) {}
+  Code code_ = Code::kOk;
   std::string message_;
 };
 

@@ -1,4 +1,4 @@
-// Converts the TF-free ImplStatus into a TensorFlow Status (InvalidArgument).
+// Converts the TF-free ImplStatus into a TensorFlow Status.
 #ifndef HYBRIDTF_KERNELS_COMMON_TF_STATUS_H_
 #define HYBRIDTF_KERNELS_COMMON_TF_STATUS_H_
 
@@ -8,8 +8,15 @@
 namespace hybridtf {
 
 inline ::tensorflow::Status ToTfStatus(const ImplStatus& status) {
-  if (status.ok()) return ::tensorflow::Status();
-  return ::tensorflow::errors::InvalidArgument(status.message());
+  switch (status.code()) {
+    case ImplStatus::Code::kOk:
+      return ::tensorflow::Status();
+    case ImplStatus::Code::kInvalidArgument:
+      return ::tensorflow::errors::InvalidArgument(status.message());
+    case ImplStatus::Code::kInternal:
+      break;
+  }
+  return ::tensorflow::errors::Internal(status.message());
 }
 
 }  // namespace hybridtf

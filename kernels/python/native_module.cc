@@ -53,7 +53,10 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
     py::gil_scoped_release release;
     status = impl.Prepare(ids.data(), n, spec);
   }
-  if (!status.ok()) throw py::value_error(status.message());
+  if (!status.ok()) {
+    if (status.code() == ImplStatus::Code::kInvalidArgument) throw py::value_error(status.message());
+    throw std::runtime_error(status.message());
+  }
   py::array_t<Id> unique_ids(impl.num_unique());
   py::array_t<int32_t> sizes(num_partitions);
   auto finish = [&](auto inverse) {

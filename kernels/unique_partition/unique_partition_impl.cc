@@ -104,6 +104,22 @@ ImplStatus ValidateLength(int64_t n) {
   return ImplStatus::Ok();
 }
 
+ImplStatus BadRangeIdError(int64_t position, int64_t id, int64_t limit) {
+  const std::string where =
+      "ids[" + std::to_string(position) + "] = " + std::to_string(id);
+  if (id < 0) {
+    return ImplStatus::InvalidArgument(
+        where + " is negative, but strategy 'range' needs ids in [0, " +
+        std::to_string(limit) +
+        "). Use strategy 'mod' for hashed ids, or map ids into the table's "
+        "vocabulary first.");
+  }
+  return ImplStatus::InvalidArgument(
+      where + " is out of range: strategy 'range' covers ids in [0, " +
+      std::to_string(limit) +
+      ") (range_bounds[-1]). Check the table's vocabulary size.");
+}
+
 template <typename Id>
 ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position,
                                                    int32_t* part) const {
@@ -115,22 +131,9 @@ ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position,
     return ImplStatus::Ok();
   }
   const Id limit = spec_.bounds[p];
-  if (id < 0) {
-    return ImplStatus::InvalidArgument(
-        "ids[" + std::to_string(position) + "] = " +
-        std::to_string(static_cast<int64_t>(id)) +
-        " is negative, but strategy 'range' needs ids in [0, " +
-        std::to_string(static_cast<int64_t>(limit)) +
-        "). Use strategy 'mod' for hashed ids, or map ids into the table's "
-        "vocabulary first.");
-  }
-  if (id >= limit) {
-    return ImplStatus::InvalidArgument(
-        "ids[" + std::to_string(position) + "] = " +
-        std::to_string(static_cast<int64_t>(id)) +
-        " is out of range: strategy 'range' covers ids in [0, " +
-        std::to_string(static_cast<int64_t>(limit)) +
-        ") (range_bounds[-1]). Check the table's vocabulary size.");
+  if (id < 0 || id >= limit) {
+    return BadRangeIdError(position, static_cast<int64_t>(id),
+                           static_cast<int64_t>(limit));
   }
   const Id* first = spec_.bounds + 1;
   const Id* last = spec_.bounds + p + 1;

@@ -54,6 +54,10 @@ struct PartitionSpec {
 template <typename Id>
 ImplStatus ValidateSpec(const PartitionSpec<Id>& spec);
 
+// The error for ids[position] = id outside [0, limit) under kRange (negative
+// or too large); shared by the CPU and CUDA layers so messages match.
+ImplStatus BadRangeIdError(int64_t position, int64_t id, int64_t limit);
+
 // Checks that n ids fit the int32 positions used internally.
 ImplStatus ValidateLength(int64_t n);
 
