@@ -16,29 +16,18 @@ import os
 import statistics
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import numpy as np
+import tensorflow as tf
 
-import hybridtf as htf  # noqa: E402
-from hybridtf._src.data.synthetic import zipf_ids  # noqa: E402
+import hybridtf as htf
+from hybridtf._src.data.synthetic import zipf_ids
 
 
 def plain_tf(ids, num_partitions, strategy, bounds):
     """The same three outputs from stock TF ops (what a model graph does today)."""
-    uniq, idx = tf.unique(ids)
-    if strategy == "mod":
-        part = tf.math.floormod(uniq, tf.cast(num_partitions, uniq.dtype))
-    else:
-        part = tf.searchsorted(bounds[1:], uniq, side="right")
-    part = tf.cast(part, tf.int32)
-    order = tf.argsort(part, stable=True)
-    grouped = tf.gather(uniq, order)
-    sizes = tf.math.unsorted_segment_sum(tf.ones_like(part), part, num_partitions)
-    slot = tf.math.invert_permutation(order)
-    inverse = tf.gather(slot, idx)
-    return grouped, sizes, inverse
+    return tuple(htf.ops.stock_tf_unique_partition(ids, num_partitions, strategy, bounds))
 
 
 def fused(ids, num_partitions, strategy, bounds):
@@ -76,7 +65,7 @@ def run(n, num_partitions, vocab, alpha, dtype, strategy, reps, warmup):
         "alpha": alpha,
         "dtype": np.dtype(dtype).name,
         "strategy": strategy,
-        "unique": int(len(np.unique(ids_np))),
+        "unique": len(np.unique(ids_np)),
         "reps": reps,
         "plain_ms_median": round(med_plain * 1e3, 3),
         "fused_ms_median": round(med_fused * 1e3, 3),

@@ -8,4 +8,4 @@ Public modules:
 from hybridtf import native, ops
 
 __version__ = "0.1.0"
-__all__ = ["native", "ops", "__version__"]
+__all__ = ["__version__", "native", "ops"]

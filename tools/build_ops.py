@@ -79,7 +79,9 @@ def cuda_lib_dir(nvcc: str) -> pathlib.Path:
         for sub in ("lib64", "lib", "targets/x86_64-linux/lib"):
             if (root / sub / "libcudart_static.a").is_file():
                 return root / sub
-    raise BuildError(f"libcudart_static.a not found under {[str(r) for r in roots]}; set CUDA_HOME to the CUDA toolkit.")
+    raise BuildError(
+        f"libcudart_static.a not found under {[str(r) for r in roots]}; set CUDA_HOME to the CUDA toolkit."
+    )
 
 
 def want_cuda(nvcc: str | None) -> bool:
@@ -96,7 +98,7 @@ def want_cuda(nvcc: str | None) -> bool:
 
 
 def tf_flags() -> tuple[list[str], list[str], str]:
-    import tensorflow as tf  # noqa: PLC0415  (the build needs TF's headers)
+    import tensorflow as tf
 
     return tf.sysconfig.get_compile_flags(), tf.sysconfig.get_link_flags(), tf.__version__
 
@@ -117,7 +119,9 @@ def _stale(src: pathlib.Path, obj: pathlib.Path, headers_mtime: float) -> bool:
     return obj.stat().st_mtime < max(src.stat().st_mtime, headers_mtime)
 
 
-def compile_commands(build_dir: pathlib.Path, cuda: bool, nvcc: str | None) -> list[tuple[pathlib.Path, pathlib.Path, list[str]]]:
+def compile_commands(
+    build_dir: pathlib.Path, cuda: bool, nvcc: str | None
+) -> list[tuple[pathlib.Path, pathlib.Path, list[str]]]:
     cflags, _, _ = tf_flags()
     cxx = os.environ.get("CXX", "g++")
     defines = ["-DGOOGLE_CUDA=1"] if cuda else []
@@ -177,7 +181,12 @@ def _build_info_object(build_dir: pathlib.Path, info: dict) -> pathlib.Path:
     return obj
 
 
-def build(out: pathlib.Path = DEFAULT_OUT, build_dir: pathlib.Path | None = None, jobs: int | None = None, verbose: bool = False) -> pathlib.Path:
+def build(
+    out: pathlib.Path = DEFAULT_OUT,
+    build_dir: pathlib.Path | None = None,
+    jobs: int | None = None,
+    verbose: bool = False,
+) -> pathlib.Path:
     """Compiles and links the op library to ``out``; returns its path."""
     out = pathlib.Path(out).resolve()
     nvcc = find_nvcc()
@@ -190,8 +199,8 @@ def build(out: pathlib.Path = DEFAULT_OUT, build_dir: pathlib.Path | None = None
     todo = [c for c in commands if _stale(c[0], c[1], hm)]
     workers = jobs or os.cpu_count() or 2
     with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-        for src, _, cmd in todo:
-            if verbose:
+        if verbose:
+            for src, _, _ in todo:
                 print("compiling", src.relative_to(ROOT), flush=True)
         list(pool.map(lambda c: _run(c[2]), todo))
     info = {

@@ -32,8 +32,7 @@ class ImplStatus {
   const std::string& message() const { return message_; }
 
  private:
-  ImplStatus(Code code, std::string message)
-      : code_(code), message_(std::move(message)) {}
+  ImplStatus(Code code, std::string message) : code_(code), message_(std::move(message)) {}
   Code code_ = Code::kOk;
   std::string message_;
 };

@@ -54,7 +54,8 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
     status = impl.Prepare(ids.data(), n, spec);
   }
   if (!status.ok()) {
-    if (status.code() == ImplStatus::Code::kInvalidArgument) throw py::value_error(status.message());
+    if (status.code() == ImplStatus::Code::kInvalidArgument)
+      throw py::value_error(status.message());
     throw std::runtime_error(status.message());
   }
   py::array_t<Id> unique_ids(impl.num_unique());

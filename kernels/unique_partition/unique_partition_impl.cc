@@ -54,15 +54,13 @@ ImplStatus ValidateSpec(const PartitionSpec<Id>& spec) {
   const int32_t p = spec.num_partitions;
   if (p < 1 || p > kMaxPartitions) {
     return ImplStatus::InvalidArgument(
-        "num_partitions must be in [1, " + std::to_string(kMaxPartitions) +
-        "], got " + std::to_string(p) +
-        ". Use the number of ranks that own embedding shards.");
+        "num_partitions must be in [1, " + std::to_string(kMaxPartitions) + "], got " +
+        std::to_string(p) + ". Use the number of ranks that own embedding shards.");
   }
   if (spec.strategy == Strategy::kModulo) {
     if (spec.num_bounds != 0) {
       return ImplStatus::InvalidArgument(
-          "range_bounds must be empty for strategy 'mod', got " +
-          std::to_string(spec.num_bounds) +
+          "range_bounds must be empty for strategy 'mod', got " + std::to_string(spec.num_bounds) +
           " values. Pass strategy='range' to partition by contiguous ranges.");
     }
     return ImplStatus::Ok();
@@ -70,8 +68,8 @@ ImplStatus ValidateSpec(const PartitionSpec<Id>& spec) {
   if (spec.bounds == nullptr || spec.num_bounds != int64_t{p} + 1) {
     return ImplStatus::InvalidArgument(
         "strategy 'range' with num_partitions=" + std::to_string(p) +
-        " needs num_partitions + 1 = " + std::to_string(int64_t{p} + 1) +
-        " range_bounds, got " + std::to_string(spec.num_bounds) +
+        " needs num_partitions + 1 = " + std::to_string(int64_t{p} + 1) + " range_bounds, got " +
+        std::to_string(spec.num_bounds) +
         ". Build them with hybridtf.ops.even_range_bounds(num_rows, "
         "num_partitions).");
   }
@@ -83,11 +81,10 @@ ImplStatus ValidateSpec(const PartitionSpec<Id>& spec) {
   for (int32_t i = 0; i < p; ++i) {
     if (spec.bounds[i] > spec.bounds[i + 1]) {
       return ImplStatus::InvalidArgument(
-          "range_bounds must be non-decreasing, but range_bounds[" +
-          std::to_string(i) + "] = " +
-          std::to_string(static_cast<int64_t>(spec.bounds[i])) +
-          " > range_bounds[" + std::to_string(i + 1) + "] = " +
-          std::to_string(static_cast<int64_t>(spec.bounds[i + 1])) + ".");
+          "range_bounds must be non-decreasing, but range_bounds[" + std::to_string(i) +
+          "] = " + std::to_string(static_cast<int64_t>(spec.bounds[i])) + " > range_bounds[" +
+          std::to_string(i + 1) +
+          "] = " + std::to_string(static_cast<int64_t>(spec.bounds[i + 1])) + ".");
     }
   }
   return ImplStatus::Ok();
@@ -105,24 +102,20 @@ ImplStatus ValidateLength(int64_t n) {
 }
 
 ImplStatus BadRangeIdError(int64_t position, int64_t id, int64_t limit) {
-  const std::string where =
-      "ids[" + std::to_string(position) + "] = " + std::to_string(id);
+  const std::string where = "ids[" + std::to_string(position) + "] = " + std::to_string(id);
   if (id < 0) {
     return ImplStatus::InvalidArgument(
-        where + " is negative, but strategy 'range' needs ids in [0, " +
-        std::to_string(limit) +
+        where + " is negative, but strategy 'range' needs ids in [0, " + std::to_string(limit) +
         "). Use strategy 'mod' for hashed ids, or map ids into the table's "
         "vocabulary first.");
   }
   return ImplStatus::InvalidArgument(
-      where + " is out of range: strategy 'range' covers ids in [0, " +
-      std::to_string(limit) +
+      where + " is out of range: strategy 'range' covers ids in [0, " + std::to_string(limit) +
       ") (range_bounds[-1]). Check the table's vocabulary size.");
 }
 
 template <typename Id>
-ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position,
-                                                   int32_t* part) const {
+ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position, int32_t* part) const {
   const int32_t p = spec_.num_partitions;
   if (spec_.strategy == Strategy::kModulo) {
     int64_t r = static_cast<int64_t>(id) % p;
@@ -132,8 +125,7 @@ ImplStatus UniquePartitionCpu<Id>::AssignPartition(Id id, int64_t position,
   }
   const Id limit = spec_.bounds[p];
   if (id < 0 || id >= limit) {
-    return BadRangeIdError(position, static_cast<int64_t>(id),
-                           static_cast<int64_t>(limit));
+    return BadRangeIdError(position, static_cast<int64_t>(id), static_cast<int64_t>(limit));
   }
   const Id* first = spec_.bounds + 1;
   const Id* last = spec_.bounds + p + 1;
@@ -206,8 +198,7 @@ ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
 
 template <typename Id>
 template <typename Idx>
-void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes,
-                                    Idx* inverse) {
+void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes, Idx* inverse) {
   const int32_t p = spec_.num_partitions;
   std::vector<int64_t> cursor(static_cast<size_t>(p));
   int64_t offset = 0;
@@ -230,8 +221,7 @@ void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes,
 }
 
 template <typename Id, typename Idx>
-ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n,
-                                    const PartitionSpec<Id>& spec,
+ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n, const PartitionSpec<Id>& spec,
                                     std::vector<Id>* unique_ids,
                                     std::vector<int32_t>* partition_sizes,
                                     std::vector<Idx>* inverse) {
@@ -245,19 +235,17 @@ ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n,
   return ImplStatus::Ok();
 }
 
-#define HYBRIDTF_INSTANTIATE_ID(Id)                                          \
-  template ImplStatus ValidateSpec<Id>(const PartitionSpec<Id>&);            \
-  template class UniquePartitionCpu<Id>;                                     \
-  template void UniquePartitionCpu<Id>::Finish<int32_t>(Id*, int32_t*,       \
-                                                        int32_t*);           \
-  template void UniquePartitionCpu<Id>::Finish<int64_t>(Id*, int32_t*,       \
-                                                        int64_t*);           \
-  template ImplStatus UniquePartitionToVectors<Id, int32_t>(                 \
-      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*,        \
-      std::vector<int32_t>*, std::vector<int32_t>*);                         \
-  template ImplStatus UniquePartitionToVectors<Id, int64_t>(                 \
-      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*,        \
-      std::vector<int32_t>*, std::vector<int64_t>*);
+#define HYBRIDTF_INSTANTIATE_ID(Id)                                                          \
+  template ImplStatus ValidateSpec<Id>(const PartitionSpec<Id>&);                            \
+  template class UniquePartitionCpu<Id>;                                                     \
+  template void UniquePartitionCpu<Id>::Finish<int32_t>(Id*, int32_t*, int32_t*);            \
+  template void UniquePartitionCpu<Id>::Finish<int64_t>(Id*, int32_t*, int64_t*);            \
+  template ImplStatus UniquePartitionToVectors<Id, int32_t>(                                 \
+      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*, std::vector<int32_t>*, \
+      std::vector<int32_t>*);                                                                \
+  template ImplStatus UniquePartitionToVectors<Id, int64_t>(                                 \
+      const Id*, int64_t, const PartitionSpec<Id>&, std::vector<Id>*, std::vector<int32_t>*, \
+      std::vector<int64_t>*);
 
 HYBRIDTF_INSTANTIATE_ID(int32_t)
 HYBRIDTF_INSTANTIATE_ID(int64_t)

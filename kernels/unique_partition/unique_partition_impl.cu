@@ -2,9 +2,9 @@
 // See unique_partition_impl_cuda.h for the algorithm and the contract.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_scan.cuh>
-#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -25,9 +25,7 @@ constexpr int kThreads = 256;
     }                                                                        \
   } while (0)
 
-inline int Blocks(int64_t n) {
-  return static_cast<int>((n + kThreads - 1) / kThreads);
-}
+inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
 template <typename T>
 ImplStatus AllocateArray(DeviceScratch* scratch, int64_t count, T** out) {
@@ -58,8 +56,7 @@ __global__ void MarkHeadsKernel(const Id* sorted, int64_t n, int32_t* heads) {
 }
 
 template <typename Id>
-__device__ bool Owner(Id id, int32_t num_partitions, bool range,
-                      const Id* bounds, int32_t* owner) {
+__device__ bool Owner(Id id, int32_t num_partitions, bool range, const Id* bounds, int32_t* owner) {
   if (!range) {
     int64_t r = static_cast<int64_t>(id) % num_partitions;
     if (r < 0) r += num_partitions;
@@ -83,10 +80,9 @@ __device__ bool Owner(Id id, int32_t num_partitions, bool range,
 
 template <typename Id>
 __global__ void CollectUniquesKernel(const Id* sorted, const int32_t* sorted_pos,
-                                     const int32_t* heads, const int32_t* segment,
-                                     int64_t n, int32_t num_partitions, bool range,
-                                     const Id* bounds, Id* uniq, uint64_t* keys,
-                                     int32_t* counts, PrepareSummary* summary) {
+                                     const int32_t* heads, const int32_t* segment, int64_t n,
+                                     int32_t num_partitions, bool range, const Id* bounds, Id* uniq,
+                                     uint64_t* keys, int32_t* counts, PrepareSummary* summary) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= n) return;
   if (j == n - 1) summary->num_unique = segment[j];
@@ -105,8 +101,8 @@ __global__ void CollectUniquesKernel(const Id* sorted, const int32_t* sorted_pos
 }
 
 template <typename Id>
-__global__ void ScatterUniquesKernel(const int32_t* order, const Id* uniq,
-                                     int64_t num_unique, Id* out, int32_t* slot) {
+__global__ void ScatterUniquesKernel(const int32_t* order, const Id* uniq, int64_t num_unique,
+                                     Id* out, int32_t* slot) {
   const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (k >= num_unique) return;
   const int32_t u = order[k];
@@ -131,8 +127,8 @@ int HighestBit(int32_t value) {
 
 template <typename Id>
 ImplStatus UniquePartitionGpu<Id>::Prepare(const Id* d_ids, int64_t n,
-                                           const PartitionSpec<Id>& spec,
-                                           DeviceScratch* scratch, void* stream_ptr) {
+                                           const PartitionSpec<Id>& spec, DeviceScratch* scratch,
+                                           void* stream_ptr) {
   ImplStatus status = ValidateSpec(spec);
   if (!status.ok()) return status;
   status = ValidateLength(n);
@@ -150,58 +146,56 @@ ImplStatus UniquePartitionGpu<Id>::Prepare(const Id* d_ids, int64_t n,
   if (range) {
     status = AllocateArray(scratch, spec.num_bounds, &d_bounds);
     if (!status.ok()) return status;
-    HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_bounds, spec.bounds,
-                                                  spec.num_bounds * sizeof(Id),
-                                                  cudaMemcpyHostToDevice, stream));
+    HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        d_bounds, spec.bounds, spec.num_bounds * sizeof(Id), cudaMemcpyHostToDevice, stream));
   }
   int32_t* positions = nullptr;
   Id* sorted = nullptr;
   int32_t* heads = nullptr;
   int32_t* counts = nullptr;
   PrepareSummary* d_summary = nullptr;
-  for (ImplStatus s : {AllocateArray(scratch, n, &positions), AllocateArray(scratch, n, &sorted),
-                       AllocateArray(scratch, n, &sorted_pos_), AllocateArray(scratch, n, &heads),
-                       AllocateArray(scratch, n, &segment_), AllocateArray(scratch, n, &uniq_),
-                       AllocateArray(scratch, n, &keys_),
-                       AllocateArray(scratch, num_partitions_, &counts),
-                       AllocateArray(scratch, 1, &d_summary)}) {
+  for (ImplStatus s :
+       {AllocateArray(scratch, n, &positions), AllocateArray(scratch, n, &sorted),
+        AllocateArray(scratch, n, &sorted_pos_), AllocateArray(scratch, n, &heads),
+        AllocateArray(scratch, n, &segment_), AllocateArray(scratch, n, &uniq_),
+        AllocateArray(scratch, n, &keys_), AllocateArray(scratch, num_partitions_, &counts),
+        AllocateArray(scratch, 1, &d_summary)}) {
     if (!s.ok()) return s;
   }
   const int num = static_cast<int>(n);
   IotaKernel<<<Blocks(n), kThreads, 0, stream>>>(positions, n);
 
   size_t sort_bytes = 0, scan_bytes = 0;
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, d_ids, sorted, positions, sorted_pos_, num, 0,
-      static_cast<int>(sizeof(Id) * 8), stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, d_ids, sorted, positions, sorted_pos_,
+                                      num, 0, static_cast<int>(sizeof(Id) * 8), stream));
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, heads, segment_, num, stream));
   char* temp = nullptr;
   status = AllocateArray(scratch, static_cast<int64_t>(std::max(sort_bytes, scan_bytes)), &temp);
   if (!status.ok()) return status;
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      temp, sort_bytes, d_ids, sorted, positions, sorted_pos_, num, 0,
-      static_cast<int>(sizeof(Id) * 8), stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortPairs(temp, sort_bytes, d_ids, sorted, positions, sorted_pos_, num,
+                                      0, static_cast<int>(sizeof(Id) * 8), stream));
   MarkHeadsKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(sorted, n, heads);
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cub::DeviceScan::InclusiveSum(temp, scan_bytes, heads, segment_, num, stream));
 
   PrepareSummary init{0, std::numeric_limits<int32_t>::max()};
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_summary, &init, sizeof(init),
-                                                cudaMemcpyHostToDevice, stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(d_summary, &init, sizeof(init), cudaMemcpyHostToDevice, stream));
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(counts, 0, num_partitions_ * sizeof(int32_t), stream));
-  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(
-      sorted, sorted_pos_, heads, segment_, n, num_partitions_, range, d_bounds, uniq_,
-      keys_, counts, d_summary);
+  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(sorted, sorted_pos_, heads, segment_,
+                                                               n, num_partitions_, range, d_bounds,
+                                                               uniq_, keys_, counts, d_summary);
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   PrepareSummary summary{};
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&summary, d_summary, sizeof(summary),
-                                                cudaMemcpyDeviceToHost, stream));
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sizes_.data(), counts,
-                                                num_partitions_ * sizeof(int32_t),
-                                                cudaMemcpyDeviceToHost, stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(&summary, d_summary, sizeof(summary), cudaMemcpyDeviceToHost, stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+      sizes_.data(), counts, num_partitions_ * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   if (summary.first_bad_position != std::numeric_limits<int32_t>::max()) {
@@ -227,9 +221,9 @@ ImplStatus UniquePartitionGpu<Id>::Finish(Id* d_unique_ids, int32_t* h_partition
   int32_t* order = nullptr;
   uint64_t* keys_sorted = nullptr;
   int32_t* slot = nullptr;
-  for (ImplStatus s : {AllocateArray(scratch_, u, &order_in), AllocateArray(scratch_, u, &order),
-                       AllocateArray(scratch_, u, &keys_sorted),
-                       AllocateArray(scratch_, u, &slot)}) {
+  for (ImplStatus s :
+       {AllocateArray(scratch_, u, &order_in), AllocateArray(scratch_, u, &order),
+        AllocateArray(scratch_, u, &keys_sorted), AllocateArray(scratch_, u, &slot)}) {
     if (!s.ok()) return s;
   }
   IotaKernel<<<Blocks(u), kThreads, 0, stream>>>(order_in, u);
@@ -237,29 +231,26 @@ ImplStatus UniquePartitionGpu<Id>::Finish(Id* d_unique_ids, int32_t* h_partition
   // owner bits as num_partitions - 1 needs.
   const int end_bit = 32 + HighestBit(num_partitions_ - 1);
   size_t sort_bytes = 0;
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      nullptr, sort_bytes, keys_, keys_sorted, order_in, order, static_cast<int>(u), 0,
-      end_bit, stream));
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys_, keys_sorted, order_in, order,
+                                      static_cast<int>(u), 0, end_bit, stream));
   char* temp = nullptr;
   ImplStatus status = AllocateArray(scratch_, static_cast<int64_t>(sort_bytes), &temp);
   if (!status.ok()) return status;
-  HYBRIDTF_CUDA_RETURN_IF_ERROR(cub::DeviceRadixSort::SortPairs(
-      temp, sort_bytes, keys_, keys_sorted, order_in, order, static_cast<int>(u), 0,
-      end_bit, stream));
-  ScatterUniquesKernel<Id><<<Blocks(u), kThreads, 0, stream>>>(order, uniq_, u, d_unique_ids,
-                                                               slot);
-  InverseKernel<Idx><<<Blocks(n_), kThreads, 0, stream>>>(sorted_pos_, segment_, slot, n_,
-                                                          d_inverse);
+  HYBRIDTF_CUDA_RETURN_IF_ERROR(
+      cub::DeviceRadixSort::SortPairs(temp, sort_bytes, keys_, keys_sorted, order_in, order,
+                                      static_cast<int>(u), 0, end_bit, stream));
+  ScatterUniquesKernel<Id><<<Blocks(u), kThreads, 0, stream>>>(order, uniq_, u, d_unique_ids, slot);
+  InverseKernel<Idx>
+      <<<Blocks(n_), kThreads, 0, stream>>>(sorted_pos_, segment_, slot, n_, d_inverse);
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return ImplStatus::Ok();
 }
 
-#define HYBRIDTF_INSTANTIATE_GPU(Id)                                                    \
-  template class UniquePartitionGpu<Id>;                                                \
-  template ImplStatus UniquePartitionGpu<Id>::Finish<int32_t>(Id*, int32_t*, int32_t*, \
-                                                              void*);                   \
-  template ImplStatus UniquePartitionGpu<Id>::Finish<int64_t>(Id*, int32_t*, int64_t*, \
-                                                              void*);
+#define HYBRIDTF_INSTANTIATE_GPU(Id)                                                           \
+  template class UniquePartitionGpu<Id>;                                                       \
+  template ImplStatus UniquePartitionGpu<Id>::Finish<int32_t>(Id*, int32_t*, int32_t*, void*); \
+  template ImplStatus UniquePartitionGpu<Id>::Finish<int64_t>(Id*, int32_t*, int64_t*, void*);
 
 HYBRIDTF_INSTANTIATE_GPU(int32_t)
 HYBRIDTF_INSTANTIATE_GPU(int64_t)

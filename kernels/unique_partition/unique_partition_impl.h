@@ -103,8 +103,7 @@ class UniquePartitionCpu {
 
 // One-shot convenience wrapper around UniquePartitionCpu (vectors out).
 template <typename Id, typename Idx>
-ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n,
-                                    const PartitionSpec<Id>& spec,
+ImplStatus UniquePartitionToVectors(const Id* ids, int64_t n, const PartitionSpec<Id>& spec,
                                     std::vector<Id>* unique_ids,
                                     std::vector<int32_t>* partition_sizes,
                                     std::vector<Idx>* inverse);

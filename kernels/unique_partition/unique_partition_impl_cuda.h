@@ -51,8 +51,7 @@ class UniquePartitionGpu {
   // h_partition_sizes[num_partitions] is host memory (alltoall splits are
   // consumed on the host). Queues work on `stream` without synchronizing.
   template <typename Idx>
-  ImplStatus Finish(Id* d_unique_ids, int32_t* h_partition_sizes, Idx* d_inverse,
-                    void* stream);
+  ImplStatus Finish(Id* d_unique_ids, int32_t* h_partition_sizes, Idx* d_inverse, void* stream);
 
  private:
   int64_t n_ = 0;
@@ -61,10 +60,10 @@ class UniquePartitionGpu {
   DeviceScratch* scratch_ = nullptr;
   std::vector<int32_t> sizes_;
   // Device scratch from Prepare used by Finish.
-  int32_t* sorted_pos_ = nullptr;   // [n] input position of each sorted id
-  int32_t* segment_ = nullptr;      // [n] inclusive scan of heads (u + 1)
-  Id* uniq_ = nullptr;              // [n] unique ids in id order
-  uint64_t* keys_ = nullptr;        // [n] owner << 32 | first position
+  int32_t* sorted_pos_ = nullptr;  // [n] input position of each sorted id
+  int32_t* segment_ = nullptr;     // [n] inclusive scan of heads (u + 1)
+  Id* uniq_ = nullptr;             // [n] unique ids in id order
+  uint64_t* keys_ = nullptr;       // [n] owner << 32 | first position
 };
 
 }  // namespace unique_partition

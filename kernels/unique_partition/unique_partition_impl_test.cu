@@ -77,14 +77,15 @@ void RunCase(int64_t n, int32_t partitions, Strategy strategy, bool zipf, bool n
   spec.num_partitions = partitions;
   spec.strategy = strategy;
   if (strategy == Strategy::kRange) {
-    for (int32_t p = 0; p <= partitions; ++p) bounds.push_back(static_cast<Id>(vocab * p / partitions));
+    for (int32_t p = 0; p <= partitions; ++p)
+      bounds.push_back(static_cast<Id>(vocab * p / partitions));
     spec.bounds = bounds.data();
     spec.num_bounds = static_cast<int64_t>(bounds.size());
   }
   const std::string name = "n=" + std::to_string(n) + " P=" + std::to_string(partitions) +
                            (strategy == Strategy::kRange ? " range" : " mod") +
-                           (zipf ? " zipf" : " uniform") + (negative ? " negative" : "") +
-                           " id" + std::to_string(sizeof(Id) * 8);
+                           (zipf ? " zipf" : " uniform") + (negative ? " negative" : "") + " id" +
+                           std::to_string(sizeof(Id) * 8);
 
   std::vector<Id> cpu_unique;
   std::vector<int32_t> cpu_sizes, cpu_inverse;

@@ -3,11 +3,12 @@
 // (GOOGLE_CUDA); a CPU-only build leaves this file out.
 #if GOOGLE_CUDA
 
+#include "kernels/unique_partition/unique_partition_kernels.h"
+
 #include <vector>
 
 #include "kernels/common/op_prefix.h"
 #include "kernels/unique_partition/unique_partition_impl_cuda.h"
-#include "kernels/unique_partition/unique_partition_kernels.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/platform/stream_executor.h"
 
@@ -53,27 +54,26 @@ class UniquePartitionGpuOp : public UniquePartitionOpBase {
 
     TfDeviceScratch scratch(ctx);
     UniquePartitionGpu<Id> impl;
-    OP_REQUIRES_OK(ctx, ToTfStatus(impl.Prepare(ids.flat<Id>().data(), n, spec, &scratch,
-                                                stream)));
+    OP_REQUIRES_OK(ctx, ToTfStatus(impl.Prepare(ids.flat<Id>().data(), n, spec, &scratch, stream)));
     Tensor* unique_ids = nullptr;
     Tensor* sizes = nullptr;
     Tensor* inverse = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({impl.num_unique()}), &unique_ids));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({num_partitions_}), &sizes));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
-    OP_REQUIRES_OK(ctx, ToTfStatus(impl.Finish(unique_ids->flat<Id>().data(),
-                                               sizes->flat<int32_t>().data(),
-                                               inverse->flat<Idx>().data(), stream)));
+    OP_REQUIRES_OK(
+        ctx, ToTfStatus(impl.Finish(unique_ids->flat<Id>().data(), sizes->flat<int32_t>().data(),
+                                    inverse->flat<Idx>().data(), stream)));
   }
 };
 
-#define HYBRIDTF_REGISTER_GPU(Id, Idx)                                 \
-  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("UniquePartition"))         \
-                              .Device(::tensorflow::DEVICE_GPU)        \
-                              .HostMemory("range_bounds")              \
-                              .HostMemory("partition_sizes")           \
-                              .TypeConstraint<Id>("T")                 \
-                              .TypeConstraint<Idx>("out_idx"),         \
+#define HYBRIDTF_REGISTER_GPU(Id, Idx)                          \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("UniquePartition"))  \
+                              .Device(::tensorflow::DEVICE_GPU) \
+                              .HostMemory("range_bounds")       \
+                              .HostMemory("partition_sizes")    \
+                              .TypeConstraint<Id>("T")          \
+                              .TypeConstraint<Idx>("out_idx"),  \
                           UniquePartitionGpuOp<Id, Idx>);
 
 HYBRIDTF_REGISTER_GPU(int32_t, int32_t)

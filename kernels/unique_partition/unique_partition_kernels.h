@@ -17,19 +17,17 @@ namespace unique_partition {
 
 class UniquePartitionOpBase : public ::tensorflow::OpKernel {
  public:
-  explicit UniquePartitionOpBase(::tensorflow::OpKernelConstruction* ctx)
-      : OpKernel(ctx) {
+  explicit UniquePartitionOpBase(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_partitions", &num_partitions_));
     OP_REQUIRES(ctx, num_partitions_ >= 1 && num_partitions_ <= kMaxPartitions,
                 ::tensorflow::errors::InvalidArgument(
-                    "num_partitions must be in [1, ", kMaxPartitions,
-                    "], got ", num_partitions_,
+                    "num_partitions must be in [1, ", kMaxPartitions, "], got ", num_partitions_,
                     ". Use the number of ranks that own embedding shards."));
     std::string name;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("strategy", &name));
     OP_REQUIRES(ctx, ParseStrategy(name, &strategy_),
-                ::tensorflow::errors::InvalidArgument(
-                    "strategy must be 'mod' or 'range', got '", name, "'."));
+                ::tensorflow::errors::InvalidArgument("strategy must be 'mod' or 'range', got '",
+                                                      name, "'."));
   }
 
  protected:
@@ -42,14 +40,12 @@ class UniquePartitionOpBase : public ::tensorflow::OpKernel {
     const ::tensorflow::Tensor& bounds = ctx->input(1);
     if (ids.dims() != 1) {
       return ::tensorflow::errors::InvalidArgument(
-          "ids must be a vector (rank 1), got shape ",
-          ids.shape().DebugString(),
+          "ids must be a vector (rank 1), got shape ", ids.shape().DebugString(),
           ". Flatten packed ids first, e.g. tf.reshape(ids, [-1]).");
     }
     if (bounds.dims() != 1) {
       return ::tensorflow::errors::InvalidArgument(
-          "range_bounds must be a vector (rank 1), got shape ",
-          bounds.shape().DebugString(), ".");
+          "range_bounds must be a vector (rank 1), got shape ", bounds.shape().DebugString(), ".");
     }
     spec->num_partitions = static_cast<int32_t>(num_partitions_);
     spec->strategy = strategy_;

@@ -80,7 +80,8 @@ def check_range_bounds(bounds: Sequence[int] | np.ndarray, num_partitions: int) 
     if bad.size:
         i = int(bad[0])
         raise ValueError(
-            f"range_bounds must be non-decreasing, but range_bounds[{i}] = {arr[i]} > range_bounds[{i + 1}] = {arr[i + 1]}."
+            f"range_bounds must be non-decreasing, but range_bounds[{i}] = {arr[i]} > "
+            f"range_bounds[{i + 1}] = {arr[i + 1]}."
         )
     return arr.astype(np.int64)
 
@@ -98,7 +99,9 @@ def resolve_range_bounds(strategy: str, num_partitions: int, range_bounds, num_r
     return check_range_bounds(range_bounds, num_partitions)
 
 
-def owner_of(ids: np.ndarray, num_partitions: int, strategy: str = "mod", bounds: np.ndarray | None = None) -> np.ndarray:
+def owner_of(
+    ids: np.ndarray, num_partitions: int, strategy: str = "mod", bounds: np.ndarray | None = None
+) -> np.ndarray:
     """NumPy reference of the partition function (one owner per id)."""
     ids = np.asarray(ids)
     if strategy == "mod":

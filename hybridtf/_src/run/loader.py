@@ -33,11 +33,15 @@ def library_path() -> pathlib.Path:
     if override:
         path = pathlib.Path(override)
         if not path.is_file():
-            raise OpLibraryError(f"HYBRIDTF_OPS_LIBRARY={override} does not exist. Unset it or point it at a built library.")
+            raise OpLibraryError(
+                f"HYBRIDTF_OPS_LIBRARY={override} does not exist. Unset it or point it at a built library."
+            )
         return path
     path = _HERE / ("_hybridtf_ops" + sysconfig.get_config_var("EXT_SUFFIX"))
     if not path.is_file():
-        raise OpLibraryError(f"hybridtf's op library is not built ({path.name} is missing in {_HERE}). Fix: {_REBUILD}.")
+        raise OpLibraryError(
+            f"hybridtf's op library is not built ({path.name} is missing in {_HERE}). Fix: {_REBUILD}."
+        )
     return path
 
 
@@ -48,7 +52,9 @@ def build_info(path: pathlib.Path) -> dict:
     """Reads the build record embedded in the library file."""
     match = _RECORD.search(pathlib.Path(path).read_bytes())
     if match is None:
-        raise OpLibraryError(f"{path} has no hybridtf build record; it was not built by hybridtf's build. Fix: {_REBUILD}.")
+        raise OpLibraryError(
+            f"{path} has no hybridtf build record; it was not built by hybridtf's build. Fix: {_REBUILD}."
+        )
     return json.loads(match.group(1))
 
 

@@ -109,3 +109,34 @@ def unique_partition(
             ids, bounds, num_partitions=num_partitions, strategy=strategy, out_idx=out_idx
         )
     return UniquePartitionResult(outs.unique_ids, outs.partition_sizes, outs.inverse)
+
+
+def stock_tf_unique_partition(
+    ids, num_partitions: int, strategy: str = "mod", range_bounds=None
+) -> UniquePartitionResult:
+    """The same three outputs composed from stock TensorFlow ops (no custom op).
+
+    What a model graph does today without hybridtf: unique, owner per unique
+    id, a stable sort by owner, per-owner counts and a permuted inverse index.
+    Used as the baseline in benchmarks and the demo; the results equal
+    ``unique_partition`` exactly.
+
+    Args:
+        ids: 1-D int32/int64 tensor.
+        num_partitions: number of partitions.
+        strategy: "mod" or "range".
+        range_bounds: for "range": ``num_partitions + 1`` bounds (tensor or array).
+
+    Returns:
+        ``UniquePartitionResult`` of tensors.
+    """
+    uniq, idx = tf.unique(ids)
+    if strategy == "mod":
+        owner = tf.math.floormod(uniq, tf.cast(num_partitions, uniq.dtype))
+    else:
+        owner = tf.searchsorted(tf.cast(range_bounds, uniq.dtype)[1:], uniq, side="right")
+    owner = tf.cast(owner, tf.int32)
+    order = tf.argsort(owner, stable=True)
+    sizes = tf.math.unsorted_segment_sum(tf.ones_like(owner), owner, num_partitions)
+    slot = tf.math.invert_permutation(order)
+    return UniquePartitionResult(tf.gather(uniq, order), sizes, tf.gather(slot, idx))
