@@ -7,6 +7,13 @@ Example:
 
 from hybridtf._src.plan.sharding import even_range_bounds
 from hybridtf._src.run.results import UniquePartitionResult
+from hybridtf._src.run.stitch_combine import stitch_combine
 from hybridtf._src.run.unique_partition import stock_tf_unique_partition, unique_partition
 
-__all__ = ["UniquePartitionResult", "even_range_bounds", "stock_tf_unique_partition", "unique_partition"]
+__all__ = [
+    "UniquePartitionResult",
+    "even_range_bounds",
+    "stitch_combine",
+    "stock_tf_unique_partition",
+    "unique_partition",
+]

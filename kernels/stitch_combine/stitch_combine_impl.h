@@ -1,0 +1,95 @@
+// TF-free implementation layer of the fused Stitch&Combine algorithm (CPU).
+//
+// After a packed lookup has gathered the rows of the distinct ids
+// (rows[u] for u in [0, U)), Stitch&Combine writes the per-field outputs in one
+// pass: for every output row it gathers rows[inverse[i]] over the row's
+// positions i and combines them. Fields are consecutive position ranges of the
+// packed id vector:
+//
+//   field f owns positions [P_f, P_f + field_sizes[f]), P_f = sum of earlier sizes
+//   * combiner "none" (one-hot): one output row per position,
+//       out_f[r] = rows[inverse[P_f + r]]
+//   * "sum" / "mean" / "sqrtn" (multi-hot bags): field_segments[f] bags whose
+//     lengths are the next field_segments[f] entries of segment_lengths;
+//       sum   : out = sum_i w_i * rows[inverse[i]]
+//       mean  : out = sum / sum_i w_i            (w_i = 1 without weights)
+//       sqrtn : out = sum / sqrt(sum_i w_i^2)
+//     an empty bag (or a zero denominator) gives a zero row.
+//
+// The gradient maps per-field output gradients back to d_rows[U, D] (w_i = 1
+// for one-hot fields: weights only apply to bags):
+//   d_rows[u] = sum over positions i with inverse[i] == u, in ascending i, of
+//               w_i * grad[row(i)] / denom(row(i))
+// Summation order is fixed (ascending position), so results do not depend on
+// the number of threads.
+#ifndef HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_
+#define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/common/status.h"
+
+namespace hybridtf {
+namespace stitch_combine {
+
+enum class Combiner { kNone = 0, kSum = 1, kMean = 2, kSqrtn = 3 };
+
+// Parses "none" / "sum" / "mean" / "sqrtn"; returns false otherwise.
+bool ParseCombiner(const std::string& name, Combiner* combiner);
+
+// Runs fn(begin, end) over [0, total) possibly in parallel; cost_per_unit is a
+// rough cost of one unit of work (e.g. the row width). Sequential by default.
+using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
+                                       const std::function<void(int64_t, int64_t)>& fn)>;
+void SequentialFor(int64_t total, int64_t cost_per_unit,
+                   const std::function<void(int64_t, int64_t)>& fn);
+
+// Where every output row of every field reads its positions. Built once per
+// call from the field description, validated against the number of positions.
+class Layout {
+ public:
+  ImplStatus Build(const std::vector<Combiner>& combiners, const int64_t* field_sizes,
+                   const int64_t* field_segments, const int64_t* segment_lengths,
+                   int64_t num_segment_lengths, int64_t num_positions);
+
+  int num_fields() const { return static_cast<int>(combiners_.size()); }
+  Combiner combiner(int f) const { return combiners_[f]; }
+  int64_t output_rows(int f) const { return row_offset_[f + 1] - row_offset_[f]; }
+  int64_t total_rows() const { return row_offset_.back(); }
+  int64_t num_positions() const { return num_positions_; }
+  // Global output row r (fields concatenated) -> its field.
+  int FieldOfRow(int64_t r) const;
+  // Positions [begin, end) of global output row r of field f.
+  void Positions(int f, int64_t r, int64_t* begin, int64_t* end) const;
+
+ private:
+  std::vector<Combiner> combiners_;
+  std::vector<int64_t> row_offset_;  // [F + 1] global output-row offsets
+  std::vector<int64_t> pos_offset_;  // [F + 1] position offsets
+  // For bag fields: bag_begin_[bag_index_[f] + local_row] = first position.
+  std::vector<int64_t> bag_index_;  // [F] offset into bag_begin_, -1 for "none"
+  std::vector<int64_t> bag_begin_;
+  int64_t num_positions_ = 0;
+};
+
+// Checks every inverse index is in [0, num_unique).
+template <typename Idx>
+ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique);
+
+// outputs[f] points to output_rows(f) * dim values. weights may be null.
+template <typename T, typename Idx>
+void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
+             T* const* outputs, const ParallelFor& parallel_for);
+
+// grads[f] points to output_rows(f) * dim values; d_rows to num_unique * dim.
+template <typename T, typename Idx>
+void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
+              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for);
+
+}  // namespace stitch_combine
+}  // namespace hybridtf
+
+#endif  // HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_

@@ -1,0 +1,110 @@
+// CPU kernels of HybridTF>StitchCombine and HybridTF>StitchCombineGrad: thin
+// OpKernels over the TF-free stitch_combine implementation layer.
+#include "kernels/stitch_combine/stitch_combine_kernels.h"
+
+#include "kernels/common/op_prefix.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+namespace hybridtf {
+namespace stitch_combine {
+
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+
+template <typename T, typename Idx>
+class StitchCombineCpuOp : public StitchCombineOpBase {
+ public:
+  explicit StitchCombineCpuOp(OpKernelConstruction* ctx) : StitchCombineOpBase(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& rows = ctx->input(0);
+    OP_REQUIRES(
+        ctx, rows.dims() == 2,
+        ::tensorflow::errors::InvalidArgument("rows must be a matrix [num_unique, dim], got ",
+                                              rows.shape().DebugString(), "."));
+    Layout layout;
+    OP_REQUIRES_OK(ctx, BuildLayout<T>(ctx, 1, &layout));
+    const Tensor& inverse = ctx->input(1);
+    const int64_t dim = rows.dim_size(1);
+    OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
+                                                   inverse.NumElements(), rows.dim_size(0))));
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
+    std::vector<T*> out(num_fields_);
+    for (int f = 0; f < num_fields_; ++f) {
+      Tensor* t = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(f, TensorShape({layout.output_rows(f), dim}), &t));
+      out[f] = t->flat<T>().data();
+    }
+    const Tensor& weights = ctx->input(5);
+    Forward<T, Idx>(layout, rows.flat<T>().data(), dim, inverse.flat<Idx>().data(),
+                    weights.NumElements() ? weights.flat<T>().data() : nullptr, out.data(),
+                    CpuParallelFor(ctx));
+  }
+};
+
+template <typename T, typename Idx>
+class StitchCombineGradCpuOp : public StitchCombineOpBase {
+ public:
+  explicit StitchCombineGradCpuOp(OpKernelConstruction* ctx) : StitchCombineOpBase(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int nf = static_cast<int>(num_fields_);
+    Layout layout;
+    OP_REQUIRES_OK(ctx, BuildLayout<T>(ctx, nf, &layout));
+    const Tensor& inverse = ctx->input(nf);
+    const Tensor& num_unique_t = ctx->input(nf + 5);
+    OP_REQUIRES(ctx, num_unique_t.dims() == 0,
+                ::tensorflow::errors::InvalidArgument("num_unique must be a scalar."));
+    const int64_t num_unique = num_unique_t.scalar<int64_t>()();
+    OP_REQUIRES(
+        ctx, num_unique >= 0,
+        ::tensorflow::errors::InvalidArgument("num_unique must be >= 0, got ", num_unique, "."));
+    OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
+                                                   inverse.NumElements(), num_unique)));
+    int64_t dim = -1;
+    std::vector<const T*> grads(nf);
+    for (int f = 0; f < nf; ++f) {
+      const Tensor& g = ctx->input(f);
+      OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == layout.output_rows(f),
+                  ::tensorflow::errors::InvalidArgument("grads[", f, "] must have shape [",
+                                                        layout.output_rows(f), ", dim], got ",
+                                                        g.shape().DebugString(), "."));
+      OP_REQUIRES(ctx, dim < 0 || g.dim_size(1) == dim,
+                  ::tensorflow::errors::InvalidArgument("all grads must have the same dim."));
+      dim = g.dim_size(1);
+      grads[f] = g.flat<T>().data();
+    }
+    Tensor* d_rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}), &d_rows));
+    const Tensor& weights = ctx->input(nf + 4);
+    Backward<T, Idx>(layout, grads.data(), dim, inverse.flat<Idx>().data(),
+                     weights.NumElements() ? weights.flat<T>().data() : nullptr, num_unique,
+                     d_rows->flat<T>().data(), CpuParallelFor(ctx));
+  }
+};
+
+#define HYBRIDTF_REGISTER_CPU(T, Idx)                            \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchCombine"))     \
+                              .Device(::tensorflow::DEVICE_CPU)  \
+                              .TypeConstraint<T>("T")            \
+                              .TypeConstraint<Idx>("Tidx"),      \
+                          StitchCombineCpuOp<T, Idx>);           \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchCombineGrad")) \
+                              .Device(::tensorflow::DEVICE_CPU)  \
+                              .TypeConstraint<T>("T")            \
+                              .TypeConstraint<Idx>("Tidx"),      \
+                          StitchCombineGradCpuOp<T, Idx>);
+
+HYBRIDTF_REGISTER_CPU(float, int32_t)
+HYBRIDTF_REGISTER_CPU(float, int64_t)
+HYBRIDTF_REGISTER_CPU(double, int32_t)
+HYBRIDTF_REGISTER_CPU(double, int64_t)
+#undef HYBRIDTF_REGISTER_CPU
+
+}  // namespace stitch_combine
+}  // namespace hybridtf
