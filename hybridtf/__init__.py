@@ -1,11 +1,25 @@
 """hybridtf: packed, fused, hybrid-parallel embedding training for TensorFlow.
 
-Public modules:
-    hybridtf.ops:    fused TensorFlow ops (``unique_partition``).
+Public modules (imported on first use, so that e.g. the TF-free planner does
+not pull in TensorFlow):
+    hybridtf.ops:    fused TensorFlow ops (``unique_partition``, ``stitch_combine``).
     hybridtf.native: the same algorithms on NumPy arrays (pybind11), no graph.
 """
 
-from hybridtf import native, ops
+import importlib
 
 __version__ = "0.1.0"
+_SUBMODULES = ("native", "ops")
 __all__ = ["__version__", "native", "ops"]
+
+
+def __getattr__(name):
+    if name in _SUBMODULES:
+        module = importlib.import_module(f"hybridtf.{name}")
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module 'hybridtf' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_SUBMODULES))

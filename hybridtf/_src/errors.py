@@ -18,3 +18,10 @@ class OpLibraryError(HybridTFError, ImportError):
 
 class NativeModuleError(HybridTFError, ImportError):
     """The pybind11 module ``hybridtf._native`` is missing or broken."""
+
+
+class PlanKeyError(HybridTFError, KeyError):
+    """A table is unknown to the packing plan, or is not in any packed table."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
