@@ -50,7 +50,8 @@ elif [[ -x "$ROOT/.venv/bin/python" ]]; then
 else
   PYTHON="$(command -v python3 || true)"
 fi
-[[ -n "$PYTHON" && -x "$PYTHON" ]] || die "no Python found; set HYBRIDTF_PYTHON to a python with tensorflow installed"
+[[ -n "$PYTHON" ]] || die "no Python found; set HYBRIDTF_PYTHON to a python with tensorflow installed"
+[[ -x "$PYTHON" ]] || die "$PYTHON is not an executable Python (HYBRIDTF_PYTHON)"
 # Absolute path: the repository rule runs it from another directory.
 PYTHON="$(cd "$(dirname "$PYTHON")" && pwd)/$(basename "$PYTHON")"
 
