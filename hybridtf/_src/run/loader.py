@@ -79,6 +79,6 @@ def load_ops() -> ModuleType:
             check_tensorflow_version(build_info(path)["tensorflow_version"])
             try:
                 _library = tf.load_op_library(str(path))
-            except tf.errors.NotFoundError as err:
+            except tf.errors.OpError as err:
                 raise OpLibraryError(f"loading {path} failed: {err.message}. Fix: {_REBUILD}.") from err
     return _library

@@ -1,0 +1,66 @@
+"""Python wrapper of the fused ``HybridTF>PackIds`` op (K-packing of ids)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from hybridtf._src.run.loader import load_ops
+
+OP_NAME = "HybridTF>PackIds"
+tf.no_gradient(OP_NAME)
+
+
+def pack_ids(
+    ids: Sequence,
+    row_offsets: Sequence[int],
+    num_rows: Sequence[int],
+    table_names: Sequence[str],
+    name: str | None = None,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Packs several fields' ids into one int64 vector in a packed table's row space.
+
+    Field ``f``'s ids (any shape, flattened row-major) must lie in
+    ``[0, num_rows[f])``; they are shifted by ``row_offsets[f]`` and
+    concatenated in field order. An id outside its table's vocabulary raises
+    ``tf.errors.InvalidArgumentError`` naming the table.
+
+    Args:
+        ids: one int32/int64 tensor per field.
+        row_offsets: row offset of each field's table inside the packed table.
+        num_rows: vocabulary size of each field's table.
+        table_names: table names, used in error messages.
+        name: optional op name.
+
+    Returns:
+        ``(packed, field_sizes)``: int64 ``[total]`` and int64 ``[num_fields]``.
+
+    Example:
+        >>> packed, sizes = pack_ids([[1, 0], [[2], [2]]], [0, 10], [3, 5], ["a", "b"])
+        >>> packed.numpy().tolist(), sizes.numpy().tolist()
+        ([1, 0, 12, 12], [2, 2])
+    """
+    n = len(ids)
+    if n == 0:
+        raise ValueError("pack_ids needs at least one field.")
+    if not (len(row_offsets) == len(num_rows) == len(table_names) == n):
+        raise ValueError(
+            f"pack_ids got {n} id tensors but {len(row_offsets)} row_offsets, {len(num_rows)} num_rows "
+            f"and {len(table_names)} table_names; give one of each per field."
+        )
+    tensors = []
+    for value, table in zip(ids, table_names):
+        t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
+        if t.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"ids of table {table!r} must be int32 or int64, got {t.dtype.name}.")
+        tensors.append(t)
+    with tf.name_scope(name or "pack_ids"):
+        return tuple(
+            load_ops().hybrid_tf_pack_ids(
+                tensors,
+                row_offsets=[int(o) for o in row_offsets],
+                num_rows=[int(r) for r in num_rows],
+                table_names=[str(t) for t in table_names],
+            )
+        )

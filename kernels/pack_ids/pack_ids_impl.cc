@@ -1,0 +1,36 @@
+// CPU implementation of PackIds. See pack_ids_impl.h.
+#include "kernels/pack_ids/pack_ids_impl.h"
+
+namespace hybridtf {
+namespace pack_ids {
+
+template <typename Id>
+ImplStatus PackField(const Id* ids, int64_t n, int64_t row_offset, int64_t num_rows,
+                     const std::string& table, int64_t* out) {
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    bad |= (id < 0) | (id >= num_rows);
+    out[i] = id + row_offset;
+  }
+  if (!bad) return ImplStatus::Ok();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id < 0 || id >= num_rows) {
+      return ImplStatus::InvalidArgument(
+          "embedding table '" + table + "' got id " + std::to_string(id) + " (flat position " +
+          std::to_string(i) + " of its ids), outside its vocabulary [0, " +
+          std::to_string(num_rows) +
+          "). Ids must be in [0, input_dim): check the feature's hashing or vocabulary size.");
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+template ImplStatus PackField<int32_t>(const int32_t*, int64_t, int64_t, int64_t,
+                                       const std::string&, int64_t*);
+template ImplStatus PackField<int64_t>(const int64_t*, int64_t, int64_t, int64_t,
+                                       const std::string&, int64_t*);
+
+}  // namespace pack_ids
+}  // namespace hybridtf

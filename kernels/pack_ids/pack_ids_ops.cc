@@ -1,0 +1,37 @@
+// Op definition of HybridTF>PackIds.
+#include "kernels/common/op_prefix.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace hybridtf {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+
+REGISTER_OP(HYBRIDTF_OP("PackIds"))
+    .Input("ids: Tlist")
+    .Output("packed: int64")
+    .Output("field_sizes: int64")
+    .Attr("Tlist: list({int32, int64}) >= 1")
+    .Attr("row_offsets: list(int)")
+    .Attr("num_rows: list(int)")
+    .Attr("table_names: list(string)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      DimensionHandle total = c->MakeDim(0);
+      for (int i = 0; i < c->num_inputs(); ++i) {
+        DimensionHandle n = c->NumElements(c->input(i));
+        TF_RETURN_IF_ERROR(c->Add(total, n, &total));
+      }
+      c->set_output(0, c->Vector(total));
+      c->set_output(1, c->Vector(c->num_inputs()));
+      return Status();
+    })
+    .Doc(R"doc(
+Packs the ids of several fields into one int64 vector in the row space of a
+packed table. The ids of field f (any shape, flattened) must lie in
+[0, num_rows[f]) and are shifted by row_offsets[f]; field_sizes[f] is the
+number of ids of field f.
+)doc");
+
+}  // namespace hybridtf
