@@ -1,0 +1,1 @@
+"""Benchmarks and the plain Keras CTR models / synthetic data they run on."""
