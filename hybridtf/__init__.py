@@ -4,13 +4,14 @@ Public modules (imported on first use, so that e.g. the TF-free planner does
 not pull in TensorFlow):
     hybridtf.ops:    fused TensorFlow ops (``unique_partition``, ``stitch_combine``).
     hybridtf.native: the same algorithms on NumPy arrays (pybind11), no graph.
+    hybridtf.keras:  ``optimize`` a Keras model to train with packed embeddings.
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("native", "ops")
-__all__ = ["__version__", "native", "ops"]
+_SUBMODULES = ("keras", "native", "ops")
+__all__ = ["__version__", "keras", "native", "ops"]
 
 
 def __getattr__(name):

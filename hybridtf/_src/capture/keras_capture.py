@@ -1,0 +1,113 @@
+"""Capture of ``tf.keras.layers.Embedding`` lookups inside one model instance.
+
+No global patching: each captured layer instance gets a class of its own, a
+subclass of its class made at run time that keeps the original class name
+(so configs and saved models still say ``Embedding``). Its ``call`` turns the
+lookup into a LookupRequest and dispatches it through the capture context
+(record / replay / direct).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from hybridtf._src.capture import context
+from hybridtf._src.capture.context import LookupRequest
+
+_HYBRID_CLASSES: dict[type, type] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class CapturedTable:
+    """An embedding layer hybridtf will pack."""
+
+    name: str
+    layer: tf.keras.layers.Layer
+    num_rows: int
+    dim: int
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedLayer:
+    """An embedding layer left as it is, and why."""
+
+    name: str
+    reason: str
+
+
+def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
+    """Why ``layer`` cannot be packed, or None if it can."""
+    if not layer.built or getattr(layer, "embeddings", None) is None:
+        return "not built yet: call or build the model once before optimize()"
+    if layer.sparse:
+        return "sparse=True returns tf.SparseTensor outputs"
+    if layer.embeddings_regularizer is not None:
+        return "embeddings_regularizer needs the table's own variable"
+    if layer.embeddings_constraint is not None:
+        return "embeddings_constraint needs the table's own variable"
+    if not layer.trainable:
+        return "frozen (trainable=False) tables are not packed"
+    policy = layer.dtype_policy
+    if policy.compute_dtype != policy.variable_dtype:
+        return f"mixed precision ({policy.name}) is not supported yet"
+    if layer.embeddings.dtype != tf.float32:
+        return f"dtype {layer.embeddings.dtype.name} is not supported yet (float32 only)"
+    return None
+
+
+def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
+    """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
+    captured, skipped, seen, names = [], [], set(), set()
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, tf.keras.layers.Embedding) or id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        reason = unsupported_reason(layer)
+        name = layer.name
+        if reason is None and name in names:
+            reason = f"another embedding layer is also named {name!r}; give layers unique names"
+        if reason is not None:
+            skipped.append(SkippedLayer(name, reason))
+            continue
+        names.add(name)
+        rows, dim = layer.embeddings.shape.as_list()
+        captured.append(CapturedTable(name, layer, rows, dim, layer.embeddings.dtype.name))
+    return captured, skipped
+
+
+class _HybridEmbeddingMixin:
+    """Per-instance overrides of a captured Embedding layer."""
+
+    @tf.autograph.experimental.do_not_convert
+    def call(self, inputs):
+        ids = inputs
+        if isinstance(ids, tf.SparseTensor):
+            raise TypeError(f"embedding layer {self.name!r} got a tf.SparseTensor; Keras Embedding takes dense ids.")
+        base = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        if base.dtype not in (tf.int32, tf.int64):
+            ids = tf.cast(ids, tf.int32)
+        request = LookupRequest(self._htf_table, ids, "none", owner=self)
+        return context.dispatch(request, lambda: self._htf_placeholder(ids), lambda: self._htf_direct(request))
+
+    def _htf_placeholder(self, ids):
+        dim = self.output_dim
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(tf.zeros(tf.stack([tf.size(ids.flat_values), dim]), self.compute_dtype))
+        return tf.zeros(tf.concat([tf.shape(ids), [dim]], axis=0), self.compute_dtype)
+
+    def _htf_direct(self, request):
+        return self._htf_runtime.lookup([request])[0]
+
+
+def hybrid_class(cls: type) -> type:
+    """The run-time subclass of ``cls`` used for captured instances (same name)."""
+    if cls not in _HYBRID_CLASSES:
+        _HYBRID_CLASSES[cls] = type(cls.__name__, (_HybridEmbeddingMixin, cls), {"__module__": cls.__module__})
+    return _HYBRID_CLASSES[cls]
+
+
+def is_captured(layer) -> bool:
+    return isinstance(layer, _HybridEmbeddingMixin)

@@ -1,0 +1,1 @@
+"""Integrations: how the pipeline plugs into Keras (and later Estimator, Horovod, data)."""

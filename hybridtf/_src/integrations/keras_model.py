@@ -1,0 +1,234 @@
+"""``hybridtf.keras.optimize``: packed embeddings for an unchanged Keras model.
+
+The model instance is changed in place, per instance (no global patching):
+
+* every packable ``tf.keras.layers.Embedding`` gets a run-time subclass whose
+  lookups go through the capture context, and its ``embeddings`` variable is
+  replaced by a view of its rows in a packed variable (same checkpoint key);
+* the model gets a run-time subclass (same class name) whose ``call`` records
+  the lookups (a pass with ``training=False``; its dead code is pruned by
+  TensorFlow), computes them with one packed chain per packed table, and runs
+  the real pass replaying the precomputed outputs;
+* the packed variables join ``model.trainable_weights``, so ``compile`` /
+  ``fit`` / ``evaluate`` / ``predict`` and the Keras optimizers work as usual:
+  each packed table gets one sparse update with distinct rows per step.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+
+import tensorflow as tf
+
+from hybridtf._src.capture import context
+from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.plan.packing import PackingPlan, plan_packing
+from hybridtf._src.plan.tables import TableSpec
+from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
+from hybridtf._src.rewrite.runtime import PackedRuntime
+
+_MODEL_CLASSES: dict[type, type] = {}
+
+
+class _HybridModelMixin:
+    """Per-instance overrides of an optimized Keras model."""
+
+    @tf.autograph.experimental.do_not_convert
+    def call(self, inputs, *args, **kwargs):
+        base_call = super().call
+        record_kwargs = dict(kwargs)
+        if self._expects_training_arg:
+            record_kwargs["training"] = False
+        layers = list(self._flatten_layers(include_self=True, recursive=True))
+        losses_before = [len(layer._losses) for layer in layers]
+        with context.recording() as rec:
+            base_call(inputs, *args, **record_kwargs)
+        for layer, n in zip(layers, losses_before):  # the record pass adds no losses
+            del layer._losses[n:]
+        outputs = self._htf_runtime.lookup(rec.requests)
+        with context.replaying(rec.requests, outputs):
+            return base_call(inputs, *args, **kwargs)
+
+    @property
+    def trainable_weights(self):
+        weights = super().trainable_weights
+        if not self.trainable:
+            return weights
+        return weights + [v for v in self._htf_runtime.storage.packed.values() if v.trainable]
+
+    @property
+    def non_trainable_weights(self):
+        weights = super().non_trainable_weights
+        if self.trainable:
+            return weights
+        return weights + list(self._htf_runtime.storage.packed.values())
+
+    @property
+    def _layer_checkpoint_dependencies(self):
+        # Functional models name layers "layer_with_weights-<i>" by whether they
+        # have weights; packed Embedding layers keep the index they had.
+        deps = collections.OrderedDict()
+        weighted = 0
+        for index, layer in enumerate(self.layers):
+            if id(layer) in self._htf_weighted_layers or layer.weights:
+                deps[f"layer_with_weights-{weighted}"] = layer
+                weighted += 1
+            deps[f"layer-{index}"] = layer
+        return deps
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "savedmodel":  # traced functions capture the packed variables
+            children["hybridtf_packed_tables"] = self._htf_runtime.storage
+        return children
+
+    def get_weights(self):
+        """Weights in the plain model's order and shapes (each table separately)."""
+        return [w.numpy() for w in self._htf_plain_weights]
+
+    def set_weights(self, weights):
+        """Sets weights given in the plain model's order and shapes."""
+        if len(weights) != len(self._htf_plain_weights):
+            raise ValueError(
+                f"set_weights got {len(weights)} arrays; the model has {len(self._htf_plain_weights)} weights."
+            )
+        for w, value in zip(self._htf_plain_weights, weights):
+            w.assign(value)
+
+    @property
+    def hybridtf_plan(self) -> PackingPlan:
+        """The packing plan this model runs with."""
+        return self._htf_runtime.plan
+
+    @property
+    def hybridtf_skipped(self) -> list[SkippedLayer]:
+        """Embedding layers left unpacked, with the reason."""
+        return list(self._htf_skipped)
+
+
+def _model_class(cls: type) -> type:
+    if cls not in _MODEL_CLASSES:
+        sub = type(cls.__name__, (_HybridModelMixin, cls), {"__module__": cls.__module__})
+        from keras.src.saving import object_registration
+
+        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
+        if registered is not None:  # keep a registered class's serialized name
+            object_registration._GLOBAL_CUSTOM_NAMES[sub] = registered
+        _MODEL_CLASSES[cls] = sub
+    return _MODEL_CLASSES[cls]
+
+
+def is_optimized(model) -> bool:
+    return isinstance(model, _HybridModelMixin)
+
+
+def optimize(model=None, *, plan: PackingPlan | None = None, exclude=(), force_groups=None, stats=None):
+    """Packs the embedding lookups of a Keras model; returns the same model, optimized.
+
+    Every ``tf.keras.layers.Embedding`` that hybridtf can handle is packed with
+    the others of the same dim and dtype into one table (D-packing), and all
+    lookups of a packed table run as one fused chain per step (K-packing):
+    PackIds -> UniquePartition -> gather -> StitchCombine, with one sparse
+    update per packed table. The math is unchanged; the model keeps its
+    weights, so wrapping a trained model changes no prediction. Layers that
+    cannot be packed are left as they are (see ``model.hybridtf_skipped``).
+
+    Also usable as a decorator on a function that builds and returns a model.
+
+    Args:
+        model: a built ``tf.keras.Model`` (functional or subclassed), or a
+            model-building function (decorator use).
+        plan: a packing plan to use as it is (e.g. edited and loaded from JSON).
+        exclude: table (layer) names to leave unpacked.
+        force_groups: ``{group_name: [table names]}`` to force a grouping.
+        stats: warm-up statistics per table (``hybridtf.plan.collect_stats``)
+            for CalcVParam; uniform access is assumed without them.
+
+    Returns:
+        The optimized model (the same object).
+
+    Raises:
+        ValueError: the model is not built, or an invalid plan override (the
+            message names the table or group).
+
+    Example:
+        >>> model = htf.keras.optimize(build_wide_and_deep())
+        >>> model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        >>> model.fit(dataset, epochs=1)
+    """
+    if model is None:
+        return functools.partial(optimize, plan=plan, exclude=exclude, force_groups=force_groups, stats=stats)
+    if not isinstance(model, tf.keras.Model) and callable(model):
+        builder = model
+
+        @functools.wraps(builder)
+        def build_and_optimize(*args, **kwargs):
+            return optimize(
+                builder(*args, **kwargs), plan=plan, exclude=exclude, force_groups=force_groups, stats=stats
+            )
+
+        return build_and_optimize
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(f"optimize() takes a tf.keras.Model or a function returning one, got {type(model).__name__}.")
+    if is_optimized(model):
+        return model
+    if not model.built:
+        raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
+
+    captured, skipped = find_embeddings(model)
+    specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
+    if plan is None:
+        plan = plan_packing(specs, stats, exclude=tuple(exclude), force_groups=force_groups) if specs else None
+    else:
+        _check_plan_matches(plan, specs)
+    if plan is None or not plan.packed_tables:
+        skipped = skipped + [SkippedLayer(s.name, "excluded by user") for s in specs]
+        object.__setattr__(model, "_htf_skipped", skipped)
+        return model
+
+    packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
+    skipped = skipped + [SkippedLayer(u.name, u.reason) for u in plan.unpacked]
+    tables = {t.name: t for t in captured if t.name in packed_names}
+    weighted_layers = {id(layer) for layer in model.layers if layer.weights}
+    storage = PackedTables(plan, {name: t.layer.embeddings.numpy() for name, t in tables.items()})
+    runtime = PackedRuntime(plan, storage)
+
+    views = {name: storage.view(name) for name in tables}
+    by_variable = {id(t.layer.embeddings): views[name] for name, t in tables.items()}
+    plain_weights = [by_variable.get(id(w), w) for w in model.weights]
+    for name, table in tables.items():
+        layer = table.layer
+        old = layer.embeddings
+        layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
+        layer.__class__ = hybrid_class(type(layer))
+        layer.embeddings = views[name]
+        object.__setattr__(layer, "_htf_table", name)
+        object.__setattr__(layer, "_htf_runtime", runtime)
+
+    model.__class__ = _model_class(type(model))
+    object.__setattr__(model, "_htf_runtime", runtime)
+    object.__setattr__(model, "_htf_skipped", skipped)
+    object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
+    object.__setattr__(model, "_htf_plain_weights", plain_weights)
+    model.train_function = model.test_function = model.predict_function = None
+    return model
+
+
+def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:
+    have = {s.name: s for s in specs}
+    for pt in plan.packed_tables:
+        for m in pt.members:
+            spec = have.get(m.name)
+            if spec is None:
+                raise ValueError(
+                    f"plan packs table {m.name!r} but the model has no packable embedding layer of that name."
+                )
+            if spec.num_rows != m.num_rows or spec.dim != pt.dim:
+                raise ValueError(
+                    f"plan has table {m.name!r} as {m.num_rows} x {pt.dim}, the model's layer is "
+                    f"{spec.num_rows} x {spec.dim}."
+                )
+
+
+__all__ = ["TableView", "is_optimized", "optimize"]

@@ -1,0 +1,99 @@
+"""The packed lookup chain that replaces N lookups of one packed table.
+
+    ids of N fields --PackIds--> packed ids --UniquePartition--> unique ids, inverse
+        --gather(packed variable)--> rows --StitchCombine--> N outputs
+
+Backward, TensorFlow's gradient of the gather gives one IndexedSlices per
+packed table whose indices are already distinct (one row per unique id), and
+StitchCombineGrad sums every field's output gradients into those rows in one
+op; the optimizer then applies one sparse update per packed table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.run.pack_ids import pack_ids
+from hybridtf._src.run.stitch_combine import stitch_combine
+from hybridtf._src.run.unique_partition import unique_partition
+
+
+def _bag_parts(ids):
+    """(flat ids, row lengths) of a rank-2 RaggedTensor or SparseTensor."""
+    if isinstance(ids, tf.SparseTensor):
+        ids = tf.RaggedTensor.from_sparse(ids)
+    if ids.ragged_rank != 1 or ids.shape.rank != 2:
+        raise ValueError(f"multi-hot ids must be a rank-2 RaggedTensor/SparseTensor [batch, None], got {ids.shape}.")
+    return ids.flat_values, ids.row_lengths()
+
+
+def packed_lookup(
+    variable: tf.Variable,
+    members: Mapping[str, tuple[int, int]],
+    requests: Sequence[LookupRequest],
+    name: str | None = None,
+) -> list[tf.Tensor]:
+    """Runs ``requests`` against one packed table with one fused chain.
+
+    Args:
+        variable: the packed table, ``[rows, dim]``.
+        members: table name -> ``(row_offset, num_rows)`` inside ``variable``.
+        requests: the lookups; each names a member table.
+        name: optional name scope.
+
+    Returns:
+        One output per request: ``ids.shape + [dim]`` for one-hot ids (a
+        RaggedTensor for ragged ids, like a Keras Embedding), ``[batch, dim]``
+        for multi-hot bags.
+    """
+    if not requests:
+        return []
+    with tf.name_scope(name or "packed_lookup"):
+        flat, shapes, combiners, bag_lengths, segments = [], [], [], [], []
+        for req in requests:
+            if req.table not in members:
+                raise KeyError(f"table {req.table!r} is not a member of packed table {variable.name}.")
+            combiners.append(req.combiner)
+            if req.combiner == "none":
+                is_ragged = isinstance(req.ids, tf.RaggedTensor)
+                flat.append(req.ids.flat_values if is_ragged else req.ids)
+                shapes.append(req.ids)
+                segments.append(None)  # filled with the field's size below
+            else:
+                values, row_lengths = _bag_parts(req.ids)
+                flat.append(values)
+                shapes.append(None)
+                bag_lengths.append(row_lengths)
+                segments.append(tf.size(row_lengths, out_type=tf.int64))
+        packed, sizes = pack_ids(
+            flat,
+            [members[r.table][0] for r in requests],
+            [members[r.table][1] for r in requests],
+            [r.table for r in requests],
+        )
+        unique = unique_partition(packed, 1)
+        rows = tf.gather(variable, unique.unique_ids)
+        if bag_lengths:
+            field_segments = tf.stack([sizes[i] if s is None else s for i, s in enumerate(segments)])
+            seg_lengths = tf.concat(bag_lengths, axis=0) if len(bag_lengths) > 1 else bag_lengths[0]
+        else:
+            field_segments, seg_lengths = None, None
+        outs = stitch_combine(
+            rows, unique.inverse, sizes, combiners, field_segments=field_segments, segment_lengths=seg_lengths
+        )
+        dim = variable.shape[-1]
+        return [_reshape(out, ids, dim) for out, ids in zip(outs, shapes)]
+
+
+def _reshape(out, ids, dim):
+    if isinstance(ids, tf.RaggedTensor):  # one-hot lookup of ragged ids keeps the ragged shape
+        return ids.with_flat_values(out)
+    if ids is None or ids.shape.rank == 1:
+        return out
+    static = ids.shape.as_list()
+    if None not in static:
+        return tf.reshape(out, [*static, dim])
+    return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0))

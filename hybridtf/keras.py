@@ -1,0 +1,12 @@
+"""hybridtf for Keras: ``optimize`` a model to train with packed, fused embeddings.
+
+Example:
+    >>> import hybridtf as htf
+    >>> model = htf.keras.optimize(build_model())     # or @htf.keras.optimize on the builder
+    >>> model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    >>> model.fit(dataset)
+"""
+
+from hybridtf._src.integrations.keras_model import is_optimized, optimize
+
+__all__ = ["is_optimized", "optimize"]
