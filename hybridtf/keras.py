@@ -8,5 +8,6 @@ Example:
 """
 
 from hybridtf._src.integrations.keras_model import is_optimized, optimize
+from hybridtf._src.integrations.keras_optimizers import LazyAdam
 
-__all__ = ["is_optimized", "optimize"]
+__all__ = ["LazyAdam", "is_optimized", "optimize"]

@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
@@ -49,6 +50,11 @@ class _HybridModelMixin:
         outputs = self._htf_runtime.lookup(rec.requests)
         with context.replaying(rec.requests, outputs):
             return base_call(inputs, *args, **kwargs)
+
+    def compile(self, *args, **kwargs):
+        super().compile(*args, **kwargs)
+        if self._htf_fused_updates:
+            hybridize_optimizer(self.optimizer, list(self._htf_runtime.storage.packed.values()))
 
     @property
     def trainable_weights(self):
@@ -123,7 +129,15 @@ def is_optimized(model) -> bool:
     return isinstance(model, _HybridModelMixin)
 
 
-def optimize(model=None, *, plan: PackingPlan | None = None, exclude=(), force_groups=None, stats=None):
+def optimize(
+    model=None,
+    *,
+    plan: PackingPlan | None = None,
+    exclude=(),
+    force_groups=None,
+    stats=None,
+    fused_updates: bool = True,
+):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
     Every ``tf.keras.layers.Embedding`` that hybridtf can handle is packed with
@@ -144,6 +158,9 @@ def optimize(model=None, *, plan: PackingPlan | None = None, exclude=(), force_g
         force_groups: ``{group_name: [table names]}`` to force a grouping.
         stats: warm-up statistics per table (``hybridtf.plan.collect_stats``)
             for CalcVParam; uniform access is assumed without them.
+        fused_updates: update each packed table with one fused op (Keras
+            SGD without momentum, Adagrad, Adam, hybridtf LazyAdam; same
+            math); other optimizers always use Keras's own updates.
 
     Returns:
         The optimized model (the same object).
@@ -158,7 +175,9 @@ def optimize(model=None, *, plan: PackingPlan | None = None, exclude=(), force_g
         >>> model.fit(dataset, epochs=1)
     """
     if model is None:
-        return functools.partial(optimize, plan=plan, exclude=exclude, force_groups=force_groups, stats=stats)
+        return functools.partial(
+            optimize, plan=plan, exclude=exclude, force_groups=force_groups, stats=stats, fused_updates=fused_updates
+        )
     if not isinstance(model, tf.keras.Model) and callable(model):
         builder = model
 
@@ -211,6 +230,9 @@ def optimize(model=None, *, plan: PackingPlan | None = None, exclude=(), force_g
     object.__setattr__(model, "_htf_skipped", skipped)
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
+    object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
+    if fused_updates and getattr(model, "optimizer", None) is not None:  # compiled before optimize()
+        hybridize_optimizer(model.optimizer, list(storage.packed.values()))
     model.train_function = model.test_function = model.predict_function = None
     return model
 

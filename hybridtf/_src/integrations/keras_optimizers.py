@@ -1,0 +1,143 @@
+"""Keras optimizers and hybridtf: LazyAdam, and fused updates of packed tables.
+
+An optimized model routes the gradient of each packed table (one IndexedSlices
+with distinct rows per step) to one fused ``HybridTF>SparseApply*`` op that
+uses the Keras optimizer's own slot variables and hyperparameters, instead of
+Keras's per-variable chain (dedup, scatter, gather, sqrt, ...). Everything
+else goes through the Keras optimizer unchanged. Only configurations whose
+math the fused ops reproduce exactly are fused; anything else (momentum,
+AMSGrad, clipping, weight decay, EMA, other optimizers) uses Keras as is.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.run import sparse_apply
+
+_OPTIMIZER_CLASSES: dict[type, type] = {}
+
+
+@tf.keras.utils.register_keras_serializable(package="hybridtf")
+class LazyAdam(tf.keras.optimizers.Adam):
+    """Adam whose sparse updates touch only the rows in the batch (opt-in).
+
+    A different optimizer from Keras Adam: for an IndexedSlices gradient
+    (embedding tables), the moments of rows absent from the batch neither
+    decay nor move their rows. Dense gradients are updated exactly like Adam.
+    On a packed table it runs as one fused op, and its cost per step is
+    proportional to the rows touched instead of the table size.
+
+    Args:
+        **kwargs: the arguments of ``tf.keras.optimizers.Adam``.
+
+    Example:
+        >>> model.compile(optimizer=hybridtf.keras.LazyAdam(0.001), loss="binary_crossentropy")
+    """
+
+    def update_step(self, gradient, variable):
+        if not isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable)
+        if self.amsgrad:
+            raise ValueError("LazyAdam does not support amsgrad=True.")
+        dtype = variable.dtype
+        alpha = sparse_apply.adam_alpha(self, dtype)
+        key = self._var_key(variable)
+        m = self._momentums[self._index_dict[key]]
+        v = self._velocities[self._index_dict[key]]
+        c1 = tf.constant(1 - self.beta_1, dtype)
+        c2 = tf.constant(1 - self.beta_2, dtype)
+        idx, g = gradient.indices, gradient.values
+        m_rows = tf.gather(m, idx)
+        v_rows = tf.gather(v, idx)
+        m_new = (m_rows + (-m_rows) * c1) + g * c1
+        v_new = (v_rows + (-v_rows) * c2) + tf.square(g) * c2
+        m.scatter_update(tf.IndexedSlices(m_new, idx))
+        v.scatter_update(tf.IndexedSlices(v_new, idx))
+        rows = tf.gather(variable, idx)
+        eps = tf.constant(self.epsilon, dtype)
+        variable.scatter_update(tf.IndexedSlices(rows - (m_new * alpha) / (tf.sqrt(v_new) + eps), idx))
+
+
+def fusable(optimizer) -> str | None:
+    """The fused update kind for ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
+    base = type(optimizer)
+    if isinstance(optimizer, _HybridOptimizerMixin):
+        base = base.__mro__[2]
+    if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
+        return None
+    if getattr(optimizer, "use_ema", False) or getattr(optimizer, "weight_decay", None):
+        return None
+    if base is tf.keras.optimizers.SGD:
+        return "sgd" if optimizer.momentum == 0 and not optimizer.nesterov else None
+    if base is tf.keras.optimizers.Adagrad:
+        return "adagrad"
+    if base is tf.keras.optimizers.Adam:
+        return None if optimizer.amsgrad else "adam"
+    if base is LazyAdam:
+        return None if optimizer.amsgrad else "lazy_adam"
+    return None
+
+
+class _HybridOptimizerMixin:
+    """Per-instance override: fused updates for packed tables, Keras for the rest."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        kind = fusable(self)
+        fused = [
+            (g, v) for g, v in grads_and_vars if kind and id(v) in self._htf_packed and isinstance(g, tf.IndexedSlices)
+        ]
+        if not fused:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        fused_ids = {id(v) for _, v in fused}
+        rest = [(g, v) for g, v in grads_and_vars if id(v) not in fused_ids]
+        with tf.init_scope():  # slots for every variable, as Keras would create them
+            self.build([v for _, v in grads_and_vars])
+        with tf.name_scope("hybridtf_fused_update"):
+            for g, v in fused:
+                self._htf_apply(kind, g, v)
+        if rest:
+            return super().apply_gradients(rest, *args, **kwargs)
+        return self.iterations.assign_add(1)
+
+    def _htf_apply(self, kind, grad, var):
+        dtype = var.dtype
+        index = self._index_dict[self._var_key(var)]
+        lr = tf.cast(self.learning_rate, dtype)
+        values, indices = grad.values, grad.indices
+        if kind == "sgd":
+            return sparse_apply.sparse_apply_sgd(var, lr, values, indices)
+        if kind == "adagrad":
+            eps = tf.constant(self.epsilon, dtype)
+            return sparse_apply.sparse_apply_adagrad(var, self._accumulators[index], lr, eps, values, indices)
+        return sparse_apply.sparse_apply_adam(
+            var,
+            self._momentums[index],
+            self._velocities[index],
+            sparse_apply.adam_alpha(self, dtype),
+            tf.constant(1 - self.beta_1, dtype),
+            tf.constant(1 - self.beta_2, dtype),
+            tf.constant(self.epsilon, dtype),
+            values,
+            indices,
+            lazy=kind == "lazy_adam",
+        )
+
+
+def hybridize_optimizer(optimizer, packed_variables) -> None:
+    """Makes ``optimizer`` update ``packed_variables`` with fused ops (in place, this instance only)."""
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or isinstance(optimizer, _HybridOptimizerMixin):
+        if isinstance(optimizer, _HybridOptimizerMixin):
+            object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})
+        return
+    cls = type(optimizer)
+    if cls not in _OPTIMIZER_CLASSES:
+        _OPTIMIZER_CLASSES[cls] = type(cls.__name__, (_HybridOptimizerMixin, cls), {"__module__": cls.__module__})
+        from keras.src.saving import object_registration
+
+        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
+        if registered is not None:
+            object_registration._GLOBAL_CUSTOM_NAMES[_OPTIMIZER_CLASSES[cls]] = registered
+    optimizer.__class__ = _OPTIMIZER_CLASSES[cls]
+    object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})

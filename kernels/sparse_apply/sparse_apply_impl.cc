@@ -1,0 +1,127 @@
+// CPU implementation of the fused sparse optimizer updates. See sparse_apply_impl.h.
+#include "kernels/sparse_apply/sparse_apply_impl.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace hybridtf {
+namespace sparse_apply {
+
+template <typename Idx>
+ImplStatus ValidateIndices(const SparseGrad<Idx>& grad, int64_t rows) {
+  std::vector<bool> seen(static_cast<size_t>(rows), false);
+  for (int64_t u = 0; u < grad.num; ++u) {
+    const int64_t r = static_cast<int64_t>(grad.indices[u]);
+    if (r < 0 || r >= rows) {
+      return ImplStatus::InvalidArgument("indices[" + std::to_string(u) +
+                                         "] = " + std::to_string(r) + " is out of range [0, " +
+                                         std::to_string(rows) + ") of the table's rows.");
+    }
+    if (seen[r]) {
+      return ImplStatus::InvalidArgument(
+          "indices[" + std::to_string(u) + "] = " + std::to_string(r) +
+          " is repeated; fused sparse updates need distinct rows (sum duplicate gradients "
+          "first, as unique_partition + stitch_combine's gradient do).");
+    }
+    seen[r] = true;
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Idx>
+void Sgd(float* var, const SparseGrad<Idx>& grad, float lr, const ParallelFor& pf) {
+  const int64_t dim = grad.dim;
+  pf(grad.num, 2 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      float* w = var + static_cast<int64_t>(grad.indices[u]) * dim;
+      const float* g = grad.values + u * dim;
+      for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
+    }
+  });
+}
+
+template <typename Idx>
+void Adagrad(float* var, float* acc, const SparseGrad<Idx>& grad, float lr, float eps,
+             const ParallelFor& pf) {
+  const int64_t dim = grad.dim;
+  const float neg_lr = -lr;
+  pf(grad.num, 8 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+      float* w = var + row;
+      float* a = acc + row;
+      const float* g = grad.values + u * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        a[c] = a[c] + g[c] * g[c];
+        w[c] = w[c] + (neg_lr * g[c]) / std::sqrt(a[c] + eps);
+      }
+    }
+  });
+}
+
+template <typename Idx>
+void Adam(float* var, float* m, float* v, int64_t rows, const SparseGrad<Idx>& grad, float alpha,
+          float c1, float c2, float eps, const ParallelFor& pf) {
+  const int64_t dim = grad.dim;
+  const int64_t total = rows * dim;
+  pf(total, 4, [&](int64_t begin, int64_t end) {  // moments of every row decay
+    for (int64_t i = begin; i < end; ++i) {
+      m[i] = m[i] + (-m[i]) * c1;
+      v[i] = v[i] + (-v[i]) * c2;
+    }
+  });
+  pf(grad.num, 4 * dim, [&](int64_t begin, int64_t end) {  // touched rows get the gradient
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+      const float* g = grad.values + u * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        m[row + c] = m[row + c] + g[c] * c1;
+        v[row + c] = v[row + c] + (g[c] * g[c]) * c2;
+      }
+    }
+  });
+  pf(total, 8, [&](int64_t begin, int64_t end) {  // every row moves
+    for (int64_t i = begin; i < end; ++i) {
+      var[i] = var[i] - (m[i] * alpha) / (std::sqrt(v[i]) + eps);
+    }
+  });
+}
+
+template <typename Idx>
+void LazyAdam(float* var, float* m, float* v, const SparseGrad<Idx>& grad, float alpha, float c1,
+              float c2, float eps, const ParallelFor& pf) {
+  const int64_t dim = grad.dim;
+  pf(grad.num, 12 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+      const float* g = grad.values + u * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        float mi = m[row + c];
+        float vi = v[row + c];
+        mi = (mi + (-mi) * c1) + g[c] * c1;
+        vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
+        m[row + c] = mi;
+        v[row + c] = vi;
+        var[row + c] = var[row + c] - (mi * alpha) / (std::sqrt(vi) + eps);
+      }
+    }
+  });
+}
+
+#define HYBRIDTF_INSTANTIATE(Idx)                                                                  \
+  template ImplStatus ValidateIndices<Idx>(const SparseGrad<Idx>&, int64_t);                       \
+  template void Sgd<Idx>(float*, const SparseGrad<Idx>&, float, const ParallelFor&);               \
+  template void Adagrad<Idx>(float*, float*, const SparseGrad<Idx>&, float, float,                 \
+                             const ParallelFor&);                                                  \
+  template void Adam<Idx>(float*, float*, float*, int64_t, const SparseGrad<Idx>&, float, float,   \
+                          float, float, const ParallelFor&);                                       \
+  template void LazyAdam<Idx>(float*, float*, float*, const SparseGrad<Idx>&, float, float, float, \
+                              float, const ParallelFor&);
+
+HYBRIDTF_INSTANTIATE(int32_t)
+HYBRIDTF_INSTANTIATE(int64_t)
+#undef HYBRIDTF_INSTANTIATE
+
+}  // namespace sparse_apply
+}  // namespace hybridtf
