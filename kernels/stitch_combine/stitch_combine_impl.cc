@@ -193,57 +193,51 @@ void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* invers
 template <typename T, typename Idx>
 void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
               const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for) {
+  // Shard the unique rows into contiguous ranges; every shard walks all
+  // positions in ascending order (field by field, row by row) and adds the
+  // contributions that land in its range. Each d_rows[u] is therefore summed
+  // in ascending position order whatever the number of shards, with no
+  // per-position temporaries.
+  std::fill(d_rows, d_rows + num_unique * dim, T(0));
   const int64_t n = layout.num_positions();
-  std::vector<int64_t> row_offset(layout.num_fields() + 1, 0);
-  for (int f = 0; f < layout.num_fields(); ++f) {
-    row_offset[f + 1] = row_offset[f] + layout.output_rows(f);
-  }
-  // Per position: the output-gradient row it reads (null: contributes zero),
-  // the denominator of its bag and its weight (weights only scale bag
-  // positions; one-hot fields ignore them, as in the forward pass).
-  std::vector<const T*> source(n, nullptr);
-  std::vector<T> denominator(n, T(1));
-  std::vector<T> weight(weights ? n : 0, T(1));
-  parallel_for(layout.total_rows(), 8, [&](int64_t begin, int64_t end) {
-    ForRows(layout, row_offset, begin, end, [&](int f, int64_t r) {
-      int64_t pb = 0, pe = 0;
-      layout.Positions(f, r, &pb, &pe);
-      const T denom = Denominator(layout.combiner(f), weights, pb, pe);
-      if (denom == T(0)) return;
-      const T* g = grads[f] + (r - row_offset[f]) * dim;
-      const bool weighted = weights && layout.combiner(f) != Combiner::kNone;
-      for (int64_t i = pb; i < pe; ++i) {
-        source[i] = g;
-        denominator[i] = denom;
-        if (weighted) weight[i] = weights[i];
-      }
-    });
-  });
-  // Positions grouped by unique row, ascending inside a group (stable
-  // counting sort), so every d_rows[u] sums in ascending position order.
-  std::vector<int64_t> start(num_unique + 1, 0);
-  for (int64_t i = 0; i < n; ++i) ++start[static_cast<int64_t>(inverse[i]) + 1];
-  for (int64_t u = 0; u < num_unique; ++u) start[u + 1] += start[u];
-  std::vector<int64_t> order(n);
-  {
-    std::vector<int64_t> next(start.begin(), start.end() - 1);
-    for (int64_t i = 0; i < n; ++i) order[next[static_cast<int64_t>(inverse[i])]++] = i;
-  }
-  const int64_t per_unique = num_unique > 0 ? std::max<int64_t>(1, n / num_unique) : 1;
-  parallel_for(num_unique, per_unique * dim * 2, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      T* acc = d_rows + u * dim;
-      std::fill(acc, acc + dim, T(0));
-      for (int64_t k = start[u]; k < start[u + 1]; ++k) {
-        const int64_t i = order[k];
-        const T* g = source[i];
-        if (g == nullptr) continue;
-        const T denom = denominator[i];
-        const T w = weights ? weight[i] : T(1);
-        if (denom == T(1) && w == T(1)) {
+  const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(num_unique, n / 65536 + 1));
+  parallel_for(shards, n * (dim + 1) / shards + 1, [&](int64_t first_shard, int64_t end_shard) {
+    const int64_t lo = num_unique * first_shard / shards;
+    const int64_t hi = num_unique * end_shard / shards;
+    for (int f = 0; f < layout.num_fields(); ++f) {
+      const Combiner combiner = layout.combiner(f);
+      const int64_t rows = layout.output_rows(f);
+      const T* g_field = grads[f];
+      if (combiner == Combiner::kNone) {
+        int64_t pb = 0, pe = 0;
+        if (rows == 0) continue;
+        layout.Positions(f, layout.FirstRow(f), &pb, &pe);  // one-hot: row r is position pb + r
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t u = static_cast<int64_t>(inverse[pb + r]);
+          if (u < lo || u >= hi) continue;
+          const T* g = g_field + r * dim;
+          T* acc = d_rows + u * dim;
           for (int64_t c = 0; c < dim; ++c) acc[c] += g[c];
-        } else {
-          for (int64_t c = 0; c < dim; ++c) acc[c] += (g[c] / denom) * w;
+        }
+        continue;
+      }
+      const int64_t row0 = layout.FirstRow(f);
+      for (int64_t r = 0; r < rows; ++r) {
+        int64_t pb = 0, pe = 0;
+        layout.Positions(f, row0 + r, &pb, &pe);
+        const T denom = Denominator(combiner, weights, pb, pe);
+        if (denom == T(0)) continue;
+        const T* g = g_field + r * dim;
+        for (int64_t i = pb; i < pe; ++i) {
+          const int64_t u = static_cast<int64_t>(inverse[i]);
+          if (u < lo || u >= hi) continue;
+          T* acc = d_rows + u * dim;
+          const T w = weights ? weights[i] : T(1);
+          if (denom == T(1) && w == T(1)) {
+            for (int64_t c = 0; c < dim; ++c) acc[c] += g[c];
+          } else {
+            for (int64_t c = 0; c < dim; ++c) acc[c] += (g[c] / denom) * w;
+          }
         }
       }
     }
