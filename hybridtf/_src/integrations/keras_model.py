@@ -17,6 +17,8 @@ The model instance is changed in place, per instance (no global patching):
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import functools
 
 import tensorflow as tf
@@ -41,14 +43,13 @@ class _HybridModelMixin:
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        layers = list(self._flatten_layers(include_self=True, recursive=True))
-        losses_before = [len(layer._losses) for layer in layers]
-        with context.recording() as rec:
-            base_call(inputs, *args, **record_kwargs)
-        for layer, n in zip(layers, losses_before):  # the record pass adds no losses
-            del layer._losses[n:]
-        outputs = self._htf_runtime.lookup(rec.requests)
-        with context.replaying(rec.requests, outputs):
+        requests = _lookups_from_inputs(self, base_call, inputs, args, record_kwargs)
+        if requests is None:  # ids are computed inside the model: record inline
+            with _discarding_losses(self), context.recording() as rec:
+                base_call(inputs, *args, **record_kwargs)
+            requests = rec.requests
+        outputs = self._htf_runtime.lookup(requests)
+        with context.replaying(requests, outputs):
             return base_call(inputs, *args, **kwargs)
 
     def compile(self, *args, **kwargs):
@@ -111,6 +112,69 @@ class _HybridModelMixin:
     def hybridtf_skipped(self) -> list[SkippedLayer]:
         """Embedding layers left unpacked, with the reason."""
         return list(self._htf_skipped)
+
+
+@contextlib.contextmanager
+def _discarding_losses(model):
+    """Drops the losses layers add while the forward pass is only being recorded."""
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    before = [len(layer._losses) for layer in layers]
+    try:
+        yield
+    finally:
+        for layer, n in zip(layers, before):
+            del layer._losses[n:]
+
+
+def _source(tensor):
+    while tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    return tensor
+
+
+def _lookups_from_inputs(model, base_call, inputs, args, kwargs):
+    """Records the lookups in a scratch graph; maps their ids onto the real inputs.
+
+    Returns the requests with ids taken from ``inputs`` when every lookup's ids
+    are (through Identity ops) components of the model inputs — the usual case,
+    which leaves no trace of the recording in the real graph — else None.
+    """
+    if tf.executing_eagerly() or args:
+        return None
+    flat_real = tf.nest.flatten(inputs, expand_composites=True)
+    if not flat_real or not all(isinstance(t, tf.Tensor) for t in flat_real):
+        return None
+    specs = tf.nest.map_structure(tf.type_spec_from_value, inputs)
+    found = {}
+
+    def record(scratch_inputs):
+        flat = [_source(t) for t in tf.nest.flatten(scratch_inputs, expand_composites=True)]
+        with _discarding_losses(model), context.recording() as rec:
+            base_call(scratch_inputs, **kwargs)
+        mapped = []
+        for req in rec.requests:
+            positions = []
+            for comp in tf.nest.flatten(req.ids, expand_composites=True):
+                src = _source(comp)
+                hits = [i for i, t in enumerate(flat) if t is src]
+                if not hits:
+                    return tf.constant(0)
+                positions.append(hits[0])
+            mapped.append((req, tf.type_spec_from_value(req.ids), positions))
+        found["mapped"] = mapped
+        return tf.constant(0)
+
+    try:
+        tf.function(record, autograph=False).get_concrete_function(specs)
+    except (TypeError, ValueError):
+        return None
+    if "mapped" not in found:
+        return None
+    requests = []
+    for req, spec, positions in found["mapped"]:
+        ids = tf.nest.pack_sequence_as(spec, [flat_real[i] for i in positions], expand_composites=True)
+        requests.append(dataclasses.replace(req, ids=ids))
+    return requests
 
 
 def _model_class(cls: type) -> type:
