@@ -59,7 +59,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   setup) setup ;;
-  demo) setup; exec "$PY" examples/unique_partition_demo.py "$@" ;;
+  demo) setup; exec "$PY" examples/wdl_demo.py "$@" ;;
   lint) setup; lint ;;
   test)
     setup
