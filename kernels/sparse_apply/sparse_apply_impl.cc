@@ -8,6 +8,23 @@
 namespace hybridtf {
 namespace sparse_apply {
 
+namespace {
+
+// Rows of a big table are touched in random order: prefetch the rows a few
+// gradient rows ahead so that memory latency overlaps with the arithmetic.
+constexpr int64_t kPrefetchDistance = 8;
+
+template <typename Idx>
+inline void PrefetchRow(const SparseGrad<Idx>& grad, int64_t u, int64_t end, float* a, float* b) {
+  if (u + kPrefetchDistance < end) {
+    const int64_t row = static_cast<int64_t>(grad.indices[u + kPrefetchDistance]) * grad.dim;
+    __builtin_prefetch(a + row, 1);
+    if (b != nullptr) __builtin_prefetch(b + row, 1);
+  }
+}
+
+}  // namespace
+
 template <typename Idx>
 ImplStatus ValidateIndices(const SparseGrad<Idx>& grad, int64_t rows) {
   std::vector<bool> seen(static_cast<size_t>(rows), false);
@@ -34,6 +51,7 @@ void Sgd(float* var, const SparseGrad<Idx>& grad, float lr, const ParallelFor& p
   const int64_t dim = grad.dim;
   pf(grad.num, 2 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
+      PrefetchRow(grad, u, end, var, nullptr);
       float* w = var + static_cast<int64_t>(grad.indices[u]) * dim;
       const float* g = grad.values + u * dim;
       for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
@@ -48,6 +66,7 @@ void Adagrad(float* var, float* acc, const SparseGrad<Idx>& grad, float lr, floa
   const float neg_lr = -lr;
   pf(grad.num, 8 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
+      PrefetchRow(grad, u, end, var, acc);
       const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
       float* w = var + row;
       float* a = acc + row;
@@ -73,6 +92,7 @@ void Adam(float* var, float* m, float* v, int64_t rows, const SparseGrad<Idx>& g
   });
   pf(grad.num, 4 * dim, [&](int64_t begin, int64_t end) {  // touched rows get the gradient
     for (int64_t u = begin; u < end; ++u) {
+      PrefetchRow(grad, u, end, m, v);
       const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
       const float* g = grad.values + u * dim;
       for (int64_t c = 0; c < dim; ++c) {
@@ -94,6 +114,11 @@ void LazyAdam(float* var, float* m, float* v, const SparseGrad<Idx>& grad, float
   const int64_t dim = grad.dim;
   pf(grad.num, 12 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
+      PrefetchRow(grad, u, end, m, v);
+      if (u + kPrefetchDistance < end) {
+        __builtin_prefetch(var + static_cast<int64_t>(grad.indices[u + kPrefetchDistance]) * dim,
+                           1);
+      }
       const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
       const float* g = grad.values + u * dim;
       for (int64_t c = 0; c < dim; ++c) {

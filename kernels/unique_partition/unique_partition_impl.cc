@@ -166,7 +166,11 @@ ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
   }
   Rehash(capacity);
 
+  constexpr int64_t kPrefetchDistance = 16;  // hide the latency of random slot reads
   for (int64_t i = 0; i < n; ++i) {
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(&table_[HashBits(ids[i + kPrefetchDistance]) >> shift_]);
+    }
     const Id id = ids[i];
     uint64_t h = HashBits(id) >> shift_;
     for (;;) {
