@@ -29,7 +29,7 @@ from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
-from hybridtf._src.rewrite.runtime import PackedRuntime
+from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
 _MODEL_CLASSES: dict[type, type] = {}
 
@@ -40,17 +40,22 @@ class _HybridModelMixin:
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
+        if context.active() is not None:  # inside hybridtf.function: packed with the whole step
+            return base_call(inputs, *args, **kwargs)
+        if args:  # e.g. call(inputs, training) from SavedModel tracing: name them
+            names = self._call_spec.arg_names[1 : 1 + len(args)]
+            kwargs = {**dict(zip(names, args)), **kwargs}
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = _lookups_from_inputs(self, base_call, inputs, args, record_kwargs)
+        requests = _lookups_from_inputs(self, base_call, inputs, record_kwargs)
         if requests is None:  # ids are computed inside the model: record inline
             with _discarding_losses(self), context.recording() as rec:
-                base_call(inputs, *args, **record_kwargs)
+                base_call(inputs, **record_kwargs)
             requests = rec.requests
-        outputs = self._htf_runtime.lookup(requests)
+        outputs = lookup_all(requests)
         with context.replaying(requests, outputs):
-            return base_call(inputs, *args, **kwargs)
+            return base_call(inputs, **kwargs)
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
@@ -103,6 +108,18 @@ class _HybridModelMixin:
         for w, value in zip(self._htf_plain_weights, weights):
             w.assign(value)
 
+    def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
+        _refuse_legacy_hdf5(filepath, save_format)
+        return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+
+    def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
+        _refuse_legacy_hdf5(filepath, None)
+        return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
+
+    def save(self, filepath, overwrite=True, save_format=None, **kwargs):
+        _refuse_legacy_hdf5(filepath, save_format)
+        return super().save(filepath, overwrite=overwrite, save_format=save_format, **kwargs)
+
     @property
     def hybridtf_plan(self) -> PackingPlan:
         """The packing plan this model runs with."""
@@ -132,14 +149,14 @@ def _source(tensor):
     return tensor
 
 
-def _lookups_from_inputs(model, base_call, inputs, args, kwargs):
+def _lookups_from_inputs(model, base_call, inputs, kwargs):
     """Records the lookups in a scratch graph; maps their ids onto the real inputs.
 
     Returns the requests with ids taken from ``inputs`` when every lookup's ids
     are (through Identity ops) components of the model inputs — the usual case,
     which leaves no trace of the recording in the real graph — else None.
     """
-    if tf.executing_eagerly() or args:
+    if tf.executing_eagerly():
         return None
     flat_real = tf.nest.flatten(inputs, expand_composites=True)
     if not flat_real or not all(isinstance(t, tf.Tensor) for t in flat_real):
@@ -175,6 +192,30 @@ def _lookups_from_inputs(model, base_call, inputs, args, kwargs):
         ids = tf.nest.pack_sequence_as(spec, [flat_real[i] for i in positions], expand_composites=True)
         requests.append(dataclasses.replace(req, ids=ids))
     return requests
+
+
+def _refuse_legacy_hdf5(filepath, save_format) -> None:
+    """Legacy HDF5 (``.h5``) reads each layer's ``tf.Variable`` list, where packed tables are not.
+
+    Keras would write a file without the tables (and load one leaving them
+    untouched), so it is refused; every other format keeps the plain layout.
+    """
+    import os
+
+    if isinstance(filepath, (str, os.PathLike)):
+        path = os.fspath(filepath)
+        if path.endswith((".keras", ".weights.h5")):
+            return
+        legacy = path.endswith((".h5", ".hdf5"))
+    else:
+        legacy = True  # an open h5py.File
+    if legacy or str(save_format).lower() in ("h5", "hdf5"):
+        raise NotImplementedError(
+            "an optimized model cannot use the legacy HDF5 format ('.h5'): it reads each layer's tf.Variable "
+            "list, and hybridtf's packed tables are not in it. Use the TensorFlow format "
+            "(model.save_weights('ckpt'), model.save('dir'), tf.train.Checkpoint) or the Keras v3 format "
+            "('model.keras', 'model.weights.h5'); all keep the plain model's per-table layout."
+        )
 
 
 def _model_class(cls: type) -> type:
@@ -284,11 +325,13 @@ def optimize(
         layer = table.layer
         old = layer.embeddings
         layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
+        layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
         layer.__class__ = hybrid_class(type(layer))
         layer.embeddings = views[name]
         object.__setattr__(layer, "_htf_table", name)
         object.__setattr__(layer, "_htf_runtime", runtime)
 
+    model.__dict__.pop("call", None)
     model.__class__ = _model_class(type(model))
     object.__setattr__(model, "_htf_runtime", runtime)
     object.__setattr__(model, "_htf_skipped", skipped)
