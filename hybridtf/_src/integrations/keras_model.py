@@ -241,6 +241,7 @@ def optimize(
     exclude=(),
     force_groups=None,
     stats=None,
+    max_shards: int = 8,
     fused_updates: bool = True,
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
@@ -263,6 +264,8 @@ def optimize(
         force_groups: ``{group_name: [table names]}`` to force a grouping.
         stats: warm-up statistics per table (``hybridtf.plan.collect_stats``)
             for CalcVParam; uniform access is assumed without them.
+        max_shards: at most this many shards per D-packing group when
+            CalcVParam splits an above-average group (1: never split).
         fused_updates: update each packed table with one fused op (Keras
             SGD without momentum, Adagrad, Adam, hybridtf LazyAdam; same
             math); other optimizers always use Keras's own updates.
@@ -281,7 +284,13 @@ def optimize(
     """
     if model is None:
         return functools.partial(
-            optimize, plan=plan, exclude=exclude, force_groups=force_groups, stats=stats, fused_updates=fused_updates
+            optimize,
+            plan=plan,
+            exclude=exclude,
+            force_groups=force_groups,
+            stats=stats,
+            max_shards=max_shards,
+            fused_updates=fused_updates,
         )
     if not isinstance(model, tf.keras.Model) and callable(model):
         builder = model
@@ -303,7 +312,11 @@ def optimize(
     captured, skipped = find_embeddings(model)
     specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
     if plan is None:
-        plan = plan_packing(specs, stats, exclude=tuple(exclude), force_groups=force_groups) if specs else None
+        plan = (
+            plan_packing(specs, stats, exclude=tuple(exclude), force_groups=force_groups, max_shards=max_shards)
+            if specs
+            else None
+        )
     else:
         _check_plan_matches(plan, specs)
     if plan is None or not plan.packed_tables:
