@@ -5,13 +5,16 @@ not pull in TensorFlow):
     hybridtf.ops:    fused TensorFlow ops (``unique_partition``, ``stitch_combine``).
     hybridtf.native: the same algorithms on NumPy arrays (pybind11), no graph.
     hybridtf.keras:  ``optimize`` a Keras model to train with packed embeddings.
+    hybridtf.layers: Keras layers (``EmbeddingBag``: multi-hot ids, sum/mean/sqrtn).
+    hybridtf.embedding: functional tables and lookups (``Tables``, ``TableConfig``, ``lookup``).
+    hybridtf.function: ``tf.function`` for custom loops, every lookup of a step packed.
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("keras", "native", "ops")
-__all__ = ["__version__", "keras", "native", "ops"]
+_SUBMODULES = ("embedding", "keras", "layers", "native", "ops")
+__all__ = ["__version__", "embedding", "function", "keras", "layers", "native", "ops"]
 
 
 def __getattr__(name):
@@ -19,8 +22,13 @@ def __getattr__(name):
         module = importlib.import_module(f"hybridtf.{name}")
         globals()[name] = module
         return module
+    if name == "function":
+        from hybridtf._src.integrations.function import function
+
+        globals()[name] = function
+        return function
     raise AttributeError(f"module 'hybridtf' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SUBMODULES))
+    return sorted(set(globals()) | set(_SUBMODULES) | {"function"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import tensorflow as tf
+from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
@@ -42,7 +43,7 @@ def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
     """Why ``layer`` cannot be packed, or None if it can."""
     if not layer.built or getattr(layer, "embeddings", None) is None:
         return "not built yet: call or build the model once before optimize()"
-    if layer.sparse:
+    if getattr(layer, "sparse", False):
         return "sparse=True returns tf.SparseTensor outputs"
     if layer.embeddings_regularizer is not None:
         return "embeddings_regularizer needs the table's own variable"
@@ -58,11 +59,17 @@ def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
     return None
 
 
+def is_embedding_layer(layer) -> bool:
+    """A ``tf.keras.layers.Embedding``, or a layer whose class names its capture mixin
+    (``_htf_capture_mixin``, e.g. ``hybridtf.layers.EmbeddingBag``)."""
+    return isinstance(layer, tf.keras.layers.Embedding) or getattr(type(layer), "_htf_capture_mixin", None) is not None
+
+
 def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
     """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
     captured, skipped, seen, names = [], [], set(), set()
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if not isinstance(layer, tf.keras.layers.Embedding) or id(layer) in seen:
+        if not is_embedding_layer(layer) or id(layer) in seen:
             continue
         seen.add(id(layer))
         reason = unsupported_reason(layer)
@@ -89,10 +96,24 @@ class _HybridEmbeddingMixin:
         base = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
         if base.dtype not in (tf.int32, tf.int64):
             ids = tf.cast(ids, tf.int32)
+        if save_context.in_save_context():
+            # SavedModel export (``model.save``, ``tf.saved_model.save``) traces
+            # every layer in a function of its own: no record/replay across
+            # layers, and plain TensorFlow ops, so the export needs no hybridtf.
+            return self._htf_export_lookup(ids)
         request = LookupRequest(self._htf_table, ids, "none", owner=self)
         return context.dispatch(request, lambda: self._htf_placeholder(ids), lambda: self._htf_direct(request))
 
+    def _htf_export_lookup(self, ids):
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(self.embeddings.gather(ids.flat_values))
+        return self.embeddings.gather(ids)
+
     def _htf_placeholder(self, ids):
+        from hybridtf._src.capture.lookup_api import record_pass_runs_lookups
+
+        if record_pass_runs_lookups():  # hybridtf.function's record pass: its graph never runs
+            return self._htf_direct(LookupRequest(self._htf_table, ids, "none", owner=self))
         dim = self.output_dim
         if isinstance(ids, tf.RaggedTensor):
             return ids.with_flat_values(tf.zeros(tf.stack([tf.size(ids.flat_values), dim]), self.compute_dtype))
@@ -101,11 +122,39 @@ class _HybridEmbeddingMixin:
     def _htf_direct(self, request):
         return self._htf_runtime.lookup([request])[0]
 
+    def _htf_own_weights(self) -> list:
+        # The plain layer's order: ``embeddings`` is created first in build().
+        return [self.embeddings, *self._trainable_weights, *self._non_trainable_weights]
+
+    def save_own_variables(self, store):
+        """Keras v3 format (``.keras``): the plain layer's variables, in its order and shapes."""
+        for i, v in enumerate(self._htf_own_weights()):
+            store[f"{i}"] = v.numpy()
+
+    def load_own_variables(self, store):
+        """Keras v3 format: sets this table's rows (and any other weight) from the plain layout."""
+        self._update_trackables()
+        weights = self._htf_own_weights()
+        if len(store.keys()) != len(weights):
+            raise ValueError(
+                f"Layer '{self.name}' expected {len(weights)} variables, but received {len(store.keys())} variables "
+                f"during loading. Expected: {[v.name for v in weights]}"
+            )
+        for i, v in enumerate(weights):
+            v.assign(store[f"{i}"])
+
 
 def hybrid_class(cls: type) -> type:
     """The run-time subclass of ``cls`` used for captured instances (same name)."""
     if cls not in _HYBRID_CLASSES:
-        _HYBRID_CLASSES[cls] = type(cls.__name__, (_HybridEmbeddingMixin, cls), {"__module__": cls.__module__})
+        mixin = getattr(cls, "_htf_capture_mixin", None) or _HybridEmbeddingMixin
+        sub = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__})
+        from keras.src.saving import object_registration
+
+        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
+        if registered is not None:  # keep a registered class's serialized name
+            object_registration._GLOBAL_CUSTOM_NAMES[sub] = registered
+        _HYBRID_CLASSES[cls] = sub
     return _HYBRID_CLASSES[cls]
 
 

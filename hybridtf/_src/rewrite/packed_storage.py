@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.errors import HybridTFError
 from hybridtf._src.plan.packing import PackingPlan
@@ -61,6 +63,21 @@ class TableView(tf.__internal__.tracking.Trackable):
     def numpy(self) -> np.ndarray:
         return self.read_value().numpy()
 
+    def gather(self, ids) -> tf.Tensor:
+        """Rows ``ids`` of this table with plain TensorFlow ops (used for SavedModel export).
+
+        Raises:
+            tf.errors.InvalidArgumentError: an id is outside ``[0, num_rows)``
+                (the message names the table).
+        """
+        ids = tf.cast(ids, tf.int64)
+        in_range = tf.reduce_all((ids >= 0) & (ids < self._num_rows))
+        check = tf.debugging.Assert(
+            in_range, [f"embedding table {self.table!r}: id out of range [0, {self._num_rows})"], summarize=0
+        )
+        with tf.control_dependencies([check]):
+            return tf.gather(self._variable, ids + self._offset)
+
     def assign(self, value):
         value = tf.convert_to_tensor(value, dtype=self.dtype)
         if not value.shape.is_compatible_with(self.shape):
@@ -76,6 +93,55 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     def _restore_from_tensors(self, restored_tensors):
         return self.assign(restored_tensors["VARIABLE_VALUE"])
+
+    # SavedModel export. The view is written as a variable node of its own
+    # (name, shape, dtype) with its value in the checkpoint, so that
+    # ``tf.keras.models.load_model`` restores it into the plain layer's
+    # variable and ``tf.saved_model.load`` revives it as a variable. It is
+    # saved from the export graph's copy of the packed variable, which is
+    # therefore a child node mapped before the view.
+    _PACKED_CHILD = "packed_variable"
+
+    @property
+    def _should_act_as_resource_variable(self):
+        # TensorFlow's "is a resource variable" test is ``hasattr``: true only
+        # while a SavedModel is written, so that it neither traces save/restore
+        # functions for the view (Keras would attach them to the revived
+        # layer's variable) nor writes it as a generic object.
+        if save_context.in_save_context():
+            return True
+        raise AttributeError("_should_act_as_resource_variable")
+
+    @property
+    def _shared_name(self) -> str:
+        return self.name[: -len(":0")]
+
+    @property
+    def trainable(self) -> bool:
+        return self._variable.trainable
+
+    @property
+    def synchronization(self):
+        return self._variable.synchronization
+
+    @property
+    def aggregation(self):
+        return self._variable.aggregation
+
+    def _write_object_proto(self, proto, options):
+        resource_variable_ops.write_object_proto_for_resource_variable(self, proto, options, enforce_naming=False)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        if save_type == "savedmodel":
+            return {self._PACKED_CHILD: self._variable}
+        return {}
+
+    def _deserialization_dependencies(self, children):
+        return {k: v for k, v in children.items() if k == self._PACKED_CHILD}
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        object_map[self] = TableView(object_map[self._variable], self._offset, self._num_rows, self.table)
+        return []
 
 
 class PackedTables(tf.Module):

@@ -1,0 +1,474 @@
+"""The functional lookup API (``hybridtf.embedding``) and the id handling all lookups share.
+
+``Tables`` owns a set of embedding tables, packed by a ``PackingPlan`` into a
+few variables (``PackedTables``), and runs their lookups like captured Keras
+layers do: every ``Tables.lookup`` goes through the capture context, so that
+outside any context it runs on its own (one fused chain for that lookup, exact
+by itself), and inside ``hybridtf.function`` it is recorded and replayed, all
+lookups of a traced step running as one chain per packed table.
+
+The helpers at the top (``prepare_ids``, ``placeholder``, ``plain_lookup``,
+``own_lookup``) are shared with the ``EmbeddingBag`` layer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.eager import context as eager_context
+from tensorflow.python.saved_model import save_context
+
+from hybridtf._src.capture import context
+from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.plan.packing import PackingPlan, plan_packing
+from hybridtf._src.plan.tables import COMBINERS, TableSpec
+from hybridtf._src.rewrite.lookup_chain import packed_lookup
+from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.rewrite.runtime import PackedRuntime
+
+_INT_DTYPES = (tf.int32, tf.int64)
+_IDS_KINDS = "a tf.Tensor (or array-like), tf.RaggedTensor or tf.SparseTensor of int32/int64 ids"
+
+
+def _check_dtype(dtype: tf.DType, table: str, cast_floats: bool) -> tf.DType | None:
+    """The dtype to cast ids to (None: keep), or TypeError for non-integer ids."""
+    if dtype in _INT_DTYPES:
+        return None
+    if cast_floats and (dtype.is_floating or dtype.is_integer):
+        return tf.int32 if dtype.is_floating else tf.int64
+    raise TypeError(f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}.")
+
+
+def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
+    """Validates and normalizes the ids of one lookup.
+
+    One-hot lookups (``combiner="none"``) keep dense or ragged ids as they
+    are. Multi-hot lookups (``"sum" | "mean" | "sqrtn"``) get a rank-2
+    ``tf.RaggedTensor`` ``[batch, None]``: a ``tf.SparseTensor`` becomes ragged
+    (its indices must be in canonical row-major order, see
+    ``tf.sparse.reorder``), and dense ``[batch, L]`` ids become bags of ``L``
+    ids each.
+
+    Args:
+        ids: the ids.
+        combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
+        table: the table's name, for error messages.
+        cast_floats: cast floating ids (and other integer types) to int32 /
+            int64 like ``tf.keras.layers.Embedding``; otherwise they are a
+            TypeError.
+
+    Returns:
+        A ``tf.Tensor`` or ``tf.RaggedTensor`` of int32/int64 ids.
+
+    Raises:
+        ValueError: unknown combiner, or bags that are not of rank 2.
+        TypeError: ids of an unsupported type or dtype, or a SparseTensor
+            with ``combiner="none"``.
+
+    Example:
+        >>> prepare_ids(tf.constant([[1, 2], [3, 4]]), "sum", "t").row_lengths().numpy()
+        array([2, 2])
+    """
+    if combiner not in COMBINERS:
+        raise ValueError(f"embedding table {table!r}: combiner must be one of {COMBINERS}, got {combiner!r}.")
+    bag = combiner != "none"
+    if isinstance(ids, tf.SparseTensor):
+        if not bag:
+            raise TypeError(
+                f"embedding table {table!r}: a tf.SparseTensor of ids is a multi-hot bag; pass combiner "
+                "'sum', 'mean' or 'sqrtn' (one-hot lookups take dense or ragged ids)."
+            )
+        if ids.shape.rank != 2:
+            raise ValueError(f"embedding table {table!r}: multi-hot ids must be of rank 2 [batch, L], got {ids.shape}.")
+        cast = _check_dtype(ids.dtype, table, cast_floats)
+        if cast is not None:
+            ids = tf.SparseTensor(ids.indices, tf.cast(ids.values, cast), ids.dense_shape)
+        return tf.RaggedTensor.from_sparse(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        cast = _check_dtype(ids.dtype, table, cast_floats)
+        if cast is not None:
+            ids = tf.cast(ids, cast)
+        if bag and (ids.shape.rank != 2 or ids.ragged_rank != 1):
+            raise ValueError(
+                f"embedding table {table!r}: multi-hot ids must be a rank-2 tf.RaggedTensor [batch, None], "
+                f"got shape {ids.shape} with ragged_rank {ids.ragged_rank}."
+            )
+        return ids
+    if not (tf.is_tensor(ids) or isinstance(ids, (np.ndarray, np.integer, int, list, tuple))):
+        raise TypeError(f"embedding table {table!r}: ids must be {_IDS_KINDS}, got {type(ids).__name__}.")
+    try:
+        ids = tf.convert_to_tensor(ids)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"embedding table {table!r}: ids must be {_IDS_KINDS}; could not convert them: {err}") from err
+    cast = _check_dtype(ids.dtype, table, cast_floats)
+    if cast is not None:
+        ids = tf.cast(ids, cast)
+    if bag:
+        if ids.shape.rank != 2:
+            raise ValueError(
+                f"embedding table {table!r}: dense multi-hot ids must be of rank 2 [batch, L], got shape {ids.shape}."
+            )
+        ids = tf.RaggedTensor.from_tensor(ids)
+    return ids
+
+
+# Set on the recorder by hybridtf.function's record pass (see record_pass_runs_lookups).
+RUNS_LOOKUPS_ATTR = "lookups_in_record_pass"
+
+
+def record_pass_runs_lookups() -> bool:
+    """Whether the active recording wants real lookups instead of zero stand-ins.
+
+    ``hybridtf.function`` records in a scratch graph that never runs; there a
+    recorded lookup returns its direct lookup, so that gradients reach the
+    tables (optimizers reject a step in which no variable has a gradient)
+    and code that inspects the values still traces. Model-level recording
+    (``optimize``) runs in the real graph and keeps zero stand-ins.
+
+    Example:
+        >>> with context.recording() as rec:
+        ...     setattr(rec, RUNS_LOOKUPS_ATTR, True)
+        ...     record_pass_runs_lookups()
+        True
+    """
+    return bool(getattr(context.active(), RUNS_LOOKUPS_ATTR, False))
+
+
+def placeholder(ids, combiner: str, dim: int, dtype: tf.DType, direct_fn=None):
+    """The stand-in of a lookup's output while recording: zeros, or ``direct_fn()`` (see above).
+
+    Example:
+        >>> placeholder(tf.constant([1, 2]), "none", 4, tf.float32).shape
+        TensorShape([2, 4])
+    """
+    if direct_fn is not None and record_pass_runs_lookups():
+        return direct_fn()
+    if combiner != "none":
+        return tf.zeros(tf.stack([ids.nrows(out_type=tf.int32), dim]), dtype)
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.with_flat_values(tf.zeros(tf.stack([tf.size(ids.flat_values), dim]), dtype))
+    return tf.zeros(tf.concat([tf.shape(ids), [dim]], axis=0), dtype)
+
+
+def _checked_gather(variable, offset: int, num_rows: int, table: str, ids):
+    ids = tf.cast(ids, tf.int64)
+    in_range = tf.reduce_all((ids >= 0) & (ids < num_rows))
+    check = tf.debugging.Assert(
+        in_range, [f"embedding table {table!r}: an id is outside its vocabulary [0, {num_rows})"], summarize=0
+    )
+    with tf.control_dependencies([check]):
+        return tf.gather(variable, ids + offset) if offset else tf.gather(variable, ids)
+
+
+def plain_lookup(variable, offset: int, num_rows: int, table: str, ids, combiner: str):
+    """A lookup with plain TensorFlow ops only (for SavedModel export).
+
+    Rows ``[offset, offset + num_rows)`` of ``variable`` are the table; same
+    math as the fused chain (sum / mean / sqrtn over bags, empty bags give
+    zeros), so exported models load without hybridtf's op library.
+
+    Example:
+        >>> v = tf.Variable(tf.ones([5, 2]))
+        >>> plain_lookup(v, 0, 5, "t", tf.ragged.constant([[1, 2], []]), "sum").numpy().tolist()
+        [[2.0, 2.0], [0.0, 0.0]]
+    """
+    if combiner == "none":
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(_checked_gather(variable, offset, num_rows, table, ids.flat_values))
+        return _checked_gather(variable, offset, num_rows, table, ids)
+    rows = _checked_gather(variable, offset, num_rows, table, ids.flat_values)
+    sums = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), ids.nrows())
+    if combiner == "sum":
+        return sums
+    lengths = tf.cast(ids.row_lengths(), sums.dtype)
+    scale = lengths if combiner == "mean" else tf.sqrt(lengths)
+    return tf.math.divide_no_nan(sums, scale[:, None])
+
+
+def own_lookup(variable, table: str, num_rows: int, requests: Sequence[LookupRequest], name: str | None = None):
+    """Runs ``requests`` of one table that has a variable of its own, as one fused chain.
+
+    Example:
+        >>> v = tf.Variable(tf.ones([5, 2]))
+        >>> own_lookup(v, "t", 5, [LookupRequest("t", tf.constant([1, 2]))])[0].shape
+        TensorShape([2, 2])
+    """
+    return packed_lookup(variable, {table: (0, num_rows)}, list(requests), name=name or table)
+
+
+# ---------------------------------------------------------------------------------------------
+# Functional API
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """One embedding table of a ``Tables`` set.
+
+    Attributes:
+        name: unique name of the table (its checkpoint key inside ``Tables``).
+        num_rows: vocabulary size; ids are in ``[0, num_rows)``.
+        dim: embedding width.
+        initializer: a Keras initializer (name, instance or config), a
+            callable ``(shape, dtype) -> values``, or an array-like of shape
+            ``[num_rows, dim]`` holding the initial values.
+        dtype: ``"float32"`` (the only dtype supported so far).
+
+    Raises:
+        ValueError: a field is out of range (the message names the table).
+
+    Example:
+        >>> cfg = TableConfig("user_id", num_rows=1000, dim=16, initializer="glorot_uniform")
+        >>> cfg.spec().pack_key
+        (16, 'float32', 'model')
+    """
+
+    name: str
+    num_rows: int
+    dim: int
+    initializer: Any = "uniform"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        self.spec()  # validates name, num_rows, dim, dtype
+        if self.dtype != "float32":
+            raise ValueError(f"table {self.name!r}: dtype {self.dtype!r} is not supported yet (float32 only).")
+
+    def spec(self) -> TableSpec:
+        """The planner's view of this table (all tables of a ``Tables`` set share one optimizer).
+
+        Example:
+            >>> TableConfig("user", 1000, 16).spec().num_rows
+            1000
+        """
+        return TableSpec(self.name, self.num_rows, self.dim, self.dtype, "model")
+
+    def initial_value(self) -> np.ndarray:
+        """The table's initial values, ``[num_rows, dim]`` (computed eagerly, also in graph mode).
+
+        Raises:
+            ValueError: an array initializer of the wrong shape.
+
+        Example:
+            >>> TableConfig("t", 2, 3, initializer="zeros").initial_value()
+            array([[0., 0., 0.],
+                   [0., 0., 0.]], dtype=float32)
+        """
+        shape = (self.num_rows, self.dim)
+        init = self.initializer
+        if isinstance(init, (np.ndarray, list, tuple)) or tf.is_tensor(init):
+            value = np.asarray(init.numpy() if hasattr(init, "numpy") else init, dtype=self.dtype)
+            if value.shape != shape:
+                raise ValueError(f"table {self.name!r}: initial values have shape {value.shape}, expected {shape}.")
+            return value
+        if not callable(init) or isinstance(init, dict):
+            init = tf.keras.initializers.get(init)
+        with tf.init_scope(), eager_context.eager_mode():
+            value = np.asarray(init(shape=shape, dtype=tf.as_dtype(self.dtype)), dtype=self.dtype)
+        if value.shape != shape:
+            raise ValueError(f"table {self.name!r}: the initializer returned shape {value.shape}, expected {shape}.")
+        return value
+
+
+class _TablesRuntime:
+    """Runs lookups of a ``Tables`` set: one chain per packed table, one per unpacked table."""
+
+    def __init__(self, plan: PackingPlan, storage: PackedTables, own: Mapping[str, tf.Variable]):
+        self.plan = plan
+        self.storage = storage
+        self.packed = PackedRuntime(plan, storage)
+        self.own = own
+
+    def lookup(self, requests: Sequence[LookupRequest]) -> list:
+        outputs: list = [None] * len(requests)
+        packed = [i for i, r in enumerate(requests) if r.table not in self.own]
+        if packed:
+            for i, out in zip(packed, self.packed.lookup([requests[i] for i in packed])):
+                outputs[i] = out
+        for name, variable in self.own.items():
+            indices = [i for i, r in enumerate(requests) if r.table == name]
+            if indices:
+                results = own_lookup(variable, name, variable.shape[0], [requests[i] for i in indices])
+                for i, out in zip(indices, results):
+                    outputs[i] = out
+        return outputs
+
+
+def _check_plan(plan: PackingPlan, specs: Sequence[TableSpec]) -> None:
+    have = {s.name: s for s in specs}
+    planned = {t.name: t for t in plan.tables}
+    for name in have.keys() - planned.keys():
+        raise ValueError(f"table {name!r} is not in the given plan; plan the same tables as the TableConfigs.")
+    for name in planned.keys() - have.keys():
+        raise ValueError(f"the plan has table {name!r}, which is not one of the TableConfigs.")
+    for name, spec in have.items():
+        p = planned[name]
+        if (p.num_rows, p.dim, p.dtype) != (spec.num_rows, spec.dim, spec.dtype):
+            raise ValueError(
+                f"the plan has table {name!r} as {p.num_rows} x {p.dim} {p.dtype}, its TableConfig says "
+                f"{spec.num_rows} x {spec.dim} {spec.dtype}."
+            )
+
+
+class Tables(tf.Module):
+    """A set of embedding tables, packed into a few variables, with fused lookups.
+
+    The tables are planned with the packing planner (tables of the same dim
+    share one packed variable, split into shards by CalcVParam) unless a
+    ``plan`` is given; tables the plan leaves unpacked keep a variable of
+    their own. Checkpoints stay per table: ``tf.train.Checkpoint(tables=t)``
+    writes ``tables/<table name>/.ATTRIBUTES/VARIABLE_VALUE`` for every
+    table, whatever the packing, so a checkpoint restores into another
+    packing or into plain per-table variables tracked under the same names.
+
+    ``lookup`` works eagerly, in ``tf.function`` and in TF1-style graphs
+    (Estimator model_fns). Each lookup on its own runs one fused chain (pack
+    ids -> Unique&Partition -> gather -> Stitch&Combine); inside
+    ``hybridtf.function`` all lookups of a step run together, one chain per
+    packed table. Train the tables with ``tables.trainable_variables``.
+
+    Args:
+        tables: the ``TableConfig`` of every table (unique names).
+        plan: a packing plan of exactly these tables (e.g. edited and loaded
+            from JSON); planned automatically when None.
+        name: the module's name.
+
+    Raises:
+        ValueError: duplicate table names, or a plan that does not match.
+        TypeError: an entry of ``tables`` is not a ``TableConfig``.
+
+    Example:
+        >>> tables = Tables([TableConfig("user", 1000, 8), TableConfig("item", 5000, 8)])
+        >>> user = tables.lookup("user", tf.constant([3, 7]))                          # [2, 8]
+        >>> items = tables.lookup("item", tf.ragged.constant([[1, 2], []]), "mean")    # [2, 8]
+        >>> print(tables.plan)
+    """
+
+    def __init__(self, tables: Sequence[TableConfig], plan: PackingPlan | None = None, name: str = "hybridtf_tables"):
+        super().__init__(name=name)
+        configs = list(tables)
+        for c in configs:
+            if not isinstance(c, TableConfig):
+                raise TypeError(f"Tables takes TableConfig entries, got {type(c).__name__}.")
+        if not configs:
+            raise ValueError("Tables needs at least one TableConfig.")
+        names = [c.name for c in configs]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"table name(s) {', '.join(map(repr, dupes))} are used twice; table names must be unique.")
+        specs = [c.spec() for c in configs]
+        if plan is None:
+            plan = plan_packing(specs)
+        else:
+            _check_plan(plan, specs)
+        values = {c.name: c.initial_value() for c in configs}
+        unpacked = [u.name for u in plan.unpacked]
+        with tf.init_scope():
+            storage = PackedTables(plan, {n: v for n, v in values.items() if n not in unpacked})
+            own = {n: tf.Variable(values[n], name=n) for n in unpacked}
+        self._configs = {c.name: c for c in configs}
+        self._storage = storage
+        self._own = own
+        self._views = {n: storage.view(n) for n in names if n not in own}
+        self._htf_runtime = _TablesRuntime(plan, storage, own)
+
+    @property
+    def plan(self) -> PackingPlan:
+        """The packing plan of these tables."""
+        return self._storage.plan
+
+    @property
+    def table_names(self) -> list[str]:
+        """The tables' names, in configuration order."""
+        return list(self._configs)
+
+    def table(self, name: str):
+        """Table ``name``'s weights: a ``TableView`` of its rows, or its own variable if unpacked.
+
+        Both read (``read_value()``, ``numpy()``) and assign (``assign(value)``).
+
+        Raises:
+            ValueError: no table is called ``name``.
+
+        Example:
+            >>> tables.table("user").numpy().shape
+            (1000, 8)
+        """
+        self._config(name)
+        return self._own[name] if name in self._own else self._views[name]
+
+    def _config(self, name: str) -> TableConfig:
+        config = self._configs.get(name) if isinstance(name, str) else None
+        if config is None:
+            shown = ", ".join(map(repr, list(self._configs)[:10])) + (", ..." if len(self._configs) > 10 else "")
+            raise ValueError(f"no embedding table named {name!r} in {self.name!r} (tables: {shown}).")
+        return config
+
+    @tf.autograph.experimental.do_not_convert
+    def lookup(self, name: str, ids, combiner: str = "none"):
+        """Looks up ``ids`` in table ``name``.
+
+        Args:
+            name: the table.
+            ids: one-hot ids (``combiner="none"``): an int tensor of any shape
+                or a ``tf.RaggedTensor``; output ``ids.shape + [dim]`` (ragged
+                for ragged ids). Multi-hot bags (``"sum" | "mean" | "sqrtn"``):
+                a rank-2 ``tf.RaggedTensor`` / ``tf.SparseTensor`` or a dense
+                ``[batch, L]`` tensor (every entry counts); output
+                ``[batch, dim]``, zeros for empty bags.
+            combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
+
+        Returns:
+            The embeddings.
+
+        Raises:
+            ValueError: unknown table or combiner, or bags not of rank 2.
+            TypeError: ids of an unsupported type or dtype.
+            tf.errors.InvalidArgumentError: (when run) an id is outside
+                ``[0, num_rows)``; the message names the table.
+
+        Example:
+            >>> emb = tables.lookup("item", tf.sparse.from_dense([[1, 0], [2, 3]]), combiner="sum")
+        """
+        config = self._config(name)
+        ids = prepare_ids(ids, combiner, name)
+        if save_context.in_save_context():
+            return self._plain_lookup(name, ids, combiner)
+        request = LookupRequest(name, ids, combiner, owner=self)
+
+        def direct():
+            return self._htf_runtime.lookup([request])[0]
+
+        return context.dispatch(
+            request, lambda: placeholder(ids, combiner, config.dim, tf.as_dtype(config.dtype), direct), direct
+        )
+
+    def _plain_lookup(self, name, ids, combiner):
+        if name in self._own:
+            variable = self._own[name]
+            return plain_lookup(variable, 0, variable.shape[0], name, ids, combiner)
+        view = self._views[name]
+        return plain_lookup(view.packed_variable, view.row_offset, view.shape[0], name, ids, combiner)
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = {name: self.table(name) for name in self._configs}
+        if save_type == "savedmodel":  # traced functions capture the packed variables
+            children["hybridtf_packed_tables"] = self._storage
+        return children
+
+
+@tf.autograph.experimental.do_not_convert
+def lookup(tables: Tables, name: str, ids, combiner: str = "none"):
+    """Functional form of ``tables.lookup(name, ids, combiner)``.
+
+    Example:
+        >>> emb = lookup(tables, "user", tf.constant([3, 7]))
+    """
+    if not isinstance(tables, Tables):
+        raise TypeError(
+            f"lookup() takes a hybridtf.embedding.Tables as its first argument, got {type(tables).__name__}."
+        )
+    return tables.lookup(name, ids, combiner)

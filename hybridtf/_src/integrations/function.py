@@ -1,0 +1,357 @@
+"""``hybridtf.function``: ``tf.function`` for custom training loops, with every lookup of a step packed.
+
+Each time ``tf.function`` traces the Python function, ``_PackedStep`` runs it twice:
+
+1. **Record pass, in a scratch graph.** A throwaway ``FuncGraph`` nested in the
+   real trace, under ``context.recording()``: every captured lookup stores its
+   ``LookupRequest`` (and the graph it was issued in). Nothing of this graph
+   ever runs, so its side effects (``optimizer.apply_gradients``, assigns,
+   metric updates, ``tf.print``, summaries) never happen. Its lookups return
+   their direct (unpacked) lookup rather than zeros (``RUNS_LOOKUPS_ATTR``),
+   so the step traces as it will run: gradients reach the tables (optimizers
+   reject a step in which no variable has a gradient).
+2. **Real pass**, under ``context.replaying``. At the *first* lookup
+   (``_ServedOutputs``), the ops that compute the ids of all recorded lookups
+   are copied from the scratch graph into the real one (``lift_to_graph``,
+   fed by the same arguments and captures), and all lookups run at once:
+   ``lookup_all`` groups them by runtime (``runtime_of``: the
+   ``_htf_runtime`` of the issuing object), one packed chain per packed
+   table. Running them at the first lookup, not before the function starts,
+   keeps them inside the user's ``tf.GradientTape`` block.
+
+Why not record in the real graph (as ``optimize`` does inside a model's
+``call``): a training step has side effects after its lookups, and in a
+``tf.function`` graph those run even when their results are unused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import tensorflow as tf
+from tensorflow.python.autograph.core import converter
+from tensorflow.python.autograph.impl import api as autograph_api
+from tensorflow.python.framework import func_graph as func_graph_module
+from tensorflow.python.framework import ops
+from tensorflow.python.util import object_identity
+
+from hybridtf._src.capture import context
+from hybridtf._src.capture.context import CaptureError, LookupRequest
+from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR
+from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
+
+# Stateful op types that only read: allowed where ids are computed, and not
+# counted as writes to a table.
+_READ_ONLY_OPS = frozenset(
+    {
+        "ReadVariableOp",
+        "ResourceGather",
+        "ResourceGatherNd",
+        "VariableShape",
+        "VarIsInitializedOp",
+        "LookupTableFindV2",
+        "LookupTableSizeV2",
+    }
+)
+
+
+def _components(ids) -> list:
+    return tf.nest.flatten(ids, expand_composites=True)
+
+
+def _describe(request: LookupRequest, index: int) -> str:
+    return f"lookup #{index} (table {request.table!r})"
+
+
+def _has_function_attr(op) -> bool:
+    for value in op.node_def.attr.values():
+        if value.HasField("func") or len(value.list.func):
+            return True
+    return False
+
+
+def _check_liftable(request, index, tensors, scratch) -> bool:
+    """Checks that ``tensors`` are computed without side effects from captured values.
+
+    Returns:
+        Whether the ops call functions (their definitions must be copied).
+    """
+    captured = object_identity.ObjectIdentitySet(scratch.internal_captures)
+    seen, stack, calls = set(), [t.op for t in tensors if t not in captured], False
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if op.type in ("Placeholder", "PlaceholderWithDefault"):
+            raise CaptureError(
+                f"htf.function: the ids of {_describe(request, index)} depend on placeholder {op.name!r}, which is "
+                "not an input of the function; compute ids from the function's arguments."
+            )
+        if op._is_stateful and op.type not in _READ_ONLY_OPS:
+            raise CaptureError(
+                f"htf.function: the ids of {_describe(request, index)} depend on op {op.name!r} ({op.type}), which "
+                "has side effects (e.g. next(iterator), stateful random ops); htf.function computes all lookups of "
+                "a step together and would run it twice. Pass the batch as an argument of the function, or use "
+                "tf.random.stateless_* ops."
+            )
+        calls = calls or _has_function_attr(op)
+        for t in op.inputs:
+            if t not in captured:
+                stack.append(t.op)
+        stack.extend(op.control_inputs)
+    return calls
+
+
+_NOT_TOP_LEVEL = (
+    "runs inside tf.cond, tf.while_loop or a nested tf.function (AutoGraph makes the first two from Python "
+    "if/for/while over tensors); inside htf.function, lookups must be at the top level of the step."
+)
+
+
+class _NotedRequests(list):
+    """The recorder's request list; also notes the graph each lookup was recorded in."""
+
+    def __init__(self):
+        super().__init__()
+        self.graphs = []
+
+    def append(self, request):
+        self.graphs.append(ops.get_default_graph())
+        super().append(request)
+
+
+def _check_top_level(requests: _NotedRequests, scratch) -> None:
+    """Raises if a lookup was recorded in a graph nested in the record pass (control flow, tf.function)."""
+    for index, (request, graph) in enumerate(zip(requests, requests.graphs)):
+        if graph is not scratch:
+            raise CaptureError(f"htf.function: {_describe(request, index)} {_NOT_TOP_LEVEL}")
+
+
+def _lift_ids(requests, scratch, real) -> list[LookupRequest]:
+    """The recorded requests with their ids copied from the scratch graph into the real graph."""
+    to_lift, calls = [], False
+    for index, request in enumerate(requests):
+        mine = [t for t in _components(request.ids) if getattr(t, "graph", None) is scratch]
+        calls = _check_liftable(request, index, mine, scratch) or calls
+        to_lift.extend(mine)
+    op_map = object_identity.ObjectIdentityDictionary()
+    if to_lift:
+        if calls:
+            for fn in list(scratch._functions.values()):
+                if not real._is_function(fn.name):
+                    real._add_function_recursive(fn)
+        op_map = tf.__internal__.lift_to_graph(
+            to_lift, real, add_sources=True, handle_captures=True, base_graph=scratch
+        )
+    lifted = []
+    for request in requests:
+        parts = [op_map.get(t, t) if getattr(t, "graph", None) is scratch else t for t in _components(request.ids)]
+        ids = tf.nest.pack_sequence_as(request.ids, parts, expand_composites=True)
+        lifted.append(dataclasses.replace(request, ids=ids))
+    return lifted
+
+
+def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIdentitySet]:
+    """For each output, the resource handles its chain (among ``chain_ops``) gathered rows from."""
+    result = []
+    for out in outputs:
+        handles = object_identity.ObjectIdentitySet()
+        stack, seen = [t.op for t in _components(out)], set()
+        while stack:
+            op = stack.pop()
+            if op in seen or op not in chain_ops:
+                continue
+            seen.add(op)
+            if op.type in ("ResourceGather", "ResourceGatherNd"):
+                handles.add(op.inputs[0])
+            stack.extend(t.op for t in op.inputs)
+        result.append(handles)
+    return result
+
+
+class _ServedOutputs:
+    """The outputs the replay pass serves: all computed at the first lookup, then handed out in order.
+
+    ``Graph.version`` counts the ops created so far and ``get_operations()``
+    lists them in creation order; ops created since the last lookup are
+    scanned for updates of the tables the lookups read.
+    """
+
+    def __init__(self, requests, scratch, real):
+        self._requests = list(requests)
+        self._scratch = scratch
+        self._real = real
+        self._outputs = None
+        self._handles = None
+        self._watched = None
+        self._cursor = 0
+        self._written = object_identity.ObjectIdentityDictionary()
+
+    def __len__(self):
+        return len(self._requests)
+
+    def __getitem__(self, index: int):
+        graph = ops.get_default_graph()
+        request = self._requests[index]
+        if graph is not self._real:
+            raise CaptureError(f"htf.function: {_describe(request, index)} {_NOT_TOP_LEVEL}")
+        if self._outputs is None:
+            start = graph.version
+            with tf.name_scope("hybridtf_packed_lookups"):
+                self._outputs = lookup_all(_lift_ids(self._requests, self._scratch, graph))
+            self._cursor = graph.version
+            self._handles = _gathered_handles(self._outputs, set(graph.get_operations()[start : self._cursor]))
+            self._watched = object_identity.ObjectIdentitySet()
+            for handles in self._handles:
+                self._watched.update(handles)
+        self._scan_writes(graph)
+        for handle in self._handles[index]:
+            op = self._written.get(handle)
+            if op is not None:
+                raise CaptureError(
+                    f"htf.function: op {op.name!r} ({op.type}) updates an embedding table before "
+                    f"{_describe(request, index)} reads it, but htf.function reads all tables of a step at its "
+                    "first lookup; run one training step per htf.function call."
+                )
+        return self._outputs[index]
+
+    def _scan_writes(self, graph) -> None:
+        version = graph.version
+        if version == self._cursor:
+            return
+        for op in graph.get_operations()[self._cursor : version]:
+            if op.type in _READ_ONLY_OPS:
+                continue
+            for t in op.inputs:
+                if t in self._watched and t not in self._written:
+                    self._written[t] = op
+        self._cursor = version
+
+
+class _PackedStep:
+    """The Python function tf.function traces: record pass (scratch graph), then real pass (replay)."""
+
+    def __init__(self, python_function, autograph_options):
+        self._python_function = python_function
+        self._options = converter.ConversionOptions(
+            recursive=True, optional_features=autograph_options, user_requested=True
+        )
+
+    def _run(self, args, kwargs):
+        # AutoGraph-converts the user's function when tf.function's autograph is on
+        # (converted_call runs it unconverted when AutoGraph is disabled).
+        return autograph_api.converted_call(self._python_function, args, kwargs, options=self._options)
+
+    def __call__(self, *args, **kwargs):
+        real = ops.get_default_graph()
+        if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
+            return self._run(args, kwargs)  # tf.config.run_functions_eagerly(True): lookups run one by one
+        scratch = func_graph_module.FuncGraph("hybridtf_record_pass")
+        with scratch.as_default(), context.recording() as rec:
+            rec.requests = _NotedRequests()
+            setattr(rec, RUNS_LOOKUPS_ATTR, True)
+            self._run(args, kwargs)
+        if not rec.requests:
+            return self._run(args, kwargs)
+        _check_top_level(rec.requests, scratch)
+        with context.replaying(rec.requests, []) as rep:
+            rep.outputs = _ServedOutputs(rec.requests, scratch, real)
+            return self._run(args, kwargs)
+
+
+def function(
+    func=None,
+    input_signature=None,
+    autograph=True,
+    jit_compile=None,
+    reduce_retracing=False,
+    experimental_implements=None,
+    experimental_autograph_options=None,
+    experimental_attributes=None,
+    experimental_relax_shapes=None,
+    experimental_compile=None,
+    experimental_follow_type_hints=None,
+):
+    """A drop-in for ``tf.function`` that runs all embedding lookups of the step packed.
+
+    Same signature and options as ``tf.function``; use it as ``@htf.function``
+    or ``@htf.function(input_signature=...)`` on a custom training step. The
+    lookups the step makes through hybridtf (``hybridtf.embedding.Tables``,
+    layers of an optimized model called directly) are computed together at
+    the step's first lookup, one fused chain per packed table. Lookups inside
+    an optimized Keras model's ``call`` are packed by the model itself. A
+    function without lookups traces exactly as with ``tf.function``.
+
+    The Python function runs twice per trace: a record pass in a throwaway
+    graph (whose side effects never run) and the real pass. Hence:
+
+    * a lookup's ids must be computed from the function's arguments (and
+      captured values) without side effects: not from ``next(iterator)``
+      inside the function or stateful random ops (they would be drawn twice).
+      Pass the batch as an argument; use ``tf.random.stateless_*`` ops;
+    * lookups must be at the top level of the step, not inside ``tf.cond``,
+      ``tf.while_loop`` or a nested ``tf.function`` (AutoGraph turns Python
+      ``if``/``for`` over tensors into the first two);
+    * a table must not be updated in the function before one of its lookups
+      (e.g. two optimizer steps unrolled in one call): the tables are read
+      at the first lookup;
+    * Python side effects run twice per trace (as on a retrace), and
+      ``tf.Variable``s must be created outside the function or by Keras
+      layers and optimizers (which create theirs once).
+
+    Violations of the first three raise ``CaptureError`` naming the lookup.
+    Ids that depend on another lookup's output are fine (they are computed
+    with an extra, unpacked lookup).
+
+    Args:
+        func: the function to compile (omit to use as a decorator with options).
+        input_signature, autograph, jit_compile, reduce_retracing,
+        experimental_implements, experimental_autograph_options,
+        experimental_attributes, experimental_relax_shapes,
+        experimental_compile, experimental_follow_type_hints: as for
+            ``tf.function``.
+
+    Returns:
+        A ``tf.function`` (``PolymorphicFunction``), or a decorator.
+
+    Example:
+        >>> tables = htf.embedding.Tables([htf.embedding.TableConfig("user", 1000, 8)])
+        >>> opt = tf.keras.optimizers.Adagrad(0.1)
+        >>> @htf.function
+        ... def train_step(ids, labels):
+        ...     with tf.GradientTape() as tape:
+        ...         emb = tables.lookup("user", ids)
+        ...         loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb, 1) - labels))
+        ...     grads = tape.gradient(loss, tables.trainable_variables)
+        ...     opt.apply_gradients(zip(grads, tables.trainable_variables))
+        ...     return loss
+    """
+    options = dict(
+        input_signature=input_signature,
+        autograph=autograph,
+        jit_compile=jit_compile,
+        reduce_retracing=reduce_retracing,
+        experimental_implements=experimental_implements,
+        experimental_autograph_options=experimental_autograph_options,
+        experimental_attributes=experimental_attributes,
+        experimental_relax_shapes=experimental_relax_shapes,
+        experimental_compile=experimental_compile,
+        experimental_follow_type_hints=experimental_follow_type_hints,
+    )
+    if func is None:
+        return functools.partial(function, **options)
+    if not callable(func):
+        raise TypeError(f"htf.function takes a callable, got {type(func).__name__}.")
+    step = _PackedStep(func, experimental_autograph_options)
+
+    @functools.wraps(func)
+    def traced(*args, **kwargs):
+        return step(*args, **kwargs)
+
+    autograph_api.autograph_artifact(traced)  # tf.function's AutoGraph leaves it alone; it converts ``func``
+    defaults = {"autograph": True, "reduce_retracing": False}
+    # Only what the caller set, so that deprecated options warn exactly as with tf.function.
+    given = {k: v for k, v in options.items() if v is not defaults.get(k)}
+    return tf.function(traced, **given)

@@ -1,0 +1,20 @@
+"""The functional embedding API: tables and lookups without Keras layers.
+
+``Tables`` owns a set of embedding tables packed into a few variables; its
+lookups (one-hot, or multi-hot bags with sum/mean/sqrtn) work eagerly, in
+``tf.function`` and in TF1-style graphs (Estimator model_fns). Inside
+``hybridtf.function`` all lookups of a step run as one fused chain per packed
+table. Checkpoints keep one entry per table.
+
+Example:
+    >>> import hybridtf as htf
+    >>> tables = htf.embedding.Tables(
+    ...     [htf.embedding.TableConfig("user", 1000, 8), htf.embedding.TableConfig("item", 5000, 8)]
+    ... )
+    >>> user = tables.lookup("user", tf.constant([3, 7]))                                 # [2, 8]
+    >>> items = htf.embedding.lookup(tables, "item", tf.ragged.constant([[1, 2], []]), "mean")
+"""
+
+from hybridtf._src.capture.lookup_api import TableConfig, Tables, lookup
+
+__all__ = ["TableConfig", "Tables", "lookup"]
