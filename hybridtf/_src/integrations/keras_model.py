@@ -328,21 +328,29 @@ def optimize(
     skipped = skipped + [SkippedLayer(u.name, u.reason) for u in plan.unpacked]
     tables = {t.name: t for t in captured if t.name in packed_names}
     weighted_layers = {id(layer) for layer in model.layers if layer.weights}
-    storage = PackedTables(plan, {name: t.layer.embeddings.numpy() for name, t in tables.items()})
-    runtime = PackedRuntime(plan, storage)
+    table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
+    plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
+    values = {name: t.layer.embeddings for name, t in tables.items()}
+    runtime_box: list = []
 
-    views = {name: storage.view(name) for name in tables}
-    by_variable = {id(t.layer.embeddings): views[name] for name, t in tables.items()}
-    plain_weights = [by_variable.get(id(w), w) for w in model.weights]
-    for name, table in tables.items():
-        layer = table.layer
-        old = layer.embeddings
-        layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
-        layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
-        layer.__class__ = hybrid_class(type(layer))
-        layer.embeddings = views[name]
-        object.__setattr__(layer, "_htf_table", name)
-        object.__setattr__(layer, "_htf_runtime", runtime)
+    def swap_in_views(storage, names):
+        # The packed table holds these tables now: point each layer at its view
+        # and drop every reference to its own variable, freeing it right away.
+        if not runtime_box:
+            runtime_box.append(PackedRuntime(plan, storage))
+        for name in names:
+            layer = tables[name].layer
+            old = values.pop(name)
+            layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
+            layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
+            layer.__class__ = hybrid_class(type(layer))
+            layer.embeddings = storage.view(name)
+            object.__setattr__(layer, "_htf_table", name)
+            object.__setattr__(layer, "_htf_runtime", runtime_box[0])
+
+    PackedTables(plan, values, release=swap_in_views)
+    runtime = runtime_box[0]
+    plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
 
     model.__dict__.pop("call", None)
     model.__class__ = _model_class(type(model))
@@ -352,7 +360,7 @@ def optimize(
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
     if fused_updates and getattr(model, "optimizer", None) is not None:  # compiled before optimize()
-        hybridize_optimizer(model.optimizer, list(storage.packed.values()))
+        hybridize_optimizer(model.optimizer, list(runtime.storage.packed.values()))
     model.train_function = model.test_function = model.predict_function = None
     return model
 

@@ -9,7 +9,7 @@ the packed model restores into the plain model and the other way round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import tensorflow as tf
@@ -149,25 +149,45 @@ class PackedTables(tf.Module):
 
     Args:
         plan: the packing plan.
-        initial_values: table name -> ``[num_rows, dim]`` array (the table's
-            current weights), for every member of every packed table.
+        initial_values: table name -> ``[num_rows, dim]`` value (the table's
+            current weights: an array or a tf.Variable), for every member of
+            every packed table.
         trainable: whether the packed variables are trained.
+        release: called as ``release(self, member_names)`` after each packed
+            table is built and its members' values copied in, so that the
+            caller can drop the originals (and its references in
+            ``initial_values``). Building one packed table at a time this way
+            keeps peak memory near one copy of the tables.
     """
 
-    def __init__(self, plan: PackingPlan, initial_values: Mapping[str, np.ndarray], trainable: bool = True):
+    def __init__(
+        self,
+        plan: PackingPlan,
+        initial_values: Mapping,
+        trainable: bool = True,
+        release: Callable[[PackedTables, list[str]], None] | None = None,
+    ):
         super().__init__(name="hybridtf_packed_tables")
         self.plan = plan
         self.packed = {}
         for pt in plan.packed_tables:
-            parts = []
             for m in pt.members:
-                value = np.asarray(initial_values[m.name])
-                if value.shape != (m.num_rows, pt.dim):
+                shape = tuple(tf.TensorShape(initial_values[m.name].shape).as_list())
+                if shape != (m.num_rows, pt.dim):
                     raise ValueError(
-                        f"table {m.name!r}: initial value has shape {value.shape}, plan says {(m.num_rows, pt.dim)}."
+                        f"table {m.name!r}: initial value has shape {shape}, plan says {(m.num_rows, pt.dim)}."
                     )
-                parts.append(value.astype(pt.dtype, copy=False))
-            self.packed[pt.name] = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
+            if tf.executing_eagerly():
+                # Zeros, then each member's rows copied in place: no concatenated temporary.
+                var = tf.Variable(tf.zeros([pt.num_rows, pt.dim], pt.dtype), name=pt.name, trainable=trainable)
+                for m in pt.members:
+                    var[m.row_offset : m.row_offset + m.num_rows].assign(tf.cast(initial_values[m.name], pt.dtype))
+            else:  # graph mode: the initial value must come with the variable's initializer
+                parts = [np.asarray(initial_values[m.name]).astype(pt.dtype, copy=False) for m in pt.members]
+                var = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
+            self.packed[pt.name] = var
+            if release is not None:
+                release(self, [m.name for m in pt.members])
 
     def members(self, packed_name: str) -> dict[str, tuple[int, int]]:
         """Member table -> (row_offset, num_rows) of packed table ``packed_name``."""
