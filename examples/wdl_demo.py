@@ -53,6 +53,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--max-shards", type=int, default=None, help="planner: max shards per D-packing group")
     args = parser.parse_args()
 
     if args.fields == "criteo":
@@ -74,7 +75,7 @@ def main():
         model = ctr_models.wide_and_deep(fields, n_dense, hidden=(64, 32), seed=1)
         model(batches[0][0])
         if name == "hybridtf":
-            model = htf.keras.optimize(model)  # the one line
+            model = htf.keras.optimize(model, max_shards=args.max_shards)  # the one line
         log = train(model, dataset, 0.05)
         steady = np.diff(log.times[args.warmup :])
         results[name] = {
