@@ -29,6 +29,7 @@ def unique_partition(
     range_bounds=None,
     num_rows: int | None = None,
     out_idx=np.int32,
+    sort_ids: bool = False,
 ) -> UniquePartitionResult:
     """NumPy version of ``hybridtf.ops.unique_partition`` (same contract, same order).
 
@@ -39,6 +40,7 @@ def unique_partition(
         range_bounds: explicit bounds for ``"range"`` (``num_partitions + 1``).
         num_rows: even bounds over ``[0, num_rows)`` for ``"range"``.
         out_idx: np.int32 or np.int64, dtype of ``inverse``.
+        sort_ids: ids ascending inside each partition instead of first-occurrence order.
 
     Returns:
         ``UniquePartitionResult`` of NumPy arrays.
@@ -58,7 +60,7 @@ def unique_partition(
         raise TypeError(f"out_idx must be np.int32 or np.int64, got {out_idx!r}.")
     bounds = sharding.resolve_range_bounds(strategy, num_partitions, range_bounds, num_rows)
     ids = np.asarray(ids)
-    out = _native.unique_partition(ids, num_partitions, strategy, bounds, np.dtype(out_idx) == np.int64)
+    out = _native.unique_partition(ids, num_partitions, strategy, bounds, np.dtype(out_idx) == np.int64, sort_ids)
     return UniquePartitionResult(*out)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from hybridtf._src.plan.sharding import owner_of
 
 
-def unique_partition_reference(ids, num_partitions, strategy="mod", bounds=None):
+def unique_partition_reference(ids, num_partitions, strategy="mod", bounds=None, sort_ids=False):
     """(unique_ids, partition_sizes, inverse) by the documented contract.
 
     Partition segments in ascending order; inside one, distinct ids in order of
@@ -18,8 +18,8 @@ def unique_partition_reference(ids, num_partitions, strategy="mod", bounds=None)
     segments, sizes = [], []
     for p in range(num_partitions):
         sub = ids[owners == p]
-        _, first = np.unique(sub, return_index=True)
-        segments.append(sub[np.sort(first)])
+        values, first = np.unique(sub, return_index=True)
+        segments.append(values if sort_ids else sub[np.sort(first)])
         sizes.append(len(segments[-1]))
     unique = np.concatenate(segments).astype(ids.dtype) if segments else ids[:0]
     sorter = np.argsort(unique, kind="stable")

@@ -31,7 +31,7 @@ int IdWidth(const py::array& array, const char* what) {
 
 template <typename Id>
 py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strategy,
-              const py::object& bounds_obj, bool inverse64) {
+              const py::object& bounds_obj, bool inverse64, bool sort_ids) {
   auto ids = py::array_t<Id, py::array::c_style>::ensure(ids_any);
   if (!ids) throw py::type_error("ids must be a native-endian int32 or int64 array.");
   std::vector<Id> bounds;
@@ -43,6 +43,7 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
   PartitionSpec<Id> spec;
   spec.num_partitions = num_partitions;
   spec.strategy = strategy;
+  spec.sorted = sort_ids;
   spec.bounds = bounds.empty() ? nullptr : bounds.data();
   spec.num_bounds = static_cast<int64_t>(bounds.size());
 
@@ -76,7 +77,7 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
 
 py::tuple UniquePartitionPy(const py::array& ids, int64_t num_partitions,
                             const std::string& strategy_name, const py::object& range_bounds,
-                            bool inverse64) {
+                            bool inverse64, bool sort_ids) {
   const int width = IdWidth(ids, "ids");
   if (ids.ndim() != 1) {
     throw py::value_error("ids must be a vector (rank 1), got " + std::to_string(ids.ndim()) +
@@ -92,8 +93,8 @@ py::tuple UniquePartitionPy(const py::array& ids, int64_t num_partitions,
     throw py::value_error("strategy must be 'mod' or 'range', got '" + strategy_name + "'.");
   }
   const auto p = static_cast<int32_t>(num_partitions);
-  if (width == 4) return Run<int32_t>(ids, p, strategy, range_bounds, inverse64);
-  return Run<int64_t>(ids, p, strategy, range_bounds, inverse64);
+  if (width == 4) return Run<int32_t>(ids, p, strategy, range_bounds, inverse64, sort_ids);
+  return Run<int64_t>(ids, p, strategy, range_bounds, inverse64, sort_ids);
 }
 
 }  // namespace
@@ -103,7 +104,7 @@ PYBIND11_MODULE(_native, m) {
   m.doc() = "hybridtf's TF-free algorithms on NumPy arrays (see hybridtf.native).";
   m.def("unique_partition", &hybridtf::UniquePartitionPy, py::arg("ids"), py::arg("num_partitions"),
         py::arg("strategy") = "mod", py::arg("range_bounds") = py::none(),
-        py::arg("inverse64") = false,
+        py::arg("inverse64") = false, py::arg("sort_ids") = false,
         "Fused unique + partition of a 1-D int32/int64 array; returns "
         "(unique_ids, partition_sizes, inverse). Same contract as the TF op.");
 }

@@ -201,6 +201,40 @@ ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
 }
 
 template <typename Id>
+std::vector<int32_t> UniquePartitionCpu<Id>::SortedUids() const {
+  const size_t count = uid_ids_.size();
+  std::vector<int32_t> order(count), scratch(count);
+  std::vector<uint64_t> keys(count);
+  uint64_t lo = ~uint64_t{0}, hi = 0;
+  for (size_t u = 0; u < count; ++u) {
+    // Flip the sign bit so that unsigned order is signed id order.
+    keys[u] = static_cast<uint64_t>(static_cast<int64_t>(uid_ids_[u])) ^ (uint64_t{1} << 63);
+    lo = std::min(lo, keys[u]);
+    hi = std::max(hi, keys[u]);
+    order[u] = static_cast<int32_t>(u);
+  }
+  int bits = 0;  // bits above the highest differing bit are equal for all keys
+  for (uint64_t diff = count ? (lo ^ hi) : 0; diff != 0; diff >>= 1) ++bits;
+  constexpr int kDigit = 16;
+  std::vector<uint32_t> histogram(size_t{1} << kDigit);
+  for (int shift = 0; shift < bits; shift += kDigit) {
+    std::fill(histogram.begin(), histogram.end(), 0);
+    for (size_t i = 0; i < count; ++i) ++histogram[(keys[order[i]] >> shift) & 0xFFFF];
+    uint32_t sum = 0;
+    for (uint32_t& h : histogram) {
+      const uint32_t c = h;
+      h = sum;
+      sum += c;
+    }
+    for (size_t i = 0; i < count; ++i) {
+      scratch[histogram[(keys[order[i]] >> shift) & 0xFFFF]++] = order[i];
+    }
+    order.swap(scratch);
+  }
+  return order;
+}
+
+template <typename Id>
 template <typename Idx>
 void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes, Idx* inverse) {
   const int32_t p = spec_.num_partitions;
@@ -212,10 +246,18 @@ void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes, Id
     offset += counts_[q];
   }
   const int32_t count = static_cast<int32_t>(uid_ids_.size());
-  for (int32_t uid = 0; uid < count; ++uid) {
-    const int64_t slot = cursor[uid_part_[uid]]++;
-    unique_ids[slot] = uid_ids_[uid];
-    uid_part_[uid] = static_cast<int32_t>(slot);  // now: uid -> output slot
+  if (spec_.sorted) {
+    for (const int32_t uid : SortedUids()) {
+      const int64_t slot = cursor[uid_part_[uid]]++;
+      unique_ids[slot] = uid_ids_[uid];
+      uid_part_[uid] = static_cast<int32_t>(slot);
+    }
+  } else {
+    for (int32_t uid = 0; uid < count; ++uid) {
+      const int64_t slot = cursor[uid_part_[uid]]++;
+      unique_ids[slot] = uid_ids_[uid];
+      uid_part_[uid] = static_cast<int32_t>(slot);  // now: uid -> output slot
+    }
   }
   const int32_t* first_uid = first_uid_.data();
   const int32_t* slot_of = uid_part_.data();

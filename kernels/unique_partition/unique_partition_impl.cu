@@ -81,8 +81,9 @@ __device__ bool Owner(Id id, int32_t num_partitions, bool range, const Id* bound
 template <typename Id>
 __global__ void CollectUniquesKernel(const Id* sorted, const int32_t* sorted_pos,
                                      const int32_t* heads, const int32_t* segment, int64_t n,
-                                     int32_t num_partitions, bool range, const Id* bounds, Id* uniq,
-                                     uint64_t* keys, int32_t* counts, PrepareSummary* summary) {
+                                     int32_t num_partitions, bool range, bool sorted_order,
+                                     const Id* bounds, Id* uniq, uint64_t* keys, int32_t* counts,
+                                     PrepareSummary* summary) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (j >= n) return;
   if (j == n - 1) summary->num_unique = segment[j];
@@ -96,7 +97,9 @@ __global__ void CollectUniquesKernel(const Id* sorted, const int32_t* sorted_pos
     owner = 0;
   }
   uniq[u] = id;
-  keys[u] = (static_cast<uint64_t>(owner) << 32) | static_cast<uint32_t>(first_pos);
+  // Inside an owner: first-occurrence order, or id order (u ranks the ids).
+  const uint32_t rank = sorted_order ? static_cast<uint32_t>(u) : static_cast<uint32_t>(first_pos);
+  keys[u] = (static_cast<uint64_t>(owner) << 32) | rank;
   atomicAdd(&counts[owner], 1);
 }
 
@@ -186,9 +189,9 @@ ImplStatus UniquePartitionGpu<Id>::Prepare(const Id* d_ids, int64_t n,
       cudaMemcpyAsync(d_summary, &init, sizeof(init), cudaMemcpyHostToDevice, stream));
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(counts, 0, num_partitions_ * sizeof(int32_t), stream));
-  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(sorted, sorted_pos_, heads, segment_,
-                                                               n, num_partitions_, range, d_bounds,
-                                                               uniq_, keys_, counts, d_summary);
+  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(
+      sorted, sorted_pos_, heads, segment_, n, num_partitions_, range, spec.sorted, d_bounds, uniq_,
+      keys_, counts, d_summary);
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   PrepareSummary summary{};

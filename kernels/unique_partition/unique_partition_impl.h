@@ -6,9 +6,10 @@
 //   Given ids[0..n) and a partition function part(id) in [0, P):
 //   * unique_ids holds every distinct id exactly once, grouped by partition in
 //     ascending partition order; inside one partition the ids appear in the
-//     order of their first occurrence in `ids`. Hence the segment of partition
-//     p equals tf.unique(ids[part(ids) == p]).y. The order is deterministic
-//     and does not depend on the number of threads.
+//     order of their first occurrence in `ids` (or ascending with
+//     spec.sorted). Hence the segment of partition p equals
+//     tf.unique(ids[part(ids) == p]).y. The order is deterministic and does
+//     not depend on the number of threads.
 //   * partition_sizes[p] is the number of distinct ids owned by partition p
 //     (these are the alltoall split sizes under model-parallel sharding).
 //   * inverse[i] is the position of ids[i] in unique_ids, so
@@ -47,6 +48,10 @@ struct PartitionSpec {
   Strategy strategy = Strategy::kModulo;
   const Id* bounds = nullptr;
   int64_t num_bounds = 0;
+  // Order inside a partition: ascending id (true) instead of first occurrence
+  // (false). Sorted output makes the gathers and sparse updates of a packed
+  // table walk its rows in ascending order.
+  bool sorted = false;
 };
 
 // Checks num_partitions and, for kRange, the bounds: length P + 1, first
@@ -88,6 +93,8 @@ class UniquePartitionCpu {
     int32_t uid;  // -1 marks an empty slot.
   };
   void Rehash(int64_t capacity);
+  // uids in ascending id order (LSD radix sort over the differing bits).
+  std::vector<int32_t> SortedUids() const;
   ImplStatus AssignPartition(Id id, int64_t position, int32_t* part) const;
 
   PartitionSpec<Id> spec_;

@@ -11,7 +11,8 @@
 //   1. stable radix sort of (id, position) pairs by id;
 //   2. segment heads -> inclusive scan gives each position its unique index u;
 //      the head of a segment holds the id's first position (stable sort);
-//   3. per unique: owner partition (validated), key = owner << 32 | first_pos,
+//   3. per unique: owner partition (validated), key = owner << 32 | first_pos
+//      (owner << 32 | rank in id order with spec.sorted),
 //      per-partition counts (atomics; counts are order independent);
 //   4. one device->host copy + stream sync: number of uniques, counts, first
 //      bad position (if any);

@@ -69,13 +69,14 @@ std::vector<Id> MakeIds(int64_t n, int64_t vocab, bool zipf, bool negative, uint
 
 template <typename Id>
 void RunCase(int64_t n, int32_t partitions, Strategy strategy, bool zipf, bool negative,
-             uint64_t seed) {
+             uint64_t seed, bool sorted = false) {
   const int64_t vocab = 1000003;
   std::vector<Id> ids = MakeIds<Id>(n, vocab, zipf, negative, seed);
   std::vector<Id> bounds;
   PartitionSpec<Id> spec;
   spec.num_partitions = partitions;
   spec.strategy = strategy;
+  spec.sorted = sorted;
   if (strategy == Strategy::kRange) {
     for (int32_t p = 0; p <= partitions; ++p)
       bounds.push_back(static_cast<Id>(vocab * p / partitions));
@@ -139,6 +140,7 @@ int main() {
         for (bool zipf : {false, true}) {
           RunCase<int64_t>(n, p, s, zipf, false, seed++);
           RunCase<int32_t>(n, p, s, zipf, false, seed++);
+          RunCase<int64_t>(n, p, s, zipf, false, seed++, /*sorted=*/true);
         }
       }
       RunCase<int64_t>(n, p, Strategy::kModulo, false, true, seed++);  // negative ids, mod

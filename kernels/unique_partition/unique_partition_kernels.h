@@ -25,6 +25,7 @@ class UniquePartitionOpBase : public ::tensorflow::OpKernel {
                     ". Use the number of ranks that own embedding shards."));
     std::string name;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("strategy", &name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("sorted", &sorted_));
     OP_REQUIRES(ctx, ParseStrategy(name, &strategy_),
                 ::tensorflow::errors::InvalidArgument("strategy must be 'mod' or 'range', got '",
                                                       name, "'."));
@@ -49,6 +50,7 @@ class UniquePartitionOpBase : public ::tensorflow::OpKernel {
     }
     spec->num_partitions = static_cast<int32_t>(num_partitions_);
     spec->strategy = strategy_;
+    spec->sorted = sorted_;
     spec->num_bounds = bounds.NumElements();
     spec->bounds = spec->num_bounds > 0 ? bounds.flat<Id>().data() : nullptr;
     TF_RETURN_IF_ERROR(ToTfStatus(ValidateSpec(*spec)));
@@ -57,6 +59,7 @@ class UniquePartitionOpBase : public ::tensorflow::OpKernel {
 
   ::tensorflow::int64 num_partitions_ = 1;
   Strategy strategy_ = Strategy::kModulo;
+  bool sorted_ = false;
 };
 
 }  // namespace unique_partition

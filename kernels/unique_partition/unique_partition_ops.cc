@@ -20,6 +20,7 @@ REGISTER_OP(HYBRIDTF_OP("UniquePartition"))
     .Attr("out_idx: {int32, int64} = DT_INT32")
     .Attr("num_partitions: int >= 1")
     .Attr("strategy: {'mod', 'range'} = 'mod'")
+    .Attr("sorted: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
@@ -36,7 +37,7 @@ REGISTER_OP(HYBRIDTF_OP("UniquePartition"))
 Fused unique + partition-by-owner of a packed id vector, in one pass.
 
 unique_ids: every distinct id once, grouped by partition (ascending); inside a
-  partition in order of first occurrence in `ids`.
+  partition in order of first occurrence in `ids`, or ascending if `sorted`.
 partition_sizes: number of distinct ids per partition (alltoall splits).
 inverse: for every position i, the index of ids[i] in unique_ids.
 num_partitions: number of partitions (owning ranks), 1..4096.

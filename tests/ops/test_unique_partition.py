@@ -48,9 +48,9 @@ def cases(draw):
     return ids, num_partitions, strategy, bounds
 
 
-def assert_matches_reference(result, ids, num_partitions, strategy, bounds):
+def assert_matches_reference(result, ids, num_partitions, strategy, bounds, sort_ids=False):
     unique, sizes, inverse = (np.asarray(x) for x in result)
-    ref_unique, ref_sizes, ref_inverse = unique_partition_reference(ids, num_partitions, strategy, bounds)
+    ref_unique, ref_sizes, ref_inverse = unique_partition_reference(ids, num_partitions, strategy, bounds, sort_ids)
     assert unique.dtype == ids.dtype
     np.testing.assert_array_equal(unique, ref_unique)
     np.testing.assert_array_equal(sizes, ref_sizes)
@@ -91,6 +91,18 @@ def test_native_matches_reference(case):
     else:
         result = htf.native.unique_partition(ids, p, "range", range_bounds=bounds)
     assert_matches_reference(result, ids, p, strategy, bounds)
+
+
+@SETTINGS
+@given(cases())
+def test_sorted_order_matches_reference(case):
+    """sort_ids=True: ids ascending inside each partition; op and binding agree."""
+    ids, p, strategy, bounds = case
+    kw = {"range_bounds": bounds} if strategy == "range" else {}
+    op = htf.ops.unique_partition(tf.constant(ids), p, strategy, sort_ids=True, **kw)
+    native = htf.native.unique_partition(ids, p, strategy, sort_ids=True, **kw)
+    assert_matches_reference(op, ids, p, strategy, bounds, sort_ids=True)
+    assert_matches_reference(native, ids, p, strategy, bounds, sort_ids=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

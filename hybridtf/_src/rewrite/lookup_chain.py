@@ -74,7 +74,7 @@ def packed_lookup(
             [members[r.table][1] for r in requests],
             [r.table for r in requests],
         )
-        unique = unique_partition(packed, 1)
+        unique = unique_partition(packed, 1, sort_ids=True)  # rows in ascending order: sequential gathers/updates
         rows = tf.gather(variable, unique.unique_ids)
         if bag_lengths:
             field_segments = tf.stack([sizes[i] if s is None else s for i, s in enumerate(segments)])

@@ -39,6 +39,7 @@ def unique_partition(
     range_bounds=None,
     num_rows: int | None = None,
     out_idx: tf.DType = tf.int32,
+    sort_ids: bool = False,
     name: str | None = None,
 ) -> UniquePartitionResult:
     """Deduplicates a packed id vector and groups the unique ids by owner, in one op.
@@ -64,6 +65,9 @@ def unique_partition(
         num_rows: for ``"range"``, instead of ``range_bounds``: split
             ``[0, num_rows)`` evenly (see ``even_range_bounds``).
         out_idx: dtype of ``inverse``, tf.int32 (default) or tf.int64.
+        sort_ids: order the ids inside each partition ascending instead of by
+            first occurrence (a packed table's gathers and updates then walk
+            its rows in order).
         name: optional op name.
 
     Returns:
@@ -106,7 +110,7 @@ def unique_partition(
             )
         bounds = _bounds_tensor(strategy, num_partitions, range_bounds, num_rows, ids.dtype)
         outs = load_ops().hybrid_tf_unique_partition(
-            ids, bounds, num_partitions=num_partitions, strategy=strategy, out_idx=out_idx
+            ids, bounds, num_partitions=num_partitions, strategy=strategy, out_idx=out_idx, sorted=bool(sort_ids)
         )
     return UniquePartitionResult(outs.unique_ids, outs.partition_sizes, outs.inverse)
 
