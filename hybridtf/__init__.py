@@ -13,8 +13,8 @@ not pull in TensorFlow):
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("embedding", "keras", "layers", "native", "ops")
-__all__ = ["__version__", "embedding", "function", "keras", "layers", "native", "ops"]
+_SUBMODULES = ("embedding", "errors", "keras", "layers", "native", "ops", "plan", "report")
+__all__ = ["__version__", "embedding", "errors", "function", "keras", "layers", "native", "ops", "plan", "report"]
 
 
 def __getattr__(name):
