@@ -74,7 +74,8 @@ case "$cmd" in
     ;;
   bench)
     setup
-    "$PY" benchmarks/bench_unique_partition.py "$@"
+    "$PY" benchmarks/bench_unique_partition.py --quick
+    "$PY" benchmarks/bench_keras.py "$@"
     ;;
   *)
     sed -n '2,13p' "$0"

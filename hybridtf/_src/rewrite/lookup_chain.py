@@ -91,7 +91,11 @@ def packed_lookup(
 def _reshape(out, ids, dim):
     if isinstance(ids, tf.RaggedTensor):  # one-hot lookup of ragged ids keeps the ragged shape
         return ids.with_flat_values(out)
-    if ids is None or ids.shape.rank == 1:
+    if ids is None:
+        return out
+    if ids.shape.rank == 1:
+        if not tf.executing_eagerly():
+            out.set_shape(ids.shape.concatenate([dim]))  # keep the static batch size (free)
         return out
     static = ids.shape.as_list()
     if None not in static:
