@@ -279,9 +279,14 @@ def run_config(config: Config, repeats: int, timeout_s: float) -> dict:
     best = {v: max(rs, key=lambda r: r["samples_per_s"]) for v, rs in runs.items()}
     for variant, rs in runs.items():
         best[variant]["samples_per_s_runs"] = [r["samples_per_s"] for r in rs]
-        if any(r["losses"] != rs[0]["losses"] for r in rs):
-            best[variant]["error"] = "per-step losses differ between repeats of the same model"
+        # TensorFlow on CPU is not bit-reproducible run to run for every model: this is the noise floor.
+        repeat_diffs = [_max_rel_diff(rs[0]["losses"], r["losses"]) for r in rs[1:]]
+        best[variant]["loss_repeat_max_rel_diff"] = max(repeat_diffs) if repeat_diffs else None
     return compare(config, best["plain"], best["hybridtf"])
+
+
+def _max_rel_diff(reference, other) -> float:
+    return max((abs(b - a) / max(abs(a), 1e-12) for a, b in zip(reference, other)), default=0.0)
 
 
 def compare(config: Config, plain: dict, hybrid: dict | None) -> dict:
@@ -292,13 +297,12 @@ def compare(config: Config, plain: dict, hybrid: dict | None) -> dict:
     if "error" in plain or "error" in hybrid:
         row["error"] = plain.get("error") or hybrid.get("error")
         return row
-    diffs = [abs(h - p) / max(abs(p), 1e-12) for p, h in zip(plain["losses"], hybrid["losses"])]
     row.update(
         speedup=_ratio(hybrid["samples_per_s"], plain["samples_per_s"]),
         ops_ratio=_ratio(hybrid["ops"], plain["ops"]),
         ops_grappler_ratio=_ratio(hybrid["ops_grappler"], plain["ops_grappler"]),
         rss_ratio=_ratio(hybrid["peak_rss_mib"], plain["peak_rss_mib"]),
-        loss_max_rel_diff=max(diffs) if diffs else None,
+        loss_max_rel_diff=_max_rel_diff(plain["losses"], hybrid["losses"]),
     )
     return row
 
@@ -325,6 +329,11 @@ def print_table(rows: list[dict]) -> None:
             f"{_fmt(p['ops_grappler'], '>6')}/{_fmt(h['ops_grappler'], '<6')} {_fmt(r['ops_grappler_ratio'], '6.3f')} "
             f"{p['peak_rss_mib']:>6.0f}/{h['peak_rss_mib']:<6.0f} {r['rss_ratio']:6.2f} {r['loss_max_rel_diff']:9.1e}"
         )
+    for r in rows:
+        noise = [(v, r[v].get("loss_repeat_max_rel_diff")) for v in VARIANTS if r.get(v)]
+        noise = [f"{v} {d:.1e}" for v, d in noise if d]
+        if noise:
+            print(f"note: {r['label']}: the same model's losses differ between repeats by up to {', '.join(noise)}")
 
 
 def write_chart(rows: list[dict], path: Path) -> str | None:
