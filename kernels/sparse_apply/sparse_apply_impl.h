@@ -21,15 +21,12 @@
 #define HYBRIDTF_KERNELS_SPARSE_APPLY_SPARSE_APPLY_IMPL_H_
 
 #include <cstdint>
-#include <functional>
 
+#include "kernels/common/parallel_for.h"
 #include "kernels/common/status.h"
 
 namespace hybridtf {
 namespace sparse_apply {
-
-using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
-                                       const std::function<void(int64_t, int64_t)>& fn)>;
 
 // Sparse rows of a gradient: indices[u] in [0, rows), values[u * dim ...].
 template <typename Idx>

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
 #include "kernels/sparse_apply/sparse_apply_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -70,13 +71,6 @@ class LockedVars {
   ::tensorflow::Status status_;
   bool locked_ = false;
 };
-
-ParallelFor CpuParallelFor(OpKernelContext* ctx) {
-  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-  return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-    pool->ParallelFor(total, cost, fn);
-  };
-}
 
 float Scalar(OpKernelContext* ctx, int i, ::tensorflow::Status* status) {
   const Tensor& t = ctx->input(i);

@@ -57,11 +57,6 @@ bool ParseCombiner(const std::string& name, Combiner* combiner) {
   return false;
 }
 
-void SequentialFor(int64_t total, int64_t /*cost_per_unit*/,
-                   const std::function<void(int64_t, int64_t)>& fn) {
-  fn(0, total);
-}
-
 ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* field_sizes,
                          const int64_t* field_segments, const int64_t* segment_lengths,
                          int64_t num_segment_lengths, int64_t num_positions) {

@@ -26,10 +26,10 @@
 #define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include "kernels/common/parallel_for.h"
 #include "kernels/common/status.h"
 
 namespace hybridtf {
@@ -39,13 +39,6 @@ enum class Combiner { kNone = 0, kSum = 1, kMean = 2, kSqrtn = 3 };
 
 // Parses "none" / "sum" / "mean" / "sqrtn"; returns false otherwise.
 bool ParseCombiner(const std::string& name, Combiner* combiner);
-
-// Runs fn(begin, end) over [0, total) possibly in parallel; cost_per_unit is a
-// rough cost of one unit of work (e.g. the row width). Sequential by default.
-using ParallelFor = std::function<void(int64_t total, int64_t cost_per_unit,
-                                       const std::function<void(int64_t, int64_t)>& fn)>;
-void SequentialFor(int64_t total, int64_t cost_per_unit,
-                   const std::function<void(int64_t, int64_t)>& fn);
 
 // Where every output row of every field reads its positions. Built once per
 // call from the field description, validated against the number of positions.

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
 #include "kernels/stitch_combine/stitch_combine_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -67,13 +68,6 @@ class StitchCombineOpBase : public ::tensorflow::OpKernel {
     return ToTfStatus(layout->Build(combiners_, sizes.flat<int64_t>().data(),
                                     segments.flat<int64_t>().data(), lengths.flat<int64_t>().data(),
                                     lengths.NumElements(), n));
-  }
-
-  static ParallelFor CpuParallelFor(::tensorflow::OpKernelContext* ctx) {
-    auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
-    return [pool](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
-      pool->ParallelFor(total, cost, fn);
-    };
   }
 
   ::tensorflow::int64 num_fields_ = 1;

@@ -16,8 +16,7 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
-
-_HYBRID_CLASSES: dict[type, type] = {}
+from hybridtf._src.capture.subclassing import runtime_subclass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,16 +145,7 @@ class _HybridEmbeddingMixin:
 
 def hybrid_class(cls: type) -> type:
     """The run-time subclass of ``cls`` used for captured instances (same name)."""
-    if cls not in _HYBRID_CLASSES:
-        mixin = getattr(cls, "_htf_capture_mixin", None) or _HybridEmbeddingMixin
-        sub = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__})
-        from keras.src.saving import object_registration
-
-        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
-        if registered is not None:  # keep a registered class's serialized name
-            object_registration._GLOBAL_CUSTOM_NAMES[sub] = registered
-        _HYBRID_CLASSES[cls] = sub
-    return _HYBRID_CLASSES[cls]
+    return runtime_subclass(getattr(cls, "_htf_capture_mixin", None) or _HybridEmbeddingMixin, cls)
 
 
 def is_captured(layer) -> bool:

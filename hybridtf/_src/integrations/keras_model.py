@@ -25,13 +25,12 @@ import tensorflow as tf
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
-
-_MODEL_CLASSES: dict[type, type] = {}
 
 
 class _HybridModelMixin:
@@ -218,18 +217,6 @@ def _refuse_legacy_hdf5(filepath, save_format) -> None:
         )
 
 
-def _model_class(cls: type) -> type:
-    if cls not in _MODEL_CLASSES:
-        sub = type(cls.__name__, (_HybridModelMixin, cls), {"__module__": cls.__module__})
-        from keras.src.saving import object_registration
-
-        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
-        if registered is not None:  # keep a registered class's serialized name
-            object_registration._GLOBAL_CUSTOM_NAMES[sub] = registered
-        _MODEL_CLASSES[cls] = sub
-    return _MODEL_CLASSES[cls]
-
-
 def is_optimized(model) -> bool:
     return isinstance(model, _HybridModelMixin)
 
@@ -358,7 +345,7 @@ def optimize(
     plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
 
     model.__dict__.pop("call", None)
-    model.__class__ = _model_class(type(model))
+    model.__class__ = runtime_subclass(_HybridModelMixin, type(model))
     object.__setattr__(model, "_htf_runtime", runtime)
     object.__setattr__(model, "_htf_skipped", skipped)
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)

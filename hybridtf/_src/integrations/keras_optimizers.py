@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.run import sparse_apply
-
-_OPTIMIZER_CLASSES: dict[type, type] = {}
 
 
 @tf.keras.utils.register_keras_serializable(package="hybridtf")
@@ -131,13 +130,5 @@ def hybridize_optimizer(optimizer, packed_variables) -> None:
         if isinstance(optimizer, _HybridOptimizerMixin):
             object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})
         return
-    cls = type(optimizer)
-    if cls not in _OPTIMIZER_CLASSES:
-        _OPTIMIZER_CLASSES[cls] = type(cls.__name__, (_HybridOptimizerMixin, cls), {"__module__": cls.__module__})
-        from keras.src.saving import object_registration
-
-        registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
-        if registered is not None:
-            object_registration._GLOBAL_CUSTOM_NAMES[_OPTIMIZER_CLASSES[cls]] = registered
-    optimizer.__class__ = _OPTIMIZER_CLASSES[cls]
+    optimizer.__class__ = runtime_subclass(_HybridOptimizerMixin, type(optimizer))
     object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})
