@@ -28,12 +28,11 @@ T Denominator(Combiner combiner, const T* weights, int64_t begin, int64_t end) {
 
 // Visits the global output rows [begin, end) in order with their field.
 template <typename Fn>
-void ForRows(const Layout& layout, const std::vector<int64_t>& row_offset, int64_t begin,
-             int64_t end, Fn fn) {
+void ForRows(const Layout& layout, int64_t begin, int64_t end, Fn fn) {
   if (begin >= end) return;
   int f = layout.FieldOfRow(begin);
   for (int64_t r = begin; r < end; ++r) {
-    while (r >= row_offset[f + 1]) ++f;
+    while (r >= layout.FirstRow(f + 1)) ++f;
     fn(f, r);
   }
 }
@@ -151,15 +150,11 @@ ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique) {
 template <typename T, typename Idx>
 void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
              T* const* outputs, const ParallelFor& parallel_for) {
-  std::vector<int64_t> row_offset(layout.num_fields() + 1, 0);
-  for (int f = 0; f < layout.num_fields(); ++f) {
-    row_offset[f + 1] = row_offset[f] + layout.output_rows(f);
-  }
   auto work = [&](int64_t begin, int64_t end) {
-    ForRows(layout, row_offset, begin, end, [&](int f, int64_t r) {
+    ForRows(layout, begin, end, [&](int f, int64_t r) {
       int64_t pb = 0, pe = 0;
       layout.Positions(f, r, &pb, &pe);
-      T* out = outputs[f] + (r - row_offset[f]) * dim;
+      T* out = outputs[f] + (r - layout.FirstRow(f)) * dim;
       const Combiner combiner = layout.combiner(f);
       if (combiner == Combiner::kNone) {
         std::memcpy(out, rows + static_cast<int64_t>(inverse[pb]) * dim, dim * sizeof(T));

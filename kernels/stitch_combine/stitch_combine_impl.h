@@ -55,7 +55,7 @@ class Layout {
   int64_t num_positions() const { return num_positions_; }
   // Global output row r (fields concatenated) -> its field.
   int FieldOfRow(int64_t r) const;
-  // Global index of field f's first output row.
+  // Global index of field f's first output row (f == num_fields(): total_rows()).
   int64_t FirstRow(int f) const { return row_offset_[f]; }
   // Positions [begin, end) of global output row r of field f.
   void Positions(int f, int64_t r, int64_t* begin, int64_t* end) const;
