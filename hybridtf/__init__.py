@@ -8,13 +8,26 @@ not pull in TensorFlow):
     hybridtf.layers: Keras layers (``EmbeddingBag``: multi-hot ids, sum/mean/sqrtn).
     hybridtf.embedding: functional tables and lookups (``Tables``, ``TableConfig``, ``lookup``).
     hybridtf.function: ``tf.function`` for custom loops, every lookup of a step packed.
+    hybridtf.horovod: hybrid parallel training under ``horovodrun`` (shards, local variables).
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("embedding", "errors", "keras", "layers", "native", "ops", "plan", "report")
-__all__ = ["__version__", "embedding", "errors", "function", "keras", "layers", "native", "ops", "plan", "report"]
+_SUBMODULES = ("embedding", "errors", "horovod", "keras", "layers", "native", "ops", "plan", "report")
+__all__ = [
+    "__version__",
+    "embedding",
+    "errors",
+    "function",
+    "horovod",
+    "keras",
+    "layers",
+    "native",
+    "ops",
+    "plan",
+    "report",
+]
 
 
 def __getattr__(name):

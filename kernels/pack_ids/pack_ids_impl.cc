@@ -27,10 +27,25 @@ ImplStatus PackField(const Id* ids, int64_t n, int64_t row_offset, int64_t num_r
   return ImplStatus::Ok();
 }
 
+template <typename Id>
+int64_t PackFieldCounting(const Id* ids, int64_t n, int64_t row_offset, int64_t num_rows,
+                          int64_t* out) {
+  int64_t invalid = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    const bool bad = (id < 0) | (id >= num_rows);
+    invalid += bad;
+    out[i] = (bad ? 0 : id) + row_offset;
+  }
+  return invalid;
+}
+
 template ImplStatus PackField<int32_t>(const int32_t*, int64_t, int64_t, int64_t,
                                        const std::string&, int64_t*);
 template ImplStatus PackField<int64_t>(const int64_t*, int64_t, int64_t, int64_t,
                                        const std::string&, int64_t*);
+template int64_t PackFieldCounting<int32_t>(const int32_t*, int64_t, int64_t, int64_t, int64_t*);
+template int64_t PackFieldCounting<int64_t>(const int64_t*, int64_t, int64_t, int64_t, int64_t*);
 
 }  // namespace pack_ids
 }  // namespace hybridtf

@@ -22,6 +22,12 @@ template <typename Id>
 ImplStatus PackField(const Id* ids, int64_t n, int64_t row_offset, int64_t num_rows,
                      const std::string& table, int64_t* out);
 
+// Like PackField, but an id outside [0, num_rows) becomes row_offset (the
+// table's first row) instead of an error. Returns the number of such ids.
+template <typename Id>
+int64_t PackFieldCounting(const Id* ids, int64_t n, int64_t row_offset, int64_t num_rows,
+                          int64_t* out);
+
 }  // namespace pack_ids
 }  // namespace hybridtf
 

@@ -18,6 +18,9 @@ class PackIdsOpBase : public ::tensorflow::OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("row_offsets", &row_offsets_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_rows", &num_rows_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &table_names_));
+    std::string on_invalid;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("on_invalid", &on_invalid));
+    count_invalid_ = on_invalid == "count";
     const size_t n = static_cast<size_t>(ctx->num_inputs());
     OP_REQUIRES(ctx, row_offsets_.size() == n && num_rows_.size() == n && table_names_.size() == n,
                 ::tensorflow::errors::InvalidArgument(
@@ -36,6 +39,7 @@ class PackIdsOpBase : public ::tensorflow::OpKernel {
   std::vector<::tensorflow::int64> row_offsets_;
   std::vector<::tensorflow::int64> num_rows_;
   std::vector<std::string> table_names_;
+  bool count_invalid_ = false;
 };
 
 }  // namespace pack_ids

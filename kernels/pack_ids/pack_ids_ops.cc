@@ -13,10 +13,12 @@ REGISTER_OP(HYBRIDTF_OP("PackIds"))
     .Input("ids: Tlist")
     .Output("packed: int64")
     .Output("field_sizes: int64")
+    .Output("invalid_counts: int64")
     .Attr("Tlist: list({int32, int64}) >= 1")
     .Attr("row_offsets: list(int)")
     .Attr("num_rows: list(int)")
     .Attr("table_names: list(string)")
+    .Attr("on_invalid: {'error', 'count'} = 'error'")
     .SetShapeFn([](InferenceContext* c) -> Status {
       DimensionHandle total = c->MakeDim(0);
       for (int i = 0; i < c->num_inputs(); ++i) {
@@ -25,13 +27,17 @@ REGISTER_OP(HYBRIDTF_OP("PackIds"))
       }
       c->set_output(0, c->Vector(total));
       c->set_output(1, c->Vector(c->num_inputs()));
+      c->set_output(2, c->Vector(c->num_inputs()));
       return Status();
     })
     .Doc(R"doc(
 Packs the ids of several fields into one int64 vector in the row space of a
 packed table. The ids of field f (any shape, flattened) must lie in
 [0, num_rows[f]) and are shifted by row_offsets[f]; field_sizes[f] is the
-number of ids of field f.
+number of ids of field f. With on_invalid = "error" an id outside its table's
+vocabulary fails the op with an error naming the table; with "count" it is
+replaced by the table's first row and counted in invalid_counts[f] (so that a
+distributed step can agree on the failure across ranks before exchanging ids).
 )doc");
 
 }  // namespace hybridtf

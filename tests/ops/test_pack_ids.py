@@ -55,3 +55,26 @@ def test_argument_errors():
         pack_ids([[1.0]], [0], [2], ["a"])
     with pytest.raises(ValueError, match="at least one field"):
         pack_ids([], [], [], [])
+
+
+def test_count_mode_replaces_and_counts_invalid_ids():
+    packed, sizes, invalid = pack_ids(
+        [tf.constant([0, 5, -1], tf.int64), tf.constant([[2, 9]], tf.int32)],
+        [0, 4],
+        [4, 3],
+        ["a", "b"],
+        on_invalid="count",
+    )
+    assert packed.numpy().tolist() == [0, 0, 0, 6, 4]  # invalid ids -> the table's first row
+    assert sizes.numpy().tolist() == [3, 2]
+    assert invalid.numpy().tolist() == [2, 1]
+
+
+def test_count_mode_of_valid_ids_matches_error_mode():
+    ids = [tf.constant([3, 1]), tf.constant([0, 0, 2])]
+    p1, s1 = pack_ids(ids, [0, 4], [4, 3], ["a", "b"])
+    p2, s2, invalid = pack_ids(ids, [0, 4], [4, 3], ["a", "b"], on_invalid="count")
+    assert p1.numpy().tolist() == p2.numpy().tolist() and s1.numpy().tolist() == s2.numpy().tolist()
+    assert invalid.numpy().tolist() == [0, 0]
+    with pytest.raises(ValueError, match="on_invalid"):
+        pack_ids(ids, [0, 4], [4, 3], ["a", "b"], on_invalid="ignore")

@@ -26,6 +26,8 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.world import current_world
+from hybridtf._src.integrations import horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
@@ -58,8 +60,14 @@ class _HybridModelMixin:
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
-        if self._htf_fused_updates:
-            hybridize_optimizer(self.optimizer, list(self._htf_runtime.storage.packed.values()))
+        hybridize_optimizer(self.optimizer, self._htf_runtime.storage, self._htf_fused_updates)
+
+    def fit(self, *args, **kwargs):
+        storage = self._htf_runtime.storage
+        if storage.sharded:
+            for callback in kwargs.get("callbacks") or ():
+                horovod_hooks.shard_aware_callback(callback, storage, self)
+        return super().fit(*args, **kwargs)
 
     @property
     def trainable_weights(self):
@@ -108,8 +116,22 @@ class _HybridModelMixin:
             w.assign(value)
 
     def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
+        """Saves the weights in the plain model's per-table layout.
+
+        With tables sharded over the ranks of a Horovod job, every rank must
+        call it (the tables are gathered, a collective); rank 0 writes the
+        file, which any number of ranks (or the plain model) can restore.
+        """
         _refuse_legacy_hdf5(filepath, save_format)
-        return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+        storage = self._htf_runtime.storage
+        if not storage.sharded:
+            return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+        with storage.gathered():
+            if storage.world.rank == 0:
+                super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+        # A barrier: the file is complete before any rank goes on (and maybe reads it).
+        storage.world.hvd.allreduce(tf.constant(0), op=storage.world.hvd.Sum, name="hybridtf_saved_weights")
+        return None
 
     def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
         _refuse_legacy_hdf5(filepath, None)
@@ -117,6 +139,14 @@ class _HybridModelMixin:
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
         _refuse_legacy_hdf5(filepath, save_format)
+        storage = self._htf_runtime.storage
+        if storage.sharded:
+            raise NotImplementedError(
+                f"model.save of a model whose tables are sharded over {storage.world.size} Horovod ranks: its "
+                "traced functions exchange rows between ranks. Call model.save_weights(path) on every rank, then "
+                "load the weights into the model in one process (hybridtf.keras.optimize without Horovod, or "
+                "the plain model) and save or export that."
+            )
         return super().save(filepath, overwrite=overwrite, save_format=save_format, **kwargs)
 
     @property
@@ -230,6 +260,8 @@ def optimize(
     stats=None,
     max_shards: int | None = None,
     fused_updates: bool = True,
+    shard_strategy: str = "mod",
+    replicate_below_rows: int = 0,
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
@@ -259,6 +291,11 @@ def optimize(
         fused_updates: update each packed table with one fused op (Keras
             SGD without momentum, Adagrad, Adam, hybridtf LazyAdam; same
             math); other optimizers always use Keras's own updates.
+        shard_strategy: under Horovod (``hvd.init()`` with several
+            processes before ``optimize``): how each packed table's rows are
+            spread over the ranks, ``"mod"`` (default) or ``"range"``.
+        replicate_below_rows: under Horovod, packed tables with fewer rows
+            stay whole on every rank and are trained data-parallel.
 
     Returns:
         The optimized model (the same object).
@@ -281,6 +318,8 @@ def optimize(
             stats=stats,
             max_shards=max_shards,
             fused_updates=fused_updates,
+            shard_strategy=shard_strategy,
+            replicate_below_rows=replicate_below_rows,
         )
     if not isinstance(model, tf.keras.Model) and callable(model):
         builder = model
@@ -288,7 +327,15 @@ def optimize(
         @functools.wraps(builder)
         def build_and_optimize(*args, **kwargs):
             return optimize(
-                builder(*args, **kwargs), plan=plan, exclude=exclude, force_groups=force_groups, stats=stats
+                builder(*args, **kwargs),
+                plan=plan,
+                exclude=exclude,
+                force_groups=force_groups,
+                stats=stats,
+                max_shards=max_shards,
+                fused_updates=fused_updates,
+                shard_strategy=shard_strategy,
+                replicate_below_rows=replicate_below_rows,
             )
 
         return build_and_optimize
@@ -305,7 +352,15 @@ def optimize(
         if max_shards is None:
             max_shards = 8 if tf.config.list_physical_devices("GPU") else 1
         plan = (
-            plan_packing(specs, stats, exclude=tuple(exclude), force_groups=force_groups, max_shards=max_shards)
+            plan_packing(
+                specs,
+                stats,
+                exclude=tuple(exclude),
+                force_groups=force_groups,
+                max_shards=max_shards,
+                shard_strategy=shard_strategy,
+                replicate_below_rows=replicate_below_rows,
+            )
             if specs
             else None
         )
@@ -340,7 +395,8 @@ def optimize(
             object.__setattr__(layer, "_htf_table", name)
             object.__setattr__(layer, "_htf_runtime", runtime_box[0])
 
-    PackedTables(plan, values, release=swap_in_views)
+    world = current_world()
+    PackedTables(plan, values, release=swap_in_views, world=world)
     runtime = runtime_box[0]
     plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
 
@@ -351,8 +407,11 @@ def optimize(
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
-    if fused_updates and getattr(model, "optimizer", None) is not None:  # compiled before optimize()
-        hybridize_optimizer(model.optimizer, list(runtime.storage.packed.values()))
+    if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
+        table_vars = {id(v) for v in runtime.storage.packed.values()}
+        world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
+    if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
+        hybridize_optimizer(model.optimizer, runtime.storage, fused_updates)
     model.train_function = model.test_function = model.predict_function = None
     return model
 

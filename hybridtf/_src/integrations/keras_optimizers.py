@@ -14,6 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import gradients
 from hybridtf._src.run import sparse_apply
 
 
@@ -58,11 +59,29 @@ class LazyAdam(tf.keras.optimizers.Adam):
         variable.scatter_update(tf.IndexedSlices(rows - (m_new * alpha) / (tf.sqrt(v_new) + eps), idx))
 
 
+def is_horovod_distributed(optimizer) -> bool:
+    """Whether ``optimizer`` is a ``hvd.DistributedOptimizer`` (Horovod's run-time subclass of a Keras optimizer)."""
+    return any(_is_horovod_class(cls) for cls in type(optimizer).__mro__)
+
+
+def _is_horovod_class(cls) -> bool:
+    return "_allreduce" in cls.__dict__ and "register_local_var" in cls.__dict__
+
+
+def _user_class(optimizer) -> type:
+    """The optimizer's own class, under hybridtf's and Horovod's run-time subclasses."""
+    for cls in type(optimizer).__mro__:
+        if cls is _HybridOptimizerMixin or issubclass(cls, _HybridOptimizerMixin) or _is_horovod_class(cls):
+            continue
+        return cls
+    return type(optimizer)
+
+
 def fusable(optimizer) -> str | None:
     """The fused update kind for ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
-    base = type(optimizer)
-    if isinstance(optimizer, _HybridOptimizerMixin):
-        base = base.__mro__[2]
+    base = _user_class(optimizer)
+    if getattr(optimizer, "_agg_helper", None) is not None:  # Horovod backward_passes_per_step > 1
+        return None
     if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
         return None
     if getattr(optimizer, "use_ema", False) or getattr(optimizer, "weight_decay", None):
@@ -83,6 +102,9 @@ class _HybridOptimizerMixin:
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
+        storage = self._htf_storage
+        if storage is not None and storage.world.distributed and not is_horovod_distributed(self):
+            grads_and_vars = gradients.reduce_gradients(grads_and_vars, self._htf_sharded, storage.world)
         kind = fusable(self)
         fused = [
             (g, v) for g, v in grads_and_vars if kind and id(v) in self._htf_packed and isinstance(g, tf.IndexedSlices)
@@ -99,6 +121,13 @@ class _HybridOptimizerMixin:
         if rest:
             return super().apply_gradients(rest, *args, **kwargs)
         return self.iterations.assign_add(1)
+
+    def add_variable_from_reference(self, model_variable, variable_name, shape=None, initial_value=None):
+        slot = super().add_variable_from_reference(model_variable, variable_name, shape, initial_value)
+        storage = self._htf_storage
+        if storage is not None and id(model_variable) in self._htf_sharded:
+            storage.register_sharded_slot(slot, model_variable)
+        return slot
 
     def _htf_apply(self, kind, grad, var):
         dtype = var.dtype
@@ -124,11 +153,59 @@ class _HybridOptimizerMixin:
         )
 
 
-def hybridize_optimizer(optimizer, packed_variables) -> None:
-    """Makes ``optimizer`` update ``packed_variables`` with fused ops (in place, this instance only)."""
-    if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or isinstance(optimizer, _HybridOptimizerMixin):
-        if isinstance(optimizer, _HybridOptimizerMixin):
-            object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})
+_HOROVOD_CLASSES: dict[type, type] = {}
+
+
+def _horovod_hybrid_class(cls: type) -> type:
+    """hybridtf's mixin under a ``hvd.DistributedOptimizer`` class.
+
+    Horovod's methods call ``super(self.__class__, self)``, so its class
+    cannot be subclassed; like Horovod itself, this copies its methods into a
+    new class whose bases put hybridtf's mixin before the Keras optimizer.
+    """
+    if cls not in _HOROVOD_CLASSES:
+        body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
+        _HOROVOD_CLASSES[cls] = type(cls.__name__, (_HybridOptimizerMixin, *cls.__bases__), body)
+    return _HOROVOD_CLASSES[cls]
+
+
+def hybridize_optimizer(optimizer, storage, fused_updates: bool = True) -> None:
+    """Hooks ``optimizer`` (in place, this instance only) into training of ``storage``'s packed tables.
+
+    * Fused updates (``fused_updates``): one fused op per packed table whose
+      gradient has distinct rows (every packed table in one process; the
+      shards in a Horovod job).
+    * In a Horovod job: the shards' gradients are model-parallel (never
+      allreduced; scaled by ``1 / size`` to average over the ranks' batches)
+      and every other gradient is averaged with allreduce — by Horovod when
+      ``optimizer`` is a ``hvd.DistributedOptimizer`` (the shards are
+      registered as its local variables), else by hybridtf. The slots of the
+      shards are checkpointed as whole tables.
+
+    Raises:
+        TypeError: in a Horovod job, an optimizer that is not a
+            ``tf.keras.optimizers.Optimizer`` (hybridtf could not keep the
+            shards out of the allreduce).
+    """
+    world = storage.world
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
+        if world.distributed and storage.sharded:
+            raise TypeError(
+                f"a model with tables sharded over {world.size} Horovod ranks needs a tf.keras.optimizers.Optimizer "
+                f"(optionally wrapped by hvd.DistributedOptimizer), got {type(optimizer).__name__}; hybridtf must "
+                "keep the shards' gradients out of the allreduce."
+            )
         return
-    optimizer.__class__ = runtime_subclass(_HybridOptimizerMixin, type(optimizer))
-    object.__setattr__(optimizer, "_htf_packed", {id(v) for v in packed_variables})
+    if not isinstance(optimizer, _HybridOptimizerMixin):
+        cls = type(optimizer)
+        optimizer.__class__ = (
+            _horovod_hybrid_class(cls) if _is_horovod_class(cls) else runtime_subclass(_HybridOptimizerMixin, cls)
+        )
+    replicated = {id(v) for v in storage.replicated_variables()}
+    fused = [v for v in storage.packed.values() if id(v) not in replicated] if fused_updates else []
+    object.__setattr__(optimizer, "_htf_packed", {id(v) for v in fused})
+    object.__setattr__(optimizer, "_htf_sharded", {id(v) for v in storage.sharded_variables()})
+    object.__setattr__(optimizer, "_htf_storage", storage)
+    if world.distributed and is_horovod_distributed(optimizer):
+        for v in storage.sharded_variables():
+            optimizer.register_local_var(v)

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hybridtf._src.errors import PlanKeyError
+from hybridtf._src.plan.sharding import check_strategy
 from hybridtf._src.plan.stats import IdFrequencies, TableStats, calc_vparam, id_frequencies, index_tables
 from hybridtf._src.plan.tables import PackedMember, PackedTable, TableSpec, UnpackedTable
 
@@ -51,6 +52,13 @@ class PackingPlan:
         average_vparam: mean CalcVParam over the D-packing groups before
             splitting (the "average" of the splitting rule).
         max_shards: the most shards one group may be split into.
+        shard_strategy: how the rows of a packed table are spread over the
+            ranks of a Horovod job (``"mod"``: row ``r`` on rank ``r % size``;
+            ``"range"``: contiguous near-equal row ranges). One process holds
+            every row.
+        replicate_below_rows: packed tables with fewer rows than this stay
+            whole on every rank and are trained data-parallel (their
+            gradients allreduced) instead of being sharded; 0: shard all.
 
     Raises:
         ValueError: the parts are inconsistent (a table missing or placed
@@ -70,11 +78,18 @@ class PackingPlan:
     vparam_source: str
     average_vparam: float
     max_shards: int = DEFAULT_MAX_SHARDS
+    shard_strategy: str = "mod"
+    replicate_below_rows: int = 0
     _where: dict = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("tables", "packed_tables", "unpacked"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        check_strategy(self.shard_strategy)
+        if isinstance(self.replicate_below_rows, bool) or not isinstance(self.replicate_below_rows, int):
+            raise ValueError(f"replicate_below_rows must be an int >= 0, got {self.replicate_below_rows!r}.")
+        if self.replicate_below_rows < 0:
+            raise ValueError(f"replicate_below_rows must be >= 0, got {self.replicate_below_rows}.")
         specs = index_tables(self.tables)
         where: dict[str, tuple[str, int]] = {}
         placed: dict[str, str] = {}
@@ -129,6 +144,20 @@ class PackingPlan:
         shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
         raise PlanKeyError(f"table {table_name!r} is not in the plan (tables: {shown}).")
 
+    def placement(self, packed_name: str, num_ranks: int) -> str:
+        """How packed table ``packed_name`` lives on ``num_ranks`` ranks.
+
+        Returns:
+            ``"local"`` (one process: all rows), ``"replicated"`` (all rows on
+            every rank, data-parallel: fewer rows than ``replicate_below_rows``)
+            or ``"sharded"`` (rows spread by ``shard_strategy``, model-parallel).
+        """
+        if num_ranks <= 1:
+            return "local"
+        if self.packed_table(packed_name).num_rows < self.replicate_below_rows:
+            return "replicated"
+        return "sharded"
+
     def packed_table(self, name: str) -> PackedTable:
         """The packed table called ``name``; PlanKeyError if there is none."""
         for p in self.packed_tables:
@@ -150,6 +179,8 @@ class PackingPlan:
             "vparam_source": self.vparam_source,
             "average_vparam": self.average_vparam,
             "max_shards": self.max_shards,
+            "shard_strategy": self.shard_strategy,
+            "replicate_below_rows": self.replicate_below_rows,
             "tables": [t.to_dict() for t in self.tables],
             "packed_tables": [p.to_dict() for p in self.packed_tables],
             "unpacked": [u.to_dict() for u in self.unpacked],
@@ -174,6 +205,8 @@ class PackingPlan:
                 vparam_source=d["vparam_source"],
                 average_vparam=float(d["average_vparam"]),
                 max_shards=d["max_shards"],
+                shard_strategy=d.get("shard_strategy", "mod"),
+                replicate_below_rows=d.get("replicate_below_rows", 0),
             )
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed packing plan: {err!r}. Write plans with PackingPlan.to_json.") from err
@@ -371,6 +404,8 @@ def plan_packing(
     exclude: Iterable[str] = (),
     force_groups: Mapping[str, Iterable[str]] | None = None,
     max_shards: int = DEFAULT_MAX_SHARDS,
+    shard_strategy: str = "mod",
+    replicate_below_rows: int = 0,
 ) -> PackingPlan:
     """Plans D-packing groups and their CalcVParam shards (PICASSO §III.B).
 
@@ -410,6 +445,10 @@ def plan_packing(
             tables together; members must share dim, dtype and
             optimizer_layout.
         max_shards: the most shards one group is split into, >= 1.
+        shard_strategy: ``"mod"`` or ``"range"``: how a packed table's rows
+            are spread over Horovod ranks (see ``PackingPlan``).
+        replicate_below_rows: packed tables with fewer rows stay replicated
+            and data-parallel under Horovod (0: shard every packed table).
 
     Returns:
         A ``PackingPlan``.
@@ -471,4 +510,6 @@ def plan_packing(
         vparam_source=freqs.source,
         average_vparam=average,
         max_shards=max_shards,
+        shard_strategy=shard_strategy,
+        replicate_below_rows=replicate_below_rows,
     )

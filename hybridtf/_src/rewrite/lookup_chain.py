@@ -11,6 +11,7 @@ op; the optimizer then applies one sparse update per packed table.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
@@ -30,13 +31,85 @@ def _bag_parts(ids):
     return ids.flat_values, ids.row_lengths()
 
 
+@dataclasses.dataclass
+class PackedRequests:
+    """The lookups of one packed table with their ids packed (the first stage of the chain)."""
+
+    packed: tf.Tensor  # int64 ids in the packed table's row space
+    sizes: tf.Tensor  # int64 [fields], ids per field
+    invalid: tf.Tensor | None  # int64 [fields] out-of-vocabulary counts (on_invalid="count")
+    combiners: list
+    shapes: list  # per request: the ids (one-hot) to restore the output shape, or None (bags)
+    field_segments: tf.Tensor | None
+    segment_lengths: tf.Tensor | None
+    vocabularies: list  # (table, num_rows) per request
+
+
+def pack_requests(
+    members: Mapping[str, tuple[int, int]], requests: Sequence[LookupRequest], on_invalid: str = "error"
+) -> PackedRequests:
+    """PackIds of ``requests`` (all of one packed table whose members are ``members``)."""
+    flat, shapes, combiners, bag_lengths, segments = [], [], [], [], []
+    for req in requests:
+        if req.table not in members:
+            raise KeyError(f"table {req.table!r} is not a member of this packed table ({', '.join(members)}).")
+        combiners.append(req.combiner)
+        if req.combiner == "none":
+            is_ragged = isinstance(req.ids, tf.RaggedTensor)
+            flat.append(req.ids.flat_values if is_ragged else req.ids)
+            shapes.append(req.ids)
+            segments.append(None)  # filled with the field's size below
+        else:
+            values, row_lengths = _bag_parts(req.ids)
+            flat.append(values)
+            shapes.append(None)
+            bag_lengths.append(row_lengths)
+            segments.append(tf.size(row_lengths, out_type=tf.int64))
+    out = pack_ids(
+        flat,
+        [members[r.table][0] for r in requests],
+        [members[r.table][1] for r in requests],
+        [r.table for r in requests],
+        on_invalid=on_invalid,
+    )
+    packed, sizes = out[0], out[1]
+    if bag_lengths:
+        field_segments = tf.stack([sizes[i] if s is None else s for i, s in enumerate(segments)])
+        seg_lengths = tf.concat(bag_lengths, axis=0) if len(bag_lengths) > 1 else bag_lengths[0]
+    else:
+        field_segments, seg_lengths = None, None
+    return PackedRequests(
+        packed,
+        sizes,
+        out[2] if on_invalid == "count" else None,
+        combiners,
+        shapes,
+        field_segments,
+        seg_lengths,
+        [(r.table, members[r.table][1]) for r in requests],
+    )
+
+
+def stitch_outputs(prepared: PackedRequests, rows: tf.Tensor, inverse: tf.Tensor, dim: int) -> list[tf.Tensor]:
+    """StitchCombine of the unique ids' ``rows`` into one output per request (the last stage)."""
+    outs = stitch_combine(
+        rows,
+        inverse,
+        prepared.sizes,
+        prepared.combiners,
+        field_segments=prepared.field_segments,
+        segment_lengths=prepared.segment_lengths,
+    )
+    return [_reshape(out, ids, dim) for out, ids in zip(outs, prepared.shapes)]
+
+
 def packed_lookup(
     variable: tf.Variable,
     members: Mapping[str, tuple[int, int]],
     requests: Sequence[LookupRequest],
     name: str | None = None,
 ) -> list[tf.Tensor]:
-    """Runs ``requests`` against one packed table with one fused chain.
+    """Runs ``requests`` against one packed table (all rows in ``variable``) with one fused chain.
 
     Args:
         variable: the packed table, ``[rows, dim]``.
@@ -52,40 +125,10 @@ def packed_lookup(
     if not requests:
         return []
     with tf.name_scope(name or "packed_lookup"):
-        flat, shapes, combiners, bag_lengths, segments = [], [], [], [], []
-        for req in requests:
-            if req.table not in members:
-                raise KeyError(f"table {req.table!r} is not a member of packed table {variable.name}.")
-            combiners.append(req.combiner)
-            if req.combiner == "none":
-                is_ragged = isinstance(req.ids, tf.RaggedTensor)
-                flat.append(req.ids.flat_values if is_ragged else req.ids)
-                shapes.append(req.ids)
-                segments.append(None)  # filled with the field's size below
-            else:
-                values, row_lengths = _bag_parts(req.ids)
-                flat.append(values)
-                shapes.append(None)
-                bag_lengths.append(row_lengths)
-                segments.append(tf.size(row_lengths, out_type=tf.int64))
-        packed, sizes = pack_ids(
-            flat,
-            [members[r.table][0] for r in requests],
-            [members[r.table][1] for r in requests],
-            [r.table for r in requests],
-        )
-        unique = unique_partition(packed, 1, sort_ids=True)  # rows in ascending order: sequential gathers/updates
+        prepared = pack_requests(members, requests)
+        unique = unique_partition(prepared.packed, 1, sort_ids=True)  # ascending rows: sequential gathers/updates
         rows = tf.gather(variable, unique.unique_ids)
-        if bag_lengths:
-            field_segments = tf.stack([sizes[i] if s is None else s for i, s in enumerate(segments)])
-            seg_lengths = tf.concat(bag_lengths, axis=0) if len(bag_lengths) > 1 else bag_lengths[0]
-        else:
-            field_segments, seg_lengths = None, None
-        outs = stitch_combine(
-            rows, unique.inverse, sizes, combiners, field_segments=field_segments, segment_lengths=seg_lengths
-        )
-        dim = variable.shape[-1]
-        return [_reshape(out, ids, dim) for out, ids in zip(outs, shapes)]
+        return stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
 
 
 def _reshape(out, ids, dim):

@@ -9,6 +9,7 @@ the packed model restores into the plain model and the other way round.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -16,6 +17,9 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.layout import ShardLayout
+from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.errors import HybridTFError
 from hybridtf._src.plan.packing import PackingPlan
 
@@ -29,13 +33,34 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     Behaves like the table's variable for reading, assigning and
     checkpointing (key ``<path>/.ATTRIBUTES/VARIABLE_VALUE``, as a variable).
+
+    When the packed table is sharded over the ranks of a Horovod job
+    (``layout``), ``variable`` is this rank's shard: reading gathers the
+    table's rows from every rank (a collective: every rank reads), assigning
+    and restoring keep this rank's rows. Checkpoints therefore always hold
+    the whole table, whatever the number of ranks that wrote or read them.
     """
 
-    def __init__(self, variable: tf.Variable, offset: int, num_rows: int, table: str):
+    def __init__(
+        self,
+        variable: tf.Variable,
+        offset: int,
+        num_rows: int,
+        table: str,
+        layout: ShardLayout | None = None,
+        world: World | None = None,
+    ):
         self._variable = variable
         self._offset = int(offset)
         self._num_rows = int(num_rows)
         self.table = table
+        self._layout = layout
+        self._world = world
+        self._gathered = None  # the whole table, while PackedTables.gathered() is active
+
+    @property
+    def sharded(self) -> bool:
+        return self._layout is not None
 
     @property
     def shape(self) -> tf.TensorShape:
@@ -58,7 +83,20 @@ class TableView(tf.__internal__.tracking.Trackable):
         return self._offset
 
     def read_value(self) -> tf.Tensor:
-        return self._variable[self._offset : self._offset + self._num_rows]
+        if self._layout is None:
+            return self._variable[self._offset : self._offset + self._num_rows]
+        if self._gathered is not None:
+            return self._gathered
+        return self._gather()
+
+    def _gather(self) -> tf.Tensor:
+        seg = self._layout.segment(self._offset, self._num_rows, self._world.rank)
+        mine = self._variable[seg.local_start : seg.local_start + seg.count]
+        parts = self._world.hvd.allgather(mine, name=f"hybridtf_gather_{self.table}_every_rank_must_call")
+        order = self._layout.gather_order(self._offset, self._num_rows)
+        if self._layout.strategy == "range":
+            return parts
+        return tf.gather(parts, np.argsort(order, kind="stable"))
 
     def numpy(self) -> np.ndarray:
         return self.read_value().numpy()
@@ -70,6 +108,12 @@ class TableView(tf.__internal__.tracking.Trackable):
             tf.errors.InvalidArgumentError: an id is outside ``[0, num_rows)``
                 (the message names the table).
         """
+        if self._layout is not None:
+            raise NotImplementedError(
+                f"table {self.table!r} is sharded over {self._world.size} ranks; its rows cannot be gathered "
+                "outside the packed lookup. Save the weights (model.save_weights on every rank), load them "
+                "into the model in one process, and export from there."
+            )
         ids = tf.cast(ids, tf.int64)
         in_range = tf.reduce_all((ids >= 0) & (ids < self._num_rows))
         check = tf.debugging.Assert(
@@ -86,7 +130,11 @@ class TableView(tf.__internal__.tracking.Trackable):
                 f"{value.shape.as_list()}; the checkpoint was written for a different table layout "
                 "(vocabulary size or embedding dim changed)."
             )
-        return self._variable[self._offset : self._offset + self._num_rows].assign(value)
+        if self._layout is None:
+            return self._variable[self._offset : self._offset + self._num_rows].assign(value)
+        seg = self._layout.segment(self._offset, self._num_rows, self._world.rank)
+        mine = value[seg.member_start :: seg.stride][: seg.count]
+        return self._variable[seg.local_start : seg.local_start + seg.count].assign(mine)
 
     def _serialize_to_tensors(self):
         return {"VARIABLE_VALUE": self.read_value()}
@@ -158,6 +206,11 @@ class PackedTables(tf.Module):
             caller can drop the originals (and its references in
             ``initial_values``). Building one packed table at a time this way
             keeps peak memory near one copy of the tables.
+        world: the Horovod job (default: ``current_world()``). With more
+            than one rank, each packed table is sharded (``plan.placement``)
+            and ``packed[name]`` is this rank's shard, or replicated; initial
+            values are taken from rank 0 (broadcast), so every rank starts
+            from the same tables.
     """
 
     def __init__(
@@ -166,10 +219,15 @@ class PackedTables(tf.Module):
         initial_values: Mapping,
         trainable: bool = True,
         release: Callable[[PackedTables, list[str]], None] | None = None,
+        world: World | None = None,
     ):
         super().__init__(name="hybridtf_packed_tables")
         self.plan = plan
+        self.world = world if world is not None else current_world()
         self.packed = {}
+        self.layouts: dict[str, ShardLayout | None] = {}
+        self._views: dict[str, TableView] = {}
+        self._slots: list = []
         for pt in plan.packed_tables:
             for m in pt.members:
                 shape = tuple(tf.TensorShape(initial_values[m.name].shape).as_list())
@@ -177,17 +235,86 @@ class PackedTables(tf.Module):
                     raise ValueError(
                         f"table {m.name!r}: initial value has shape {shape}, plan says {(m.num_rows, pt.dim)}."
                     )
+            placement = plan.placement(pt.name, self.world.size)
+            layout = ShardLayout(pt.num_rows, self.world.size, plan.shard_strategy) if placement == "sharded" else None
+            self.layouts[pt.name] = layout
+            rows = layout.local_rows(self.world.rank) if layout else pt.num_rows
             if tf.executing_eagerly():
                 # Zeros, then each member's rows copied in place: no concatenated temporary.
-                var = tf.Variable(tf.zeros([pt.num_rows, pt.dim], pt.dtype), name=pt.name, trainable=trainable)
+                var = tf.Variable(tf.zeros([rows, pt.dim], pt.dtype), name=pt.name, trainable=trainable)
                 for m in pt.members:
-                    var[m.row_offset : m.row_offset + m.num_rows].assign(tf.cast(initial_values[m.name], pt.dtype))
+                    value = tf.cast(initial_values[m.name], pt.dtype)
+                    if self.world.distributed:
+                        value = self.world.hvd.broadcast(value, 0, name=f"hybridtf_init_{m.name}")
+                    self._assign_member(var, layout, m.row_offset, m.num_rows, value)
             else:  # graph mode: the initial value must come with the variable's initializer
-                parts = [np.asarray(initial_values[m.name]).astype(pt.dtype, copy=False) for m in pt.members]
+                parts = []
+                for m in pt.members:
+                    value = np.asarray(initial_values[m.name]).astype(pt.dtype, copy=False)
+                    if layout is not None:
+                        seg = layout.segment(m.row_offset, m.num_rows, self.world.rank)
+                        value = value[seg.member_start :: seg.stride][: seg.count]
+                    parts.append(value)
                 var = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
             self.packed[pt.name] = var
             if release is not None:
                 release(self, [m.name for m in pt.members])
+
+    def _assign_member(self, var, layout, offset, num_rows, value) -> None:
+        if layout is None:
+            var[offset : offset + num_rows].assign(value)
+            return
+        seg = layout.segment(offset, num_rows, self.world.rank)
+        var[seg.local_start : seg.local_start + seg.count].assign(value[seg.member_start :: seg.stride][: seg.count])
+
+    @property
+    def sharded(self) -> bool:
+        """Whether any packed table is sharded over the ranks of a Horovod job."""
+        return any(layout is not None for layout in self.layouts.values())
+
+    def sharded_variables(self) -> list[tf.Variable]:
+        """This rank's shards (model-parallel: their gradients are never allreduced)."""
+        return [self.packed[name] for name, layout in self.layouts.items() if layout is not None]
+
+    def replicated_variables(self) -> list[tf.Variable]:
+        """Packed tables kept whole on every rank of a job (data-parallel, gradients allreduced)."""
+        if not self.world.distributed:
+            return []
+        return [self.packed[name] for name, layout in self.layouts.items() if layout is None]
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Gathers every sharded table once (a collective: every rank enters it, in the same order).
+
+        Inside, the views read their whole tables from the gathered copies
+        (no collective), so that one rank can write a checkpoint alone. Also
+        covers optimizer slots registered with ``register_sharded_slot``.
+        """
+        views = [self.view(m.name) for pt in self.plan.packed_tables for m in pt.members]
+        views = [v for v in views if v.sharded]
+        slots = list(self._slots)
+        try:
+            for v in views:
+                v._gathered = v._gather()
+            for slot in slots:
+                slot._htf_gathered = slot._htf_gather()
+            yield
+        finally:
+            for v in views:
+                v._gathered = None
+            for slot in slots:
+                slot._htf_gathered = None
+
+    def register_sharded_slot(self, slot: tf.Variable, model_variable: tf.Variable) -> None:
+        """Makes an optimizer slot of a shard checkpoint the whole table's slot (gathered like the table)."""
+        for name, var in self.packed.items():
+            if var is model_variable and self.layouts[name] is not None:
+                slot.__class__ = runtime_subclass(_ShardedSlotMixin, type(slot))
+                object.__setattr__(slot, "_htf_layout", self.layouts[name])
+                object.__setattr__(slot, "_htf_world", self.world)
+                object.__setattr__(slot, "_htf_gathered", None)
+                self._slots.append(slot)
+                return
 
     def members(self, packed_name: str) -> dict[str, tuple[int, int]]:
         """Member table -> (row_offset, num_rows) of packed table ``packed_name``."""
@@ -196,6 +323,36 @@ class PackedTables(tf.Module):
 
     def view(self, table: str) -> TableView:
         """The TableView of ``table`` (a member of some packed table)."""
-        packed_name, offset = self.plan.location(table)
-        spec = self.plan.table(table)
-        return TableView(self.packed[packed_name], offset, spec.num_rows, table)
+        if table not in self._views:
+            packed_name, offset = self.plan.location(table)
+            spec = self.plan.table(table)
+            self._views[table] = TableView(
+                self.packed[packed_name], offset, spec.num_rows, table, self.layouts[packed_name], self.world
+            )
+        return self._views[table]
+
+
+class _ShardedSlotMixin:
+    """Per-instance override of an optimizer slot of a shard: checkpointed as the whole table's slot."""
+
+    def _htf_gather(self):
+        layout, world = self._htf_layout, self._htf_world
+        parts = world.hvd.allgather(tf.convert_to_tensor(self), name=f"hybridtf_gather_slot_{self._shared_name}")
+        if layout.strategy == "range":
+            return parts
+        return tf.gather(parts, np.argsort(layout.gather_order(0, layout.num_rows), kind="stable"))
+
+    def _serialize_to_tensors(self):
+        value = self._htf_gathered if self._htf_gathered is not None else self._htf_gather()
+        return {"VARIABLE_VALUE": value}
+
+    def _restore_from_tensors(self, restored_tensors):
+        layout, world = self._htf_layout, self._htf_world
+        value = restored_tensors["VARIABLE_VALUE"]
+        if value.shape[0] != layout.num_rows:
+            raise CheckpointLayoutError(
+                f"optimizer slot {self.name} is the slot of a {layout.num_rows}-row packed table, but the "
+                f"checkpoint holds {value.shape[0]} rows; the checkpoint was written for a different table layout."
+            )
+        seg = layout.segment(0, layout.num_rows, world.rank)
+        return self.assign(value[seg.member_start :: seg.stride][: seg.count])

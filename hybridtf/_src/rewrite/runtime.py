@@ -7,13 +7,21 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hybridtf._src.capture.context import CaptureError, LookupRequest
+from hybridtf._src.distribute import exchange
 from hybridtf._src.plan.packing import PackingPlan
-from hybridtf._src.rewrite.lookup_chain import packed_lookup
+from hybridtf._src.rewrite.lookup_chain import pack_requests, packed_lookup, stitch_outputs
 from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.run.unique_partition import unique_partition
 
 
 class PackedRuntime:
     """Maps lookup requests to packed tables and runs their chains.
+
+    In a Horovod job whose storage shards tables, every step first agrees
+    across ranks that all ids are valid (one small allreduce), then runs the
+    model-parallel chain of each sharded table (UniquePartition by owner ->
+    alltoall ids -> local gather -> alltoall rows -> StitchCombine);
+    replicated tables run the one-process chain.
 
     Args:
         plan: the packing plan.
@@ -32,6 +40,9 @@ class PackedRuntime:
             packed_name, _ = self.plan.location(req.table)
             by_table.setdefault(packed_name, []).append(i)
         outputs: list[tf.Tensor | None] = [None] * len(requests)
+        if self.storage.world.distributed:
+            self._distributed_lookup(requests, by_table, outputs)
+            return outputs
         for packed_name in self._order:
             indices = by_table.get(packed_name)
             if not indices:
@@ -45,6 +56,33 @@ class PackedRuntime:
             for i, out in zip(indices, results):
                 outputs[i] = out
         return outputs
+
+
+    def _distributed_lookup(self, requests, by_table, outputs) -> None:
+        world = self.storage.world
+        names = [n for n in self._order if by_table.get(n)]
+        prepared = {}
+        for name in names:
+            with tf.name_scope(name):
+                prepared[name] = pack_requests(
+                    self.storage.members(name), [requests[i] for i in by_table[name]], on_invalid="count"
+                )
+        check = exchange.agree_on_valid_ids(
+            world, [prepared[n].invalid for n in names], [v for n in names for v in prepared[n].vocabularies]
+        )
+        with tf.control_dependencies([check] if check is not None else []):
+            for name in names:
+                with tf.name_scope(name):
+                    variable, layout = self.storage.packed[name], self.storage.layouts[name]
+                    if layout is None:  # replicated: every row is here
+                        unique = unique_partition(prepared[name].packed, 1, sort_ids=True)
+                        rows = tf.gather(variable, unique.unique_ids)
+                    else:
+                        unique = exchange.partition_ids(prepared[name].packed, layout)
+                        rows = exchange.exchange_rows(variable, unique, layout, world, f"hybridtf_{name}")
+                    results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
+                for i, out in zip(by_table[name], results):
+                    outputs[i] = out
 
 
 def runtime_of(request: LookupRequest):

@@ -18,13 +18,17 @@ def pack_ids(
     num_rows: Sequence[int],
     table_names: Sequence[str],
     name: str | None = None,
-) -> tuple[tf.Tensor, tf.Tensor]:
+    on_invalid: str = "error",
+) -> tuple[tf.Tensor, ...]:
     """Packs several fields' ids into one int64 vector in a packed table's row space.
 
     Field ``f``'s ids (any shape, flattened row-major) must lie in
     ``[0, num_rows[f])``; they are shifted by ``row_offsets[f]`` and
     concatenated in field order. An id outside its table's vocabulary raises
-    ``tf.errors.InvalidArgumentError`` naming the table.
+    ``tf.errors.InvalidArgumentError`` naming the table; with
+    ``on_invalid="count"`` it is packed as the table's first row instead and
+    counted (a distributed step first agrees across ranks on whether any id was
+    invalid, then fails on every rank together).
 
     Args:
         ids: one int32/int64 tensor per field.
@@ -32,9 +36,12 @@ def pack_ids(
         num_rows: vocabulary size of each field's table.
         table_names: table names, used in error messages.
         name: optional op name.
+        on_invalid: ``"error"`` (default) or ``"count"``.
 
     Returns:
-        ``(packed, field_sizes)``: int64 ``[total]`` and int64 ``[num_fields]``.
+        ``(packed, field_sizes)``: int64 ``[total]`` and int64 ``[num_fields]``;
+        with ``on_invalid="count"`` also ``invalid_counts``, int64
+        ``[num_fields]``.
 
     Example:
         >>> packed, sizes = pack_ids([[1, 0], [[2], [2]]], [0, 10], [3, 5], ["a", "b"])
@@ -49,6 +56,8 @@ def pack_ids(
             f"pack_ids got {n} id tensors but {len(row_offsets)} row_offsets, {len(num_rows)} num_rows "
             f"and {len(table_names)} table_names; give one of each per field."
         )
+    if on_invalid not in ("error", "count"):
+        raise ValueError(f"on_invalid must be 'error' or 'count', got {on_invalid!r}.")
     tensors = []
     for value, table in zip(ids, table_names):
         t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
@@ -56,11 +65,11 @@ def pack_ids(
             raise TypeError(f"ids of table {table!r} must be int32 or int64, got {t.dtype.name}.")
         tensors.append(t)
     with tf.name_scope(name or "pack_ids"):
-        return tuple(
-            load_ops().hybrid_tf_pack_ids(
-                tensors,
-                row_offsets=[int(o) for o in row_offsets],
-                num_rows=[int(r) for r in num_rows],
-                table_names=[str(t) for t in table_names],
-            )
+        packed, sizes, invalid = load_ops().hybrid_tf_pack_ids(
+            tensors,
+            row_offsets=[int(o) for o in row_offsets],
+            num_rows=[int(r) for r in num_rows],
+            table_names=[str(t) for t in table_names],
+            on_invalid=on_invalid,
         )
+        return (packed, sizes, invalid) if on_invalid == "count" else (packed, sizes)

@@ -1,0 +1,313 @@
+"""Finding Parquet inputs and checking their columns before any data is read.
+
+Reads only Parquet footers (with pyarrow): row counts, row-group sizes,
+column types and null counts. tensorflow-io, which reads the data, sees only
+physical types: it cannot tell strings from binary or a list column from a
+flat one, and it returns garbage for nulls, so these checks run first and turn
+every such problem into an exception that names the file, the column and the
+fix. TensorFlow-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import glob as globlib
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from hybridtf._src.data.errors import ColumnTypeError, ParquetFileError, ParquetSchemaError
+from hybridtf._src.data.layout import FeatureSpec, pyarrow_modules
+
+_GLOB_CHARS = "*?["
+_SUPPORTED_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "FLOAT", "DOUBLE", "BYTE_ARRAY")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetFileMeta:
+    """What the reader needs to know about one Parquet file.
+
+    Attributes:
+        path: the file.
+        num_rows: rows in the file.
+        row_groups: rows of each row group, in order.
+        schema: the Arrow schema (``pyarrow.Schema``).
+        physical: ``{top-level column: Parquet physical type}`` for flat columns.
+        max_def: ``{top-level column: max definition level}`` (0: no nulls possible).
+        resource_key: identifies this version of the file (path, size, mtime) for tensorflow-io's reader cache.
+        metadata: the ``pyarrow.parquet.FileMetaData``.
+    """
+
+    path: str
+    num_rows: int
+    row_groups: tuple[int, ...]
+    schema: Any
+    physical: dict[str, str]
+    max_def: dict[str, int]
+    resource_key: str
+    metadata: Any = dataclasses.field(repr=False)
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+class _GFileReader(io.RawIOBase):
+    """A seekable binary reader over ``tf.io.gfile.GFile`` (remote file systems), for pyarrow."""
+
+    def __init__(self, path: str):
+        import tensorflow as tf
+
+        self._f = tf.io.gfile.GFile(path, "rb")
+        self._size = self._f.size()
+
+    def readable(self):
+        return True
+
+    def seekable(self):
+        return True
+
+    def seek(self, offset, whence=io.SEEK_SET):
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._f.tell(), io.SEEK_END: self._size}[whence]
+        self._f.seek(base + offset)
+        return self._f.tell()
+
+    def tell(self):
+        return self._f.tell()
+
+    def readinto(self, b):
+        data = self._f.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+    def close(self):
+        self._f.close()
+        super().close()
+
+
+def _stat(path: str) -> tuple[bool, bool, int, int]:
+    """``(exists, is_dir, size, mtime_ns)``."""
+    if _is_remote(path):
+        import tensorflow as tf
+
+        if not tf.io.gfile.exists(path):
+            return False, False, 0, 0
+        if tf.io.gfile.isdir(path):
+            return True, True, 0, 0
+        st = tf.io.gfile.stat(path)
+        return True, False, int(st.length), int(st.mtime_nsec)
+    if not os.path.exists(path):
+        return False, False, 0, 0
+    st = os.stat(path)
+    return True, os.path.isdir(path), st.st_size, st.st_mtime_ns
+
+
+def _glob(pattern: str) -> list[str]:
+    if _is_remote(pattern):
+        import tensorflow as tf
+
+        return sorted(tf.io.gfile.glob(pattern))
+    return sorted(globlib.glob(pattern))
+
+
+def _list_dir(path: str) -> list[str]:
+    if _is_remote(path):
+        import tensorflow as tf
+
+        names = tf.io.gfile.listdir(path)
+    else:
+        names = os.listdir(path)
+    return sorted(os.path.join(path, n) for n in names if n.endswith(".parquet"))
+
+
+def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """The Parquet files named by ``paths``: files, directories (their ``*.parquet``) and glob patterns.
+
+    Files keep the given order; directories and patterns expand sorted.
+
+    Raises:
+        ValueError: no paths, or a file named twice.
+        ParquetFileError: a path that does not exist, a directory without
+            ``.parquet`` files, or a pattern that matches nothing.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    paths = [os.fspath(p) for p in paths]
+    if not paths:
+        raise ValueError("parquet_dataset needs at least one Parquet file; got an empty list of paths.")
+    files: list[str] = []
+    for p in paths:
+        if any(c in p for c in _GLOB_CHARS):
+            matched = _glob(p)
+            if not matched:
+                raise ParquetFileError(f"no file matches the pattern {p!r}; check the path.")
+            files.extend(matched)
+            continue
+        exists, is_dir, _, _ = _stat(p)
+        if not exists:
+            raise ParquetFileError(f"Parquet input {p!r} does not exist; check the path (or the file system prefix).")
+        if is_dir:
+            found = _list_dir(p)
+            if not found:
+                raise ParquetFileError(f"directory {p!r} contains no '*.parquet' files.")
+            files.extend(found)
+        else:
+            files.append(p)
+    dupes = sorted({f for f in files if files.count(f) > 1})
+    if dupes:
+        raise ValueError(f"Parquet files listed more than once (their rows would be read twice): {dupes}.")
+    return files
+
+
+def open_parquet(path: str) -> ParquetFileMeta:
+    """Reads the footer of one Parquet file.
+
+    Raises:
+        ParquetFileError: the file does not exist, cannot be read, or is not Parquet.
+    """
+    _, pq = pyarrow_modules()
+    exists, is_dir, size, mtime = _stat(path)
+    if not exists or is_dir:
+        raise ParquetFileError(f"Parquet input {path!r} does not exist or is a directory; check the path.")
+    try:
+        source = _GFileReader(path) if _is_remote(path) else path
+        pf = pq.ParquetFile(source)
+        metadata = pf.metadata
+        schema = pf.schema_arrow
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError with the reason
+        raise ParquetFileError(
+            f"{path!r} is not a readable Parquet file ({type(e).__name__}: {e}). "
+            "Write inputs with pyarrow / Spark / hybridtf.data.write_parquet, or convert text with "
+            "`python -m hybridtf.data convert`."
+        ) from e
+    physical, max_def = {}, {}
+    for i in range(metadata.num_columns):
+        col = metadata.schema.column(i)
+        if col.max_repetition_level == 0 and "." not in col.path:
+            physical[col.path] = col.physical_type
+            max_def[col.path] = col.max_definition_level
+    row_groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))
+    return ParquetFileMeta(
+        path=path,
+        num_rows=metadata.num_rows,
+        row_groups=row_groups,
+        schema=schema,
+        physical=physical,
+        max_def=max_def,
+        resource_key=f"{path}|{size}|{mtime}",
+        metadata=metadata,
+    )
+
+
+def _role_error(role: str, name: str, path: str, arrow_type, pa) -> str | None:
+    """The problem with ``arrow_type`` for ``role`` (None: fine)."""
+    t = arrow_type.value_type if pa.types.is_dictionary(arrow_type) else arrow_type
+    where = f"{role} column {name!r} of {path}"
+    if pa.types.is_unsigned_integer(t) and t.bit_width > 16:
+        return (
+            f"{where} is {t}; tensorflow-io reads unsigned columns as signed, so values above "
+            f"{2 ** (t.bit_width - 1) - 1} would come back negative. Write it as int64."
+        )
+    is_int = pa.types.is_integer(t)
+    if role in ("label", "dense"):
+        if is_int or pa.types.is_boolean(t) or pa.types.is_float32(t) or pa.types.is_float64(t):
+            return None
+        return f"{where} is {t}; {role} columns must be numeric (integer, float32, float64 or bool)."
+    if role == "one_hot":
+        if is_int:
+            return None
+        if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t):
+            return (
+                f"{where} holds strings ({t}); one-hot columns hold integer ids. Hash the strings into ids first: "
+                "hybridtf.data.hash_strings(values, buckets), or convert text data with "
+                "`python -m hybridtf.data convert`."
+            )
+        return f"{where} is {t}; one-hot columns hold integer ids (int8..int64, uint8, uint16). Write it as int64."
+    # multi_hot
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return None
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return (
+            f"{where} is a Parquet list column ({t}). tensorflow-io 0.36 reads list columns as their flat values, "
+            "not aligned to rows, so hybridtf stores multi-hot ids as a binary column of little-endian int64 ids "
+            "(8 bytes per id, one value per row). Rewrite the column with "
+            "hybridtf.data.encode_multi_hot(table.column(name)) or hybridtf.data.write_parquet."
+        )
+    return (
+        f"{where} is {t}; multi-hot columns are binary columns of little-endian int64 ids "
+        "(see hybridtf.data.encode_multi_hot)."
+    )
+
+
+def _null_count(meta: ParquetFileMeta, name: str) -> int:
+    """Nulls in a flat column: from row-group statistics, or by reading the column when they are absent."""
+    if meta.max_def.get(name, 0) == 0:
+        return 0
+    index = meta.schema.get_field_index(name)
+    leaf = next(i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name)
+    total = 0
+    for g in range(meta.metadata.num_row_groups):
+        stats = meta.metadata.row_group(g).column(leaf).statistics
+        if stats is None or not stats.has_null_count:
+            break
+        total += stats.null_count
+    else:
+        return total
+    _, pq = pyarrow_modules()  # no statistics: count the nulls by reading the column
+    source = _GFileReader(meta.path) if _is_remote(meta.path) else meta.path
+    return pq.ParquetFile(source).read(columns=[meta.schema.field(index).name]).column(0).null_count
+
+
+def check_columns(files: Sequence[ParquetFileMeta], spec: FeatureSpec) -> dict[str, str]:
+    """Checks that every file has every column of ``spec`` with a type fit for its role and no nulls.
+
+    Args:
+        files: the inputs.
+        spec: the requested columns.
+
+    Returns:
+        ``{column: Parquet physical type}`` (the same in every file).
+
+    Raises:
+        ParquetSchemaError: a missing column, nulls, or a column whose type differs between files.
+        ColumnTypeError: a column whose type does not fit its role.
+    """
+    pa, _ = pyarrow_modules()
+    physical: dict[str, tuple[str, str]] = {}
+    for meta in files:
+        names = meta.schema.names
+        for role, columns in spec.roles():
+            for name in columns:
+                if name not in names:
+                    close = difflib.get_close_matches(name, names, n=3)
+                    hint = f" Did you mean {close}?" if close else ""
+                    shown = ", ".join(names[:30]) + (", ..." if len(names) > 30 else "")
+                    raise ParquetSchemaError(
+                        f"{role} column {name!r} is not in {meta.path} (its columns: {shown}).{hint}"
+                    )
+                problem = _role_error(role, name, meta.path, meta.schema.field(name).type, pa)
+                if problem:
+                    raise ColumnTypeError(problem)
+                kind = meta.physical.get(name)
+                if kind not in _SUPPORTED_PHYSICAL:
+                    raise ColumnTypeError(
+                        f"{role} column {name!r} of {meta.path} has Parquet type {kind}, which tensorflow-io "
+                        "cannot read as one value per row; write it as int64, float32/float64, bool or binary."
+                    )
+                if name in physical and physical[name][0] != kind:
+                    other_kind, other = physical[name]
+                    raise ParquetSchemaError(
+                        f"column {name!r} is {other_kind} in {other} but {kind} in {meta.path}; "
+                        "write all files with the same schema."
+                    )
+                physical.setdefault(name, (kind, meta.path))
+                nulls = _null_count(meta, name)
+                if nulls:
+                    raise ParquetSchemaError(
+                        f"{role} column {name!r} of {meta.path} has {nulls} null value(s); tensorflow-io cannot "
+                        "read nulls. Fill them when writing (e.g. pyarrow.compute.fill_null(column, 0)); the "
+                        "converter writes missing values as 0."
+                    )
+    return {name: kind for name, (kind, _) in physical.items()}

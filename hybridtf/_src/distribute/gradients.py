@@ -1,0 +1,54 @@
+"""The data-parallel half of hybrid parallelism: averaging gradients over the ranks.
+
+Each rank's loss is the mean over its own batch, so the gradient of the
+global batch (what one process computes) is the average of the ranks'
+gradients:
+
+* dense (replicated) variables: allreduce with ``Average``;
+* replicated packed tables (an ``IndexedSlices`` gradient): Horovod's sparse
+  allreduce (allgather of rows, values divided by the size);
+* shards (model-parallel): the owner has already received every rank's
+  gradient rows through the alltoall's backward (summed per row), so they are
+  only divided by the size — the same scaling Horovod applies to a
+  ``DistributedOptimizer``'s registered local variables.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.distribute.world import World
+
+
+def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
+    """Averages ``grads_and_vars`` over the ranks of ``world`` (see the module docstring).
+
+    Args:
+        grads_and_vars: ``(gradient, variable)`` pairs of this rank.
+        sharded_ids: ``id()`` of the shard variables (model-parallel).
+        world: the job.
+
+    Returns:
+        The pairs with averaged gradients, in the same order.
+    """
+    hvd = world.hvd
+    out = list(grads_and_vars)
+    dense = [i for i, (g, v) in enumerate(out) if g is not None and id(v) not in sharded_ids]
+    tensors = [i for i in dense if not isinstance(out[i][0], tf.IndexedSlices)]
+    if tensors:
+        reduced = hvd.grouped_allreduce([out[i][0] for i in tensors], op=hvd.Average, name="hybridtf_dense_grads")
+        for i, g in zip(tensors, reduced):
+            out[i] = (g, out[i][1])
+    for i in dense:
+        g, v = out[i]
+        if isinstance(g, tf.IndexedSlices):
+            out[i] = (hvd.allreduce(g, op=hvd.Average, name=f"hybridtf_sparse_grad_{i}"), v)
+    scale = 1.0 / world.size
+    for i, (g, v) in enumerate(out):
+        if g is not None and id(v) in sharded_ids:
+            if isinstance(g, tf.IndexedSlices):
+                g = tf.IndexedSlices(g.values * tf.constant(scale, g.values.dtype), g.indices, g.dense_shape)
+            else:
+                g = g * tf.constant(scale, g.dtype)
+            out[i] = (g, v)
+    return out

@@ -1,0 +1,515 @@
+"""``hybridtf.estimator.model_fn``: packed embeddings for a TF1-style Estimator model_fn.
+
+An Estimator calls the model_fn once per graph (train, evaluate, predict,
+export); the model_fn creates its variables and, in TRAIN mode, builds the
+gradients and the train op itself. The packed chains must therefore exist
+when the lookups are made. The wrapper runs the user's model_fn twice:
+
+1. **Record pass, in a scratch graph** (never run), fed by placeholders shaped
+   like the features and labels. A ``tf.variable_creator_scope`` finds the
+   tables: every ``tf.keras.layers.Embedding`` / ``hybridtf.layers.EmbeddingBag``
+   gets a ``CapturedTable`` for its ``embeddings`` (see ``estimator_capture``);
+   ``hybridtf.embedding.Tables`` lookups are recorded through the capture
+   context. Every lookup's ids, and every table's initial value, are noted.
+2. **Planning and storage.** The layers' tables are planned like a Keras
+   model's (``plan_packing``) and their packed variables are created in the
+   real graph, initialized from copies of the tables' own initializers.
+3. **Real pass.** The layers' ``embeddings`` are views of the packed
+   variables (no per-table variable exists). At the first lookup of a runtime
+   (the layers' ``PackedRuntime``, or one ``Tables`` set), the ops computing
+   the ids of all its recorded lookups are copied from the scratch graph
+   (fed by the real features) and ``lookup_all`` runs them with one chain per
+   packed table; later lookups are served in recorded order. Lookups whose ids
+   cannot be copied (e.g. Keras ``Input`` placeholders, stateful ops) run on
+   their own, still on the packed variable.
+4. **Checkpoints.** The returned spec's Scaffold gets a Saver that writes the
+   plain model_fn's layout (``estimator_saver``).
+
+A model_fn without anything to pack is then called once more, unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.framework import ops
+
+from hybridtf._src.capture import context
+from hybridtf._src.capture.context import CaptureError, LookupRequest
+from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR, Tables
+from hybridtf._src.integrations import estimator_capture as capture
+from hybridtf._src.integrations import estimator_graph as graph_util
+from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
+from hybridtf._src.integrations.estimator_saver import with_saver
+from hybridtf._src.plan.packing import PackingPlan, plan_packing
+from hybridtf._src.plan.tables import TableSpec
+from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
+
+
+@dataclasses.dataclass
+class _Lookup:
+    request: LookupRequest  # ids in the scratch graph, owner a scratch object
+    kind: str  # "layer" | "tables"
+    graph: object
+    problem: str | None = None  # why its ids cannot be copied into the real graph
+
+
+@dataclasses.dataclass
+class _TableInfo:
+    view: capture.CapturedTable
+    variable: tf.Variable
+
+
+class _RecordedRequests(list):
+    """The capture context's request list in the record pass: ``Tables`` lookups join the pass's lookups."""
+
+    def __init__(self, record):
+        super().__init__()
+        self._record = record
+
+    def append(self, request):
+        self._record.lookups.append(_Lookup(request, "tables", ops.get_default_graph()))
+        super().append(request)
+
+
+class _Record:
+    """The record pass: runs the model_fn in a scratch graph and notes tables, lookups and Tables sets."""
+
+    def __init__(self, real_graph):
+        self.graph = tf.Graph()
+        self.graph.seed = real_graph.seed
+        self.tables: dict[str, _TableInfo] = {}
+        self.skipped: list[tuple[str, str]] = []
+        self.lookups: list[_Lookup] = []
+        self.tables_sets: list = []
+        self.pairs: list = []
+        self.spec = None
+
+    def run(self, user_fn, kwargs, real_graph):
+        with self.graph.as_default():
+            if tf.compat.v1.train.get_global_step(real_graph) is not None:
+                tf.compat.v1.train.get_or_create_global_step()
+            args = dict(kwargs)
+            for key in ("features", "labels"):
+                if key in args:
+                    args[key], pairs = graph_util.stand_in_inputs(args[key], f"hybridtf_record_{key}")
+                    self.pairs.extend(pairs)
+            with tf.variable_creator_scope(self._creator), context.recording() as rec:
+                rec.requests = _RecordedRequests(self)
+                setattr(rec, RUNS_LOOKUPS_ATTR, True)
+                self.spec = user_fn(**args)
+        for name, info in list(self.tables.items()):
+            if info.view.dense_use is not None:
+                self.skipped.append((name, info.view.dense_use))
+                del self.tables[name]
+        op_map = graph_util.new_op_map(self.pairs)
+        for lookup in self.lookups:
+            if lookup.graph is not self.graph:
+                lookup.problem = "it runs in another graph (tf.cond / tf.while_loop / tf.function)"
+                continue
+            parts = [t for t in tf.nest.flatten(lookup.request.ids, expand_composites=True)]
+            lookup.problem = graph_util.liftable_problem(parts, op_map)
+
+    def _creator(self, next_creator, **kwargs):
+        tables = capture.tables_being_built()
+        if tables is not None and not any(t is tables for t in self.tables_sets):
+            self.tables_sets.append(tables)
+        layer = capture.frame_owner("add_weight", tf.keras.layers.Layer)
+        if layer is None or not capture.is_table_layer(layer) or kwargs.get("name") != "embeddings":
+            return next_creator(**kwargs)
+        variable = next_creator(**kwargs)
+        reason = capture.unsupported_reason(layer, kwargs)
+        if reason is None and layer.name in self.tables:
+            reason = f"another embedding layer is also named {layer.name!r}; give layers unique names"
+        if reason is not None:
+            self.skipped.append((layer.name, reason))
+            return variable
+        rows = int(variable.shape[0])
+        view = capture.CapturedTable(variable, 0, rows, layer.name, layer, variable.op.name, self._lookup)
+        capture.capture_bag(layer)
+        self.tables[layer.name] = _TableInfo(view, variable)
+        return view
+
+    def _lookup(self, table, ids, combiner):
+        if ops.get_default_graph() is not self.graph:
+            return None  # e.g. Keras functional construction: plain lookup, not recorded
+        self.lookups.append(_Lookup(table.request(ids, combiner), "layer", self.graph))
+        return None  # the plain lookup on the table's own variable
+
+    def unpacked_lookups(self) -> list[str]:
+        """Variables gathered from in the scratch graph that hybridtf does not manage."""
+        known = {info.variable.op.name for info in self.tables.values()}
+        for tables in self.tables_sets:
+            known.update(v.op.name for v in tables.variables)
+        found = []
+        for op in self.graph.get_operations():
+            if op.type not in ("ResourceGather", "GatherV2"):
+                continue
+            src = op.inputs[0].op
+            if src.type == "ReadVariableOp":
+                src = src.inputs[0].op
+            if src.type == "VarHandleOp" and src.name not in known and src.name not in found:
+                found.append(src.name)
+        return found
+
+
+class _RuntimeOwner:
+    """Stands for the layers in requests given to ``lookup_all`` (the layers' runtime)."""
+
+    def __init__(self, runtime):
+        self._htf_runtime = runtime
+
+
+class _Real:
+    """The real pass: packed storage, captured layers, served lookups."""
+
+    def __init__(self, record: _Record, plan: PackingPlan | None, real_graph):
+        self.record = record
+        self.graph = real_graph
+        self.plan = plan
+        self.op_map = graph_util.new_op_map(record.pairs)
+        self.storage = None
+        self.runtime = None
+        self.claimed: dict[str, capture.CapturedTable] = {}
+        self.tables_sets: list = []
+        packed = set() if plan is None else {m.name for pt in plan.packed_tables for m in pt.members}
+        self.packed_names = packed
+        lookups = [lk for lk in record.lookups if lk.kind == "tables" or lk.request.table in packed]
+        self.layer_lookups = [lk for lk in lookups if lk.kind == "layer"]
+        self.tables_lookups = [lk for lk in lookups if lk.kind == "tables"]
+        self.layer_position = 0
+        self.outputs: dict[int, object] = {}  # id(_Lookup) -> output
+        self.done_groups: set = set()
+        if packed:
+            self._create_storage()
+
+    # -- storage -------------------------------------------------------------------------------
+    def _create_storage(self):
+        inits = {}
+        for pt in self.plan.packed_tables:
+            parts = []
+            for m in pt.members:
+                init = self.record.tables[m.name].variable.initial_value
+                problem = graph_util.liftable_problem([init], self.op_map, allow_random=True)
+                if problem is not None:
+                    raise CaptureError(
+                        f"hybridtf.estimator: the initial value of embedding table {m.name!r} cannot be computed "
+                        f"in the real graph: {problem}. Use a Keras initializer or a constant."
+                    )
+                parts.append(graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf")[0])
+            with self.graph.as_default(), tf.name_scope("hybridtf"):
+                inits[pt.name] = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
+
+        def substitute(next_creator, **kwargs):
+            name = kwargs.get("name")
+            if name in inits:
+                given = tuple(np.shape(kwargs["initial_value"]))
+                if given != tuple(inits[name].shape.as_list()):
+                    raise CaptureError(
+                        f"hybridtf.estimator: packed table {name!r} is stored with shape {given} here (sharded over "
+                        "Horovod ranks?); Estimator packing supports whole tables only so far."
+                    )
+                kwargs["initial_value"] = inits[name]
+            return next_creator(**kwargs)
+
+        # PackedTables takes arrays in graph mode: zero-stride stand-ins, replaced by the copied initializers.
+        stand_ins = {}
+        for pt in self.plan.packed_tables:
+            for m in pt.members:
+                stand_ins[m.name] = np.broadcast_to(np.zeros((), pt.dtype), (m.num_rows, pt.dim))
+        with self.graph.as_default(), tf.name_scope("hybridtf"), tf.variable_creator_scope(substitute):
+            self.storage = PackedTables(self.plan, stand_ins)
+        self.runtime = PackedRuntime(self.plan, self.storage)
+
+    # -- variable creation ---------------------------------------------------------------------
+    def creator(self, next_creator, **kwargs):
+        tables = capture.tables_being_built()
+        if tables is not None and not any(t is tables for t in self.tables_sets):
+            self.tables_sets.append(tables)
+        layer = capture.frame_owner("add_weight", tf.keras.layers.Layer)
+        if (
+            layer is None
+            or not capture.is_table_layer(layer)
+            or kwargs.get("name") != "embeddings"
+            or layer.name not in self.packed_names
+            or layer.name in self.claimed
+        ):
+            return next_creator(**kwargs)
+        spec = self.plan.table(layer.name)
+        shape = tuple(tf.TensorShape(kwargs.get("shape")).as_list())
+        if shape != (spec.num_rows, spec.dim):
+            raise CaptureError(
+                f"hybridtf.estimator: embedding layer {layer.name!r} is {shape} in the real pass but was "
+                f"{(spec.num_rows, spec.dim)} in the record pass; the model_fn must build the same model every call."
+            )
+        key = capture.reserve_variable_name(kwargs.get("name"))
+        packed_name, offset = self.plan.location(layer.name)
+        view = capture.CapturedTable(
+            self.storage.packed[packed_name], offset, spec.num_rows, layer.name, layer, key, self._layer_lookup
+        )
+        capture.capture_bag(layer)
+        self.claimed[layer.name] = view
+        return view
+
+    # -- lookups -------------------------------------------------------------------------------
+    def _layer_lookup(self, table, ids, combiner):
+        if ops.get_default_graph() is not self.graph:
+            return None
+        if self.layer_position >= len(self.layer_lookups):
+            raise CaptureError(
+                f"hybridtf.estimator: embedding table {table.table!r} was looked up in the real pass but not in the "
+                "record pass; the model_fn's lookups must not depend on anything but its arguments."
+            )
+        lookup = self.layer_lookups[self.layer_position]
+        if lookup.request.table != table.table:
+            raise CaptureError(
+                f"hybridtf.estimator: layer lookup #{self.layer_position} was table {lookup.request.table!r} in the "
+                f"record pass but {table.table!r} in the real pass; the model_fn must build the same model every call."
+            )
+        self.layer_position += 1
+        if lookup.problem is not None:  # ids computed in a way that cannot be copied: a chain of its own
+            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=_RuntimeOwner(self.runtime))])[0]
+        return self._served(lookup)
+
+    def _real_owner(self, lookup: _Lookup):
+        if lookup.kind == "layer":
+            return _RuntimeOwner(self.runtime)
+        index = next(i for i, t in enumerate(self.record.tables_sets) if t is lookup.request.owner)
+        if index >= len(self.tables_sets):
+            raise CaptureError(
+                f"hybridtf.estimator: a lookup of table {lookup.request.table!r} comes before its "
+                "hybridtf.embedding.Tables was created in the real pass; the model_fn must build the same model "
+                "every call."
+            )
+        return self.tables_sets[index]
+
+    def _group_key(self, lookup: _Lookup):
+        return "layers" if lookup.kind == "layer" else id(lookup.request.owner)
+
+    def _served(self, lookup: _Lookup):
+        key = self._group_key(lookup)
+        if key not in self.done_groups:
+            self.done_groups.add(key)
+            group = [
+                lk
+                for lk in self.layer_lookups + self.tables_lookups
+                if self._group_key(lk) == key and lk.problem is None
+            ]
+            requests = []
+            for lk in group:
+                parts = tf.nest.flatten(lk.request.ids, expand_composites=True)
+                copied = graph_util.copy_to_graph(parts, self.op_map, self.record.graph, self.graph, "hybridtf_ids")
+                ids = tf.nest.pack_sequence_as(lk.request.ids, copied, expand_composites=True)
+                requests.append(dataclasses.replace(lk.request, ids=ids, owner=self._real_owner(lk)))
+            with tf.name_scope(self.graph.unique_name("hybridtf_packed_lookups") + "/"):
+                for lk, out in zip(group, lookup_all(requests)):
+                    self.outputs[id(lk)] = out * 1.0001
+        return self.outputs[id(lookup)]
+
+    def check_done(self):
+        missing = sorted(self.packed_names - set(self.claimed))
+        if missing:
+            raise CaptureError(
+                f"hybridtf.estimator: embedding table(s) {missing} were created in the record pass but not in the "
+                "real pass; the model_fn must build the same model every call."
+            )
+        if self.layer_position != len(self.layer_lookups):
+            raise CaptureError(
+                f"hybridtf.estimator: the model_fn made {self.layer_position} embedding layer lookups in the real "
+                f"pass but {len(self.layer_lookups)} in the record pass; lookups must not depend on anything but "
+                "the model_fn's arguments."
+            )
+
+
+class _TablesRequests:
+    """The replay context's expected requests: recorded ``Tables`` lookups, owners mapped to real objects."""
+
+    def __init__(self, real: _Real):
+        self._real = real
+
+    def __len__(self):
+        return len(self._real.tables_lookups)
+
+    def __getitem__(self, index):
+        lookup = self._real.tables_lookups[index]
+        return dataclasses.replace(lookup.request, owner=self._real._real_owner(lookup))
+
+
+class _TablesOutputs:
+    def __init__(self, real: _Real):
+        self._real = real
+
+    def __getitem__(self, index):
+        lookup = self._real.tables_lookups[index]
+        if ops.get_default_graph() is not self._real.graph:
+            raise CaptureError(
+                f"hybridtf.estimator: the lookup of table {lookup.request.table!r} runs inside tf.cond, "
+                "tf.while_loop or a tf.function; hybridtf.embedding.Tables lookups must be at the top level."
+            )
+        return self._real._served(lookup)
+
+
+def _user_args(user_fn) -> set:
+    try:
+        return set(inspect.signature(user_fn).parameters)
+    except (TypeError, ValueError):
+        return {"features", "labels", "mode", "params", "config"}
+
+
+def _mode_name(mode) -> str:
+    return str(mode) if mode is not None else "unknown"
+
+
+def build(user_fn, features, labels, mode, params, config, *, exclude=(), max_shards=None, plan=None):
+    """Builds the wrapped model_fn's graph in the default graph; returns the EstimatorSpec."""
+    wanted = _user_args(user_fn)
+    kwargs = {"features": features}
+    if "labels" in wanted:
+        kwargs["labels"] = labels
+    elif labels is not None:
+        raise ValueError("the model_fn does not take labels, but the input_fn returned labels.")
+    for name, value in (("mode", mode), ("params", params), ("config", config)):
+        if name in wanted:
+            kwargs[name] = value
+    real_graph = tf.compat.v1.get_default_graph()
+    record = _Record(real_graph)
+    record.run(user_fn, kwargs, real_graph)
+    for lookup in record.lookups:
+        if lookup.kind == "tables" and lookup.problem is not None:
+            raise CaptureError(
+                f"hybridtf.estimator: the ids of the lookup of table {lookup.request.table!r} cannot be computed "
+                f"before the model_fn's first lookup: {lookup.problem}. Compute ids in the input_fn (or from the "
+                "features with stateless ops)."
+            )
+    specs = [
+        TableSpec(name, int(info.variable.shape[0]), int(info.variable.shape[1]), "float32", "model")
+        for name, info in record.tables.items()
+    ]
+    if specs:
+        if plan is None:
+            if max_shards is None:
+                max_shards = 8 if tf.config.list_physical_devices("GPU") else 1
+            plan = plan_packing(specs, exclude=tuple(exclude), max_shards=max_shards)
+        record.skipped.extend((u.name, u.reason) for u in plan.unpacked)
+        if not plan.packed_tables:
+            plan = None
+    else:
+        plan = None
+    has_tables = any(lk.kind == "tables" for lk in record.lookups)
+    report = EstimatorReport(
+        _mode_name(mode),
+        packed=plan is not None or has_tables,
+        plan=plan,
+        skipped=list(record.skipped),
+        unpacked_lookups=record.unpacked_lookups(),
+    )
+    scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
+    if not report.packed:
+        spec = user_fn(**kwargs)
+        report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
+        report.batch_size = graph_util.batch_size_tensor(features)
+        attach_report(real_graph, report)
+        return spec
+    real = _Real(record, plan, real_graph)
+    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep:
+        rep.requests = _TablesRequests(real)
+        rep.outputs = _TablesOutputs(real)
+        spec = user_fn(**kwargs)
+    real.check_done()
+    if real.storage is not None:
+        packed = {v.op.name: v for v in real.storage.packed.values()}
+        members = {}
+        for pt in plan.packed_tables:
+            var = real.storage.packed[pt.name]
+            members[var.op.name] = [(real.claimed[m.name].checkpoint_key, m.row_offset, m.num_rows) for m in pt.members]
+        spec, _ = with_saver(spec, packed, members, config)
+    report.packed_lookups = len(real.outputs)
+    report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
+    report.step_ops_plain = scratch_ops
+    report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
+    report.batch_size = graph_util.batch_size_tensor(features)
+    attach_report(real_graph, report)
+    return spec
+
+
+def _step_fetches(spec):
+    if spec is None:
+        return []
+    if getattr(spec, "train_op", None) is not None:
+        return [spec.train_op, spec.loss]
+    fetches = [spec.loss] if getattr(spec, "loss", None) is not None else []
+    predictions = getattr(spec, "predictions", None)
+    if predictions is not None:
+        fetches.extend(tf.nest.flatten(predictions))
+    return fetches
+
+
+def model_fn(user_model_fn=None, *, exclude=(), max_shards: int | None = None, plan: PackingPlan | None = None):
+    """Wraps an Estimator model_fn so that its embedding lookups run packed.
+
+    The returned model_fn builds the same model (same variables, same math)
+    with the lookups of ``tf.keras.layers.Embedding`` and
+    ``hybridtf.layers.EmbeddingBag`` layers created inside the model_fn
+    packed into a few tables (D-packing, as ``hybridtf.keras.optimize``), and
+    all lookups of a step — including ``hybridtf.embedding.Tables`` lookups —
+    computed by one fused chain per packed table (K-packing). Use it with
+    ``tf.estimator.Estimator`` (train / evaluate / predict /
+    export_saved_model) or call it yourself in a ``tf.compat.v1`` graph.
+    Checkpoints keep the plain model_fn's variable names, so they restore into
+    the un-wrapped model_fn's Estimator and the other way round.
+
+    The user's model_fn runs twice per graph: a record pass in a scratch
+    graph (never run; Python side effects happen twice) and the real pass.
+    It must build the same model from the same arguments both times. A
+    model_fn without anything to pack runs unchanged (``hooks()`` says so).
+
+    Args:
+        user_model_fn: ``model_fn(features, labels, mode, params, config)``
+            (any subset of these arguments, as Estimator allows). Omit to use
+            ``model_fn(exclude=...)`` as a decorator.
+        exclude: embedding layer names to leave unpacked.
+        max_shards: at most this many shards per D-packing group (default: 8
+            with a GPU, else 1), as in ``hybridtf.keras.optimize``.
+        plan: a packing plan of the model_fn's embedding layers to use as it is.
+
+    Returns:
+        A model_fn for ``tf.estimator.Estimator``.
+
+    Raises:
+        TypeError: ``user_model_fn`` is not callable.
+        hybridtf.errors.CaptureError: (when the Estimator builds a graph) the
+            model_fn builds different models in its two passes, a
+            ``Tables`` lookup runs inside control flow or has ids computed
+            with side effects, or a table's initializer reads a variable;
+            the message names the table and the fix.
+
+    Example:
+        >>> def my_model_fn(features, labels, mode):
+        ...     emb = tf.keras.layers.Embedding(1000, 8, name="emb_user")(features["user"])
+        ...     ...
+        ...     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        >>> est = tf.estimator.Estimator(hybridtf.estimator.model_fn(my_model_fn), model_dir)
+        >>> est.train(input_fn, steps=1000, hooks=hybridtf.estimator.hooks())
+    """
+    if user_model_fn is None:
+        return lambda fn: model_fn(fn, exclude=exclude, max_shards=max_shards, plan=plan)
+    if not callable(user_model_fn):
+        raise TypeError(f"hybridtf.estimator.model_fn takes a callable model_fn, got {type(user_model_fn).__name__}.")
+    exclude = tuple(exclude)
+
+    def wrapped_model_fn(features, labels, mode, params, config):
+        return build(
+            user_model_fn, features, labels, mode, params, config, exclude=exclude, max_shards=max_shards, plan=plan
+        )
+
+    wrapped_model_fn.__name__ = getattr(user_model_fn, "__name__", "model_fn")
+    wrapped_model_fn.__doc__ = getattr(user_model_fn, "__doc__", None)
+    wrapped_model_fn.hybridtf_wrapped = user_model_fn
+    return wrapped_model_fn
+
+
+__all__ = ["Tables", "build", "model_fn"]

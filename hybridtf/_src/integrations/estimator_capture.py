@@ -1,0 +1,217 @@
+"""Finding the embedding tables a TF1-style model_fn creates, without global patching.
+
+``hybridtf.estimator.model_fn`` runs the user's model_fn inside a
+``tf.variable_creator_scope``. When a ``tf.keras.layers.Embedding`` or a
+``hybridtf.layers.EmbeddingBag`` creates its ``embeddings`` weight, the
+creator hands the layer a ``CapturedTable`` instead of a variable of its own:
+
+* in the record pass, a view of a real (scratch-graph) variable of the table;
+* in the real pass, a view of the table's rows inside a packed variable (no
+  per-table variable exists in the real graph).
+
+Keras ``Embedding.call`` looks its table up with ``tf.nn.embedding_lookup``;
+TensorFlow's type-based dispatch (``tf.experimental.dispatch_for_api``, for
+``CapturedTable`` only) routes that call to ``CapturedTable.lookup``, so the
+layer itself is not changed. ``EmbeddingBag`` (hybridtf's own layer) gets a
+per-instance run-time subclass whose ``_own_lookup`` does the same. Any other
+use of the table as a tensor (tied weights, one-hot matmul, SparseTensor ids)
+converts the view to its rows; in the record pass that marks the table as not
+packable, so the real pass leaves it a plain variable.
+
+The layer that owns a new variable is the ``self`` of the nearest
+``add_weight`` frame on the Python stack (``Tables`` sets: of the nearest
+``Tables.__init__`` frame). Keras builds a layer inside ``__call__`` after it
+has bound ``call``, so a class swap at that point would miss the first call;
+the dispatch route does not.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import tensorflow as tf
+from tensorflow.python.framework import ops
+from tensorflow.python.saved_model import save_context
+from tensorflow.python.util import dispatch
+
+from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.layers import EmbeddingBag
+from hybridtf._src.capture.lookup_api import Tables, plain_lookup, prepare_ids
+from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.rewrite.packed_storage import TableView
+
+
+def frame_owner(method: str, cls: type, max_depth: int = 40):
+    """The ``self`` of the nearest frame running ``cls.<method>`` on the Python stack, or None.
+
+    Example:
+        >>> frame_owner("add_weight", tf.keras.layers.Layer)  # inside a layer's add_weight
+    """
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == method:
+            obj = frame.f_locals.get("self")
+            if isinstance(obj, cls):
+                return obj
+        frame = frame.f_back
+    return None
+
+
+def is_table_layer(layer) -> bool:
+    """A layer whose ``embeddings`` weight the Estimator wrapper can pack."""
+    return isinstance(layer, (tf.keras.layers.Embedding, EmbeddingBag))
+
+
+def unsupported_reason(layer, kwargs) -> str | None:
+    """Why the table ``layer`` is creating cannot be packed (checked before it is built), or None."""
+    if getattr(layer, "sparse", False):
+        return "sparse=True returns tf.SparseTensor outputs"
+    if getattr(layer, "embeddings_regularizer", None) is not None:
+        return "embeddings_regularizer needs the table's own variable"
+    if getattr(layer, "embeddings_constraint", None) is not None:
+        return "embeddings_constraint needs the table's own variable"
+    if getattr(layer, "_use_one_hot_matmul", False):
+        return "use_one_hot_matmul multiplies by the whole table"
+    if not layer.trainable or kwargs.get("trainable") is False:
+        return "frozen (trainable=False) tables are not packed"
+    policy = layer.dtype_policy
+    if policy.compute_dtype != policy.variable_dtype:
+        return f"mixed precision ({policy.name}) is not supported yet"
+    dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
+    if dtype != tf.float32:
+        return f"dtype {dtype.name} is not supported yet (float32 only)"
+    shape = kwargs.get("shape")
+    if shape is None or len(tf.TensorShape(shape)) != 2:
+        return f"table shape {shape} is not [rows, dim]"
+    return None
+
+
+@dispatch.register_dispatchable_type
+class CapturedTable(TableView):
+    """A captured layer's ``embeddings``: one table's rows inside a variable, looked up through the pass.
+
+    Args:
+        variable: the variable holding the rows (the table's own variable in
+            the record pass, the packed variable in the real pass).
+        offset: first row of the table in ``variable``.
+        num_rows: rows of the table.
+        table: the table's name (the layer's name).
+        layer: the layer that owns the table.
+        checkpoint_key: the name of the plain layer's variable (its
+            checkpoint key in a name-based ``tf.compat.v1.train.Saver``).
+        lookup_fn: ``lookup_fn(table, ids, combiner)``: runs a lookup issued
+            in the pass's graph while the pass is active (None: plain lookup).
+    """
+
+    def __init__(self, variable, offset, num_rows, table, layer, checkpoint_key, lookup_fn=None):
+        super().__init__(variable, offset, num_rows, table)
+        self.layer = layer
+        self.checkpoint_key = checkpoint_key
+        self.lookup_fn = lookup_fn
+        self.dense_use = None  # set when the table is used as a tensor (record pass)
+
+    @property
+    def name(self) -> str:
+        return f"{self.checkpoint_key}:0"
+
+    def claim_weights(self) -> None:
+        """Puts the variable holding the rows where the layer listed this view among its weights.
+
+        Optimizers given ``layer.trainable_variables`` (or a Keras model's)
+        then train the packed table; layers packed together share it.
+        """
+        weights = getattr(self.layer, "_trainable_weights", None)
+        if weights is None or not any(w is self for w in weights):
+            return
+        kept = [w for w in weights if w is not self]
+        if not any(w is self._variable for w in kept):
+            kept.append(self._variable)
+        self.layer._trainable_weights = kept
+
+    @tf.autograph.experimental.do_not_convert
+    def lookup(self, ids, combiner: str = "none"):
+        """Looks ``ids`` up: through the active pass, or with plain TensorFlow ops.
+
+        Args:
+            ids: dense or ragged ids (one-hot), or a rank-2 RaggedTensor (bags).
+            combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
+
+        Returns:
+            The embeddings.
+        """
+        self.claim_weights()
+        if self.lookup_fn is not None and not save_context.in_save_context():
+            out = self.lookup_fn(self, ids, combiner)
+            if out is not None:
+                return out
+        return self.plain_lookup(ids, combiner)
+
+    def plain_lookup(self, ids, combiner: str = "none"):
+        """The lookup with plain TensorFlow gathers on the rows (vocabulary checked)."""
+        return plain_lookup(self._variable, self._offset, self._num_rows, self.table, ids, combiner)
+
+    def request(self, ids, combiner: str = "none") -> LookupRequest:
+        return LookupRequest(self.table, ids, combiner, owner=self.layer)
+
+
+def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
+    if value.dense_use is None:
+        value.dense_use = "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, ...)"
+    rows = value.read_value()
+    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
+        raise ValueError(f"embedding table {value.table!r} is {rows.dtype.name}, not {tf.as_dtype(dtype).name}.")
+    return rows
+
+
+tf.register_tensor_conversion_function(CapturedTable, _to_tensor)
+
+
+@tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, {"params": CapturedTable})
+def _embedding_lookup(params, ids, max_norm=None, name=None):
+    if max_norm is not None:
+        params.dense_use = "embedding_lookup with max_norm clips rows"
+        return tf.nn.embedding_lookup(params.read_value(), ids, max_norm=max_norm, name=name)
+    base = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+    if not isinstance(base, tf.Tensor) or base.dtype not in (tf.int32, tf.int64):
+        ids = tf.cast(ids, tf.int64)
+    return params.lookup(ids, "none")
+
+
+class EstimatorBagMixin:
+    """Per-instance override of a captured ``EmbeddingBag``: its lookup goes through its ``CapturedTable``."""
+
+    @tf.autograph.experimental.do_not_convert
+    def _own_lookup(self, inputs):
+        table = self.embeddings
+        if not isinstance(table, CapturedTable):
+            return super()._own_lookup(inputs)
+        ids = prepare_ids(inputs, self.combiner, self.name, cast_floats=True)
+        out = table.lookup(ids, self.combiner)
+        if out.dtype != self.compute_dtype:
+            out = tf.cast(out, self.compute_dtype)
+        return out
+
+
+def capture_bag(layer) -> None:
+    """Gives an ``EmbeddingBag`` instance the run-time subclass that looks up through its ``CapturedTable``."""
+    if isinstance(layer, EmbeddingBag) and not isinstance(layer, EstimatorBagMixin):
+        layer.__class__ = runtime_subclass(EstimatorBagMixin, type(layer))
+
+
+def reserve_variable_name(name: str | None) -> str:
+    """Marks the name a plain variable would get here as used; returns it (its checkpoint key).
+
+    Example:
+        >>> with tf.name_scope("emb_C1"):
+        ...     reserve_variable_name("embeddings")
+        'emb_C1/embeddings'
+    """
+    with ops.name_scope(name or "Variable", skip_on_eager=False) as scope:
+        return ops.name_from_scope_name(scope)
+
+
+def tables_being_built():
+    """The ``hybridtf.embedding.Tables`` whose ``__init__`` is on the stack, or None."""
+    return frame_owner("__init__", Tables)

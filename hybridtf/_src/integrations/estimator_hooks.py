@@ -1,0 +1,241 @@
+"""What a wrapped model_fn reports about its graph, and hybridtf's SessionRunHooks.
+
+The wrapped model_fn attaches an ``EstimatorReport`` to the graph it built;
+the hooks read it in ``begin`` (Estimator and MonitoredTrainingSession call
+``begin`` with that graph as the default graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import tensorflow as tf
+
+_REPORT_ATTR = "_hybridtf_estimator_report"
+
+#: Graph collection of the ops that keep hybridtf's caches consistent (HybridHash flush);
+#: ``CacheMaintenanceHook`` runs them. Empty until a cache exists.
+CACHE_MAINTENANCE = "hybridtf_cache_maintenance"
+
+_log = logging.getLogger("hybridtf")
+
+
+@dataclasses.dataclass
+class EstimatorReport:
+    """What ``hybridtf.estimator.model_fn`` did to one graph.
+
+    Attributes:
+        mode: the ``tf.estimator.ModeKeys`` value the graph was built for.
+        packed: whether any lookup was packed (False: the model_fn ran unchanged).
+        plan: the packing plan of the model_fn's Embedding / EmbeddingBag tables (or None).
+        packed_lookups: lookups computed by packed chains.
+        tables_lookups: of those, lookups of ``hybridtf.embedding.Tables``.
+        unpacked_lookups: gathers on variables hybridtf does not manage
+            (``tf.nn.embedding_lookup`` on own variables, feature columns, ...).
+        skipped: ``(table, reason)`` of embedding layers left as they are.
+        step_ops_plain: ops the step of the un-wrapped model_fn can run.
+        step_ops_packed: ops the step of this graph can run.
+        batch_size: int64 scalar tensor, examples in one step (or None).
+    """
+
+    mode: str
+    packed: bool
+    plan: Any = None
+    packed_lookups: int = 0
+    tables_lookups: int = 0
+    unpacked_lookups: list = dataclasses.field(default_factory=list)
+    skipped: list = dataclasses.field(default_factory=list)
+    step_ops_plain: int = 0
+    step_ops_packed: int = 0
+    batch_size: Any = None
+
+    def summary(self) -> str:
+        """One paragraph for logs."""
+        lines = []
+        if not self.packed:
+            lines.append(
+                "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups and no packable "
+                "tf.keras.layers.Embedding / hybridtf.layers.EmbeddingBag); it runs unchanged."
+            )
+        else:
+            chains = self.plan.num_lookup_chains if self.plan is not None else 0
+            lines.append(
+                f"hybridtf: {self.packed_lookups} embedding lookups packed ({self.tables_lookups} of them "
+                f"hybridtf.embedding.Tables lookups); layer tables: {chains} packed chain(s); step ops: plain "
+                f"{self.step_ops_plain} -> hybridtf {self.step_ops_packed}."
+            )
+        for name, reason in self.skipped:
+            lines.append(f"hybridtf: table {name!r} not packed: {reason}.")
+        if self.unpacked_lookups:
+            shown = ", ".join(repr(v) for v in self.unpacked_lookups[:10])
+            lines.append(
+                f"hybridtf: lookups on {len(self.unpacked_lookups)} variable(s) hybridtf does not manage are left as "
+                f"they are ({shown}); write them with hybridtf.embedding.Tables, tf.keras.layers.Embedding or "
+                "hybridtf.layers.EmbeddingBag to pack them."
+            )
+        return "\n".join(lines)
+
+
+def attach_report(graph: tf.Graph, report: EstimatorReport) -> None:
+    setattr(graph, _REPORT_ATTR, report)
+
+
+def report_of(graph: tf.Graph | None = None) -> EstimatorReport | None:
+    """The report of the wrapped model_fn that built ``graph`` (default graph), or None.
+
+    Example:
+        >>> report_of(tf.compat.v1.get_default_graph())
+    """
+    graph = graph if graph is not None else tf.compat.v1.get_default_graph()
+    return getattr(graph, _REPORT_ATTR, None)
+
+
+class StatsHook(tf.compat.v1.train.SessionRunHook):
+    """Logs hybridtf's statistics: what was packed (at ``begin``), steps/s and examples/s (every N steps).
+
+    Args:
+        every_n_steps: log throughput every this many steps (None: only at the end).
+        batch_size: examples per step; default: read from the wrapped
+            model_fn's features each step (needed for graphs not built by
+            ``hybridtf.estimator.model_fn`` to count examples).
+        log_fn: where lines go (default: the ``hybridtf`` logger at INFO).
+
+    Attributes:
+        report: the graph's ``EstimatorReport`` (None when not built by the wrapper).
+        message: the line(s) logged at ``begin``.
+        steps, examples: counted so far.
+
+    Example:
+        >>> hook = StatsHook(every_n_steps=100)
+        >>> estimator.train(input_fn, steps=1000, hooks=[hook])
+        >>> hook.stats()["examples_per_sec"]
+    """
+
+    def __init__(self, every_n_steps: int | None = 100, batch_size: int | None = None, log_fn=None):
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps <= 0):
+            raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}.")
+        self._every = every_n_steps
+        self._batch_size = batch_size
+        self._log = log_fn or _log.info
+        self.report = None
+        self.message = ""
+        self.steps = 0
+        self.examples = 0
+        self._start = None
+        self._elapsed = 0.0
+        self._fetch = None
+
+    def begin(self):
+        self.report = report_of()
+        if self.report is None:
+            self.message = (
+                "hybridtf: nothing packed in this graph: it was not built by hybridtf.estimator.model_fn "
+                "(lookups run as written)."
+            )
+        else:
+            self.message = self.report.summary()
+        self._fetch = None
+        if self._batch_size is None and self.report is not None:
+            self._fetch = self.report.batch_size
+        self._log(self.message)
+
+    def before_run(self, run_context):
+        if self._start is None:
+            self._start = time.perf_counter()
+        if self._fetch is not None:
+            return tf.compat.v1.train.SessionRunArgs(self._fetch)
+        return None
+
+    def after_run(self, run_context, run_values):
+        self.steps += 1
+        if self._batch_size is not None:
+            self.examples += int(self._batch_size)
+        elif self._fetch is not None:
+            self.examples += int(run_values.results)
+        self._elapsed = time.perf_counter() - self._start
+        if self._every is not None and self.steps % self._every == 0:
+            self._log(self._throughput())
+
+    def end(self, session):
+        if self.steps:
+            self._log(self._throughput() + " (end)")
+
+    def stats(self) -> dict:
+        """Counters and rates so far (rates over the time since the first step started)."""
+        elapsed = max(self._elapsed, 1e-9)
+        return {
+            "steps": self.steps,
+            "examples": self.examples,
+            "steps_per_sec": self.steps / elapsed if self.steps else 0.0,
+            "examples_per_sec": self.examples / elapsed if self.steps else 0.0,
+            "packed": bool(self.report and self.report.packed),
+            "step_ops_plain": self.report.step_ops_plain if self.report else None,
+            "step_ops_packed": self.report.step_ops_packed if self.report else None,
+        }
+
+    def _throughput(self) -> str:
+        s = self.stats()
+        text = f"hybridtf: {s['steps']} steps, {s['steps_per_sec']:.2f} steps/s"
+        if self._fetch is not None or self._batch_size is not None:
+            text += f", {s['examples_per_sec']:.1f} examples/s"
+        return text
+
+
+class CacheMaintenanceHook(tf.compat.v1.train.SessionRunHook):
+    """Runs the graph's cache maintenance ops (collection ``CACHE_MAINTENANCE``) every N steps and at the end.
+
+    This is where hybridtf's embedding caches (HybridHash) will be flushed;
+    without caches the collection is empty and the hook does nothing.
+
+    Args:
+        every_n_steps: run the ops after every this many steps (None: only at the end).
+
+    Example:
+        >>> tf.compat.v1.add_to_collection(CACHE_MAINTENANCE, flush_op)
+        >>> estimator.train(input_fn, hooks=[CacheMaintenanceHook(every_n_steps=1000)])
+    """
+
+    def __init__(self, every_n_steps: int | None = None):
+        if every_n_steps is not None and (not isinstance(every_n_steps, int) or every_n_steps <= 0):
+            raise ValueError(f"every_n_steps must be a positive int or None, got {every_n_steps!r}.")
+        self._every = every_n_steps
+        self._ops = []
+        self._steps = 0
+        self.runs = 0
+
+    def begin(self):
+        self._ops = list(tf.compat.v1.get_collection(CACHE_MAINTENANCE))
+        self._steps = 0
+
+    def after_run(self, run_context, run_values):
+        self._steps += 1
+        if self._ops and self._every is not None and self._steps % self._every == 0:
+            run_context.session.run(self._ops)
+            self.runs += 1
+
+    def end(self, session):
+        if self._ops:
+            session.run(self._ops)
+            self.runs += 1
+
+
+def horovod_broadcast_hook(root_rank: int = 0):
+    """Horovod's ``BroadcastGlobalVariablesHook`` when Horovod is imported, initialized and has > 1 rank, else None.
+
+    Example:
+        >>> horovod_broadcast_hook() is None  # a single process
+        True
+    """
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    try:
+        if not hvd.is_initialized() or hvd.size() <= 1:
+            return None
+    except (ValueError, RuntimeError):
+        return None
+    return hvd.BroadcastGlobalVariablesHook(root_rank)

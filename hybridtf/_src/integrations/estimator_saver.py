@@ -1,0 +1,106 @@
+"""Name-based checkpoints of a wrapped model_fn in the plain model_fn's layout.
+
+Estimator saves with ``tf.compat.v1.train.Saver``, which keys every variable
+by its name. A packed variable, and each optimizer slot of it (a variable
+named ``<packed name>/<slot>`` of the same shape, as every TF1 and Keras
+optimizer names slots), is written as one entry per member table under the
+plain model_fn's names: ``<layer>/embeddings`` and
+``<layer>/embeddings/<slot>``. Checkpoints therefore move between the wrapped
+and the plain model_fn (and between packings) in both directions.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.training.saving import saveable_object
+
+
+class PackedSaveable(saveable_object.SaveableObject):
+    """Saves a packed variable (or a slot of it) as one checkpoint entry per member table.
+
+    Args:
+        variable: the packed variable or slot, ``[rows, dim]``.
+        parts: ``(checkpoint key, row offset, num rows)`` of every member,
+            covering all rows of ``variable``.
+    """
+
+    def __init__(self, variable, parts):
+        parts = sorted(parts, key=lambda p: p[1])
+        rows, expected = 0, variable.shape[0]
+        for _, offset, num in parts:
+            if offset != rows:
+                raise ValueError(f"packed variable {variable.name}: members do not tile its rows at row {rows}.")
+            rows += num
+        if expected is not None and rows != expected:
+            raise ValueError(f"packed variable {variable.name}: members cover {rows} of its {expected} rows.")
+        self._parts = parts
+        self._variable = variable
+        specs = []
+        for key, offset, num in parts:
+
+            def tensor(offset=offset, num=num):
+                return variable.read_value()[offset : offset + num]
+
+            specs.append(saveable_object.SaveSpec(tensor, "", key, dtype=variable.dtype, device=variable.device))
+        super().__init__(variable, specs, variable.op.name)
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        for (key, _, num), value in zip(self._parts, restored_tensors):
+            if value.shape.rank is not None and value.shape[0] is not None and value.shape[0] != num:
+                raise ValueError(f"checkpoint entry {key!r} has {value.shape[0]} rows, the model's table has {num}.")
+        return self._variable.assign(tf.concat(list(restored_tensors), axis=0)).op
+
+
+def saver_var_list(packed: dict, members: dict) -> list:
+    """The Saver's var_list: every saveable of the graph, packed variables and their slots split per table.
+
+    Args:
+        packed: packed variable op name -> packed variable.
+        members: packed variable op name -> [(checkpoint key, offset, rows)].
+
+    Returns:
+        A list of variables and ``PackedSaveable`` s.
+    """
+    from tensorflow.python.ops import variables as variables_module
+
+    items = []
+    for var in variables_module._all_saveable_objects():
+        if not isinstance(var, tf.Variable):
+            items.append(var)
+            continue
+        name = var.op.name
+        if name in packed:
+            items.append(PackedSaveable(var, members[name]))
+            continue
+        owner = next((p for p in packed if name.startswith(p + "/")), None)
+        if owner is not None and var.shape == packed[owner].shape:
+            suffix = name[len(owner) :]
+            items.append(PackedSaveable(var, [(key + suffix, off, num) for key, off, num in members[owner]]))
+            continue
+        items.append(var)
+    return items
+
+
+def with_saver(spec, packed: dict, members: dict, config):
+    """``spec`` with a Scaffold whose Saver writes the plain layout (a user's own Saver is kept).
+
+    Returns:
+        ``(spec, saver or None)``.
+    """
+    scaffold = spec.scaffold
+    if scaffold is not None and scaffold.saver is not None:
+        return spec, None
+    if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+        return spec, None
+    keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
+    keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
+    saver = tf.compat.v1.train.Saver(
+        var_list=saver_var_list(packed, members),
+        sharded=True,
+        max_to_keep=keep_max,
+        keep_checkpoint_every_n_hours=keep_hours,
+        save_relative_paths=True,
+    )
+    new_scaffold = tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold)
+    return spec._replace(scaffold=new_scaffold), saver

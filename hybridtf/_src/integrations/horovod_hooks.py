@@ -1,0 +1,46 @@
+"""What hybridtf adds to Horovod's own Keras and custom-loop tools for sharded tables.
+
+A shard (this rank's rows of a packed table) and its optimizer slots are
+local to the rank: broadcasting them from rank 0, or allreducing their
+gradients, would be wrong. Horovod has the notion ("local variables"); these
+helpers register hybridtf's shards with it.
+"""
+
+from __future__ import annotations
+
+from hybridtf._src.capture.subclassing import runtime_subclass
+
+
+def _local_refs(storage, model) -> set:
+    refs = {v.ref() for v in storage.sharded_variables()}
+    refs |= {slot.ref() for slot in storage._slots}
+    return refs
+
+
+class _ShardAwareBroadcastMixin:
+    """Per-instance override of Horovod's BroadcastGlobalVariablesCallback: skips shards and their slots."""
+
+    def on_batch_end(self, batch, logs=None):
+        if self.broadcast_done:
+            return
+        import horovod.tensorflow as hvd
+
+        local = _local_refs(self._htf_storage, self.model)
+        hvd.broadcast_variables([v for v in self.model.variables if v.ref() not in local], root_rank=self.root_rank)
+        optimizer_vars = self.model.optimizer.variables
+        optimizer_vars = optimizer_vars() if callable(optimizer_vars) else optimizer_vars
+        hvd.broadcast_variables([v for v in optimizer_vars if v.ref() not in local], root_rank=self.root_rank)
+        self.broadcast_done = True
+
+
+def shard_aware_callback(callback, storage, model) -> None:
+    """Makes a ``hvd.callbacks.BroadcastGlobalVariablesCallback`` leave ``storage``'s shards alone (in place)."""
+    try:
+        from horovod._keras.callbacks import BroadcastGlobalVariablesCallbackImpl
+    except ImportError:
+        return
+    if isinstance(callback, BroadcastGlobalVariablesCallbackImpl) and not isinstance(
+        callback, _ShardAwareBroadcastMixin
+    ):
+        callback.__class__ = runtime_subclass(_ShardAwareBroadcastMixin, type(callback))
+        callback._htf_storage = storage

@@ -1,0 +1,84 @@
+"""hybridtf under Horovod: hybrid parallel training (model-parallel tables, data-parallel dense layers).
+
+Nothing to call for Keras ``fit``: ``hvd.init()`` before ``hybridtf.keras.optimize``
+and each packed table is sharded over the ranks (``model.hybridtf_plan``
+decides how), dense gradients are averaged with allreduce, and a
+``hvd.DistributedOptimizer`` or ``hvd.callbacks.BroadcastGlobalVariablesCallback``
+the script already uses keeps working (the shards are registered as local).
+
+For custom training loops with ``hvd.DistributedGradientTape``, use
+``DistributedGradientTape`` below (or register ``local_variables`` yourself).
+
+Example:
+    >>> import horovod.tensorflow as hvd
+    >>> hvd.init()
+    >>> model = htf.keras.optimize(build_model())
+    >>> with tf.GradientTape() as tape:
+    ...     loss = loss_fn(y, model(x, training=True))
+    >>> tape = htf.horovod.DistributedGradientTape(tape, model)
+    >>> optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+"""
+
+from __future__ import annotations
+
+from hybridtf._src.distribute.world import World, current_world
+
+
+def _storage(obj):
+    runtime = getattr(obj, "_htf_runtime", None)
+    if runtime is None:
+        raise TypeError(
+            f"expected a model returned by hybridtf.keras.optimize or a hybridtf.embedding.Tables, got "
+            f"{type(obj).__name__}."
+        )
+    return runtime.storage
+
+
+def local_variables(*objs) -> list:
+    """This rank's shards of the packed tables of ``objs`` (optimized models or ``Tables``).
+
+    Their gradients are model-parallel: they must not be allreduced, and a
+    broadcast from rank 0 must not overwrite them. Register them with
+    ``tape.register_local_source`` / ``optimizer.register_local_var`` /
+    ``callback.register_local_var`` when you use Horovod's tools directly.
+
+    Raises:
+        TypeError: an object that is neither.
+    """
+    out = []
+    for obj in objs:
+        out.extend(_storage(obj).sharded_variables())
+    return out
+
+
+def DistributedGradientTape(tape, *objs, **kwargs):  # noqa: N802 (mirrors hvd.DistributedGradientTape)
+    """``hvd.DistributedGradientTape(tape, **kwargs)`` with the shards of ``objs`` registered as local sources.
+
+    Args:
+        tape: a ``tf.GradientTape``.
+        *objs: the optimized models / ``Tables`` whose tables the step trains.
+        **kwargs: passed to ``hvd.DistributedGradientTape`` (``op`` must stay
+            ``hvd.Average``: the shards' gradients are scaled by ``1 / size``).
+
+    Returns:
+        The Horovod tape: dense gradients averaged, shard gradients local
+        (already holding every rank's rows) and divided by the size.
+    """
+    import horovod.tensorflow as hvd
+
+    if kwargs.get("op", hvd.Average) != hvd.Average:
+        raise ValueError("hybridtf.horovod.DistributedGradientTape supports op=hvd.Average only.")
+    if kwargs.get("scale_local_gradients", True) is not True:
+        raise ValueError("scale_local_gradients must stay True: it averages the shards' gradients over the ranks.")
+    distributed = hvd.DistributedGradientTape(tape, **kwargs)
+    for var in local_variables(*objs):
+        distributed.register_local_source(var)
+    return distributed
+
+
+def world() -> World:
+    """The Horovod job hybridtf sees (rank, size); ``World(0, 1)`` without Horovod."""
+    return current_world()
+
+
+__all__ = ["DistributedGradientTape", "World", "local_variables", "world"]

@@ -1,0 +1,181 @@
+"""One process of the Horovod tests: trains the scenarios and writes what it saw as JSON.
+
+Run by tests/multiprocess/test_horovod.py, once as a single process and once
+under ``horovodrun -np 2 -H localhost:2 --gloo``. Every process of a run sees
+the same global batches; rank ``r`` of ``n`` trains on rows
+``[r * B / n, (r + 1) * B / n)`` of each, so the ranks together see exactly
+what the single process sees.
+
+    python tests/multiprocess/hvd_worker.py OUT_DIR [--restore CKPT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import horovod.tensorflow as hvd  # noqa: E402
+import horovod.tensorflow.keras as hvdk  # noqa: E402
+
+import hybridtf as htf  # noqa: E402
+from benchmarks import ctr_data, ctr_models  # noqa: E402
+
+GLOBAL_BATCH = 64
+STEPS = 50
+
+
+def fields():
+    return ctr_data.criteo_like_fields(dim=8, max_vocab=300)[:8]
+
+
+SKEW_FIELDS = [ctr_data.FieldSpec("a", 50, 8), ctr_data.FieldSpec("b", 50, 8), ctr_data.FieldSpec("c", 1000, 8)]
+
+
+def build(kind, fs=None, seed=7):
+    fs = fs or fields()
+    if kind == "dlrm":
+        return ctr_models.dlrm(fs, 4, hidden=(16, 8), bottom=(8,), seed=seed)
+    return ctr_models.wide_and_deep(fs, 4, hidden=(16, 8), seed=seed)
+
+
+def global_batches(fs=None, steps=STEPS, seed=11):
+    return list(ctr_data.generate_batches(fs or fields(), 4, GLOBAL_BATCH, steps, seed=seed))
+
+
+def local_part(batch, rank, size):
+    x, y = batch
+    n = GLOBAL_BATCH // size
+    return {k: v[rank * n : (rank + 1) * n] for k, v in x.items()}, y[rank * n : (rank + 1) * n]
+
+
+def eval_batch(fs=None):
+    x, _ = ctr_data.generate_batch(fs or fields(), 4, 32, 0, seed=99)
+    return ctr_data.to_tensors(x)
+
+
+def stacked_dataset(batches):
+    xs = {k: np.stack([x[k] for x, _ in batches]) for k in batches[0][0]}
+    ys = np.stack([y for _, y in batches])
+    return tf.data.Dataset.from_tensor_slices((xs, ys))
+
+
+class EpochLosses(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def fit(kind, optimizer, rank, size, fs=None, batches=None, **optimize_kwargs):
+    fs = fs or fields()
+    batches = batches or global_batches(fs)
+    model = build(kind, fs)
+    model(eval_batch(fs))
+    model = htf.keras.optimize(model, **optimize_kwargs)
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    record = EpochLosses()
+    callbacks = [record]
+    if size > 1 and kind == "dlrm":  # the usual Horovod Keras recipe must keep working
+        callbacks.append(hvdk.callbacks.BroadcastGlobalVariablesCallback(0))
+    data = stacked_dataset([local_part(b, rank, size) for b in batches])
+    model.fit(data.repeat(), steps_per_epoch=1, epochs=len(batches), verbose=0, callbacks=callbacks)
+    return model, record.losses
+
+
+def custom_loop(rank, size, steps=20):
+    fs = fields()
+    model = build("wdl", fs, seed=3)
+    model(eval_batch(fs))
+    model = htf.keras.optimize(model)
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = htf.horovod.DistributedGradientTape(tape, model) if size > 1 else tape
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    losses = []
+    for b in global_batches(fs, steps, seed=5):
+        x, y = local_part(b, rank, size)
+        losses.append(float(step(ctr_data.to_tensors(x), tf.constant(y))))
+    return model, losses
+
+
+def skewed_batches():
+    """Ids that all live on rank 0 under range sharding (packed rows [0, 550) of 1100)."""
+    batches = global_batches(SKEW_FIELDS, 20, seed=4)
+    for x, _ in batches:
+        x["c"] = x["c"] % 10
+    return batches
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--restore", help="checkpoint written by the other run (1 -> n ranks)")
+    args = parser.parse_args()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    result = {"rank": rank, "size": size}
+    ev = eval_batch()
+
+    model, result["wdl_losses"] = fit("wdl", tf.keras.optimizers.Adagrad(0.05), rank, size)
+    result["wdl_sharded"] = len(htf.horovod.local_variables(model))
+    result["wdl_pred"] = model.predict_on_batch(ev).ravel().tolist()
+    model.save_weights(os.path.join(args.out, f"wdl_{size}", "ckpt"))
+
+    optimizer = tf.keras.optimizers.Adam(0.01)
+    if size > 1:
+        optimizer = hvdk.DistributedOptimizer(optimizer)
+    model, result["dlrm_losses"] = fit("dlrm", optimizer, rank, size)
+    result["dlrm_pred"] = model.predict_on_batch(ev).ravel().tolist()
+
+    model, result["loop_losses"] = custom_loop(rank, size)
+    result["loop_pred"] = model.predict_on_batch(ev).ravel().tolist()
+
+    model, result["skew_losses"] = fit(
+        "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, SKEW_FIELDS, skewed_batches(), shard_strategy="range"
+    )
+
+    if args.restore:  # a checkpoint of another number of ranks
+        restored = build("wdl")
+        restored(ev)
+        restored = htf.keras.optimize(restored)
+        restored.load_weights(args.restore)
+        result["restored_pred"] = restored.predict_on_batch(ev).ravel().tolist()
+
+    if size > 1:  # an id outside the vocabulary on one rank only: every rank fails the step, none hangs
+        model = build("wdl")
+        model(ev)
+        model = htf.keras.optimize(model)
+        model.compile(optimizer="sgd", loss="binary_crossentropy")
+        x, y = local_part(global_batches(steps=1)[0], rank, size)
+        if rank == 1:
+            x["C2"] = x["C2"].copy()
+            x["C2"][3] = 10_000
+        try:
+            model.train_on_batch(ctr_data.to_tensors(x), y)
+            result["invalid_error"] = None
+        except tf.errors.InvalidArgumentError as err:
+            result["invalid_error"] = err.message
+
+    with open(os.path.join(args.out, f"result_{size}_{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
