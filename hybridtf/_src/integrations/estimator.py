@@ -200,7 +200,9 @@ class _Real:
                         f"hybridtf.estimator: the initial value of embedding table {m.name!r} cannot be computed "
                         f"in the real graph: {problem}. Use a Keras initializer or a constant."
                     )
-                parts.append(graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf")[0])
+                parts.append(
+                    graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf")[0]
+                )
             with self.graph.as_default(), tf.name_scope("hybridtf"):
                 inits[pt.name] = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
@@ -272,7 +274,9 @@ class _Real:
             )
         self.layer_position += 1
         if lookup.problem is not None:  # ids computed in a way that cannot be copied: a chain of its own
-            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=_RuntimeOwner(self.runtime))])[0]
+            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=_RuntimeOwner(self.runtime))])[
+                0
+            ]
         return self._served(lookup)
 
     def _real_owner(self, lookup: _Lookup):
@@ -307,7 +311,7 @@ class _Real:
                 requests.append(dataclasses.replace(lk.request, ids=ids, owner=self._real_owner(lk)))
             with tf.name_scope(self.graph.unique_name("hybridtf_packed_lookups") + "/"):
                 for lk, out in zip(group, lookup_all(requests)):
-                    self.outputs[id(lk)] = out * 1.0001
+                    self.outputs[id(lk)] = out
         return self.outputs[id(lookup)]
 
     def check_done(self):
@@ -501,10 +505,16 @@ def model_fn(user_model_fn=None, *, exclude=(), max_shards: int | None = None, p
         raise TypeError(f"hybridtf.estimator.model_fn takes a callable model_fn, got {type(user_model_fn).__name__}.")
     exclude = tuple(exclude)
 
-    def wrapped_model_fn(features, labels, mode, params, config):
-        return build(
-            user_model_fn, features, labels, mode, params, config, exclude=exclude, max_shards=max_shards, plan=plan
-        )
+    options = dict(exclude=exclude, max_shards=max_shards, plan=plan)
+    if "params" in _user_args(user_model_fn):
+
+        def wrapped_model_fn(features, labels=None, mode=None, params=None, config=None):
+            return build(user_model_fn, features, labels, mode, params, config, **options)
+
+    else:  # Estimator warns when a model_fn takes params it is not given
+
+        def wrapped_model_fn(features, labels=None, mode=None, config=None):
+            return build(user_model_fn, features, labels, mode, None, config, **options)
 
     wrapped_model_fn.__name__ = getattr(user_model_fn, "__name__", "model_fn")
     wrapped_model_fn.__doc__ = getattr(user_model_fn, "__doc__", None)

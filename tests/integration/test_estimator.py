@@ -1,0 +1,299 @@
+"""hybridtf.estimator: wrapped vs plain model_fn (Estimator train / evaluate / export, MonitoredTrainingSession)."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf.estimator as htf_estimator
+from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.capture.layers import EmbeddingBag
+from hybridtf._src.capture.lookup_api import TableConfig, Tables, lookup
+
+FIELDS, VOCAB, DIM, BATCH, STEPS = 8, 50, 4, 64, 100
+LOSS_KEY = "test_estimator_loss"
+TRAIN = tf.estimator.ModeKeys.TRAIN
+
+
+def _data(n=BATCH * 25, seed=0):
+    rng = np.random.default_rng(seed)
+    x = {f"C{i}": rng.integers(0, VOCAB - i, size=(n,)).astype(np.int64) for i in range(FIELDS)}
+    lengths = rng.integers(0, 5, size=n)
+    x["hist_values"] = rng.integers(0, 30, size=int(lengths.sum())).astype(np.int64)
+    x["hist_lengths"] = lengths.astype(np.int64)
+    y = (rng.random((n, 1)) < 0.3).astype(np.float32)
+    return x, y
+
+
+DATA = _data()
+
+
+def _features(x):
+    feats = {k: v for k, v in x.items() if not k.startswith("hist_")}
+    feats["hist"] = tf.RaggedTensor.from_row_lengths(x["hist_values"], x["hist_lengths"])
+    return feats
+
+
+def input_fn(data=DATA, repeat=True):
+    x, y = data
+    base = {f"C{i}": x[f"C{i}"] for i in range(FIELDS)}
+    hist = tf.RaggedTensor.from_row_lengths(x["hist_values"], x["hist_lengths"])
+    ds = tf.data.Dataset.from_tensor_slices(({**base, "hist": hist}, y)).batch(BATCH)
+    return ds.repeat() if repeat else ds
+
+
+def _init(seed):
+    return tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=seed)
+
+
+def _head(mode, labels, logit, optimizer="adagrad"):
+    pred = tf.sigmoid(logit)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"p": pred})
+    loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, pred))
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    opt = tf.compat.v1.train.AdagradOptimizer(0.1)
+    train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def _mlp(x):
+    h = tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))(x)
+    return tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))(h)
+
+
+def wdl_model_fn(features, labels, mode):
+    """Wide & Deep with Keras Embedding layers (deep dim 4, wide dim 1) and a multi-hot EmbeddingBag."""
+    deep, wide = [], []
+    for i in range(FIELDS):
+        ids = features[f"C{i}"]
+        deep.append(tf.keras.layers.Embedding(VOCAB - i, DIM, embeddings_initializer=_init(i), name=f"emb_C{i}")(ids))
+        wide.append(
+            tf.keras.layers.Embedding(VOCAB - i, 1, embeddings_initializer=_init(50 + i), name=f"wide_C{i}")(ids)
+        )
+    deep.append(EmbeddingBag(30, DIM, combiner="mean", embeddings_initializer=_init(99), name="hist")(features["hist"]))
+    logit = _mlp(tf.concat(deep, axis=1)) + tf.add_n(wide)
+    return _head(mode, labels, logit)
+
+
+def tables_model_fn(features, labels, mode):
+    """The functional API: Tables created inside the model_fn, one-hot and multi-hot lookups."""
+    configs = [TableConfig(f"t{i}", VOCAB - i, DIM, initializer=_init(i)) for i in range(FIELDS)]
+    tables = Tables([*configs, TableConfig("hist", 30, DIM, initializer=_init(99))])
+    parts = [lookup(tables, f"t{i}", features[f"C{i}"]) for i in range(FIELDS)]
+    parts.append(tables.lookup("hist", features["hist"], "sqrtn"))
+    return _head(mode, labels, _mlp(tf.concat(parts, axis=1)))
+
+
+def raw_model_fn(features, labels, mode):
+    """Nothing hybridtf can pack: tf.compat.v1.get_variable + tf.nn.embedding_lookup."""
+    parts = []
+    for i in range(FIELDS):
+        table = tf.compat.v1.get_variable(f"raw_C{i}", [VOCAB, DIM], initializer=_init(i))
+        parts.append(tf.nn.embedding_lookup(table, features[f"C{i}"]))
+    return _head(mode, labels, _mlp(tf.concat(parts, axis=1)))
+
+
+class LossHook(tf.compat.v1.train.SessionRunHook):
+    def __init__(self):
+        self.losses = []
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(float(run_values.results))
+
+
+def _config():
+    return tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+
+
+def _train(fn, model_dir, steps, hooks=(), data=DATA):
+    est = tf.estimator.Estimator(fn, model_dir=str(model_dir), config=_config())
+    loss_hook = LossHook()
+    est.train(lambda: input_fn(data), steps=steps, hooks=[loss_hook, *hooks])
+    return est, np.array(loss_hook.losses)
+
+
+def _assert_losses_close(wrapped, plain, rtol=1e-5):
+    assert len(wrapped) == len(plain) > 0
+    rel = np.abs(wrapped - plain) / np.maximum(np.abs(plain), 1e-12)
+    assert rel.max() < rtol, f"max relative loss difference {rel.max():.3g} at step {int(rel.argmax())}"
+    assert abs(plain[-1] - plain[0]) > 1e-3  # it trained
+
+
+@pytest.fixture(scope="module")
+def wdl(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wdl")
+    stats = htf_estimator.hooks(every_n_steps=50, log_fn=lambda line: None)
+    plain, plain_losses = _train(wdl_model_fn, root / "plain", STEPS)
+    wrapped, wrapped_losses = _train(htf_estimator.model_fn(wdl_model_fn), root / "wrapped", STEPS, stats)
+    return dict(
+        root=root, plain=plain, wrapped=wrapped, plain_losses=plain_losses, wrapped_losses=wrapped_losses, stats=stats
+    )
+
+
+def test_wdl_losses_equal_plain_over_100_steps(wdl):
+    _assert_losses_close(wdl["wrapped_losses"], wdl["plain_losses"])
+    stats = wdl["stats"][0].stats()
+    assert stats["packed"] and stats["steps"] == STEPS and stats["examples"] == STEPS * BATCH
+    assert stats["step_ops_packed"] < stats["step_ops_plain"]
+    report = wdl["stats"][0].report
+    assert report.packed_lookups == 2 * FIELDS + 1
+    assert {m.name for pt in report.plan.packed_tables for m in pt.members} == {
+        *(f"emb_C{i}" for i in range(FIELDS)),
+        *(f"wide_C{i}" for i in range(FIELDS)),
+        "hist",
+    }
+    assert report.plan.num_lookup_chains == 2  # dim 4 and dim 1
+
+
+def test_checkpoint_has_plain_layout(wdl):
+    plain = dict(tf.train.list_variables(wdl["plain"].model_dir))
+    wrapped = dict(tf.train.list_variables(wdl["wrapped"].model_dir))
+    assert wrapped == plain  # same keys (tables and their Adagrad slots per table) and shapes
+    assert plain["emb_C3/embeddings/Adagrad"] == [VOCAB - 3, DIM]
+
+
+def test_evaluate_matches_plain(wdl):
+    kwargs = dict(input_fn=lambda: input_fn(repeat=False), steps=5)
+    plain, wrapped = wdl["plain"].evaluate(**kwargs), wdl["wrapped"].evaluate(**kwargs)
+    assert wrapped["global_step"] == plain["global_step"] == STEPS
+    np.testing.assert_allclose(wrapped["loss"], plain["loss"], rtol=1e-5)
+
+
+def _predict(est, n=3):
+    out = est.predict(lambda: input_fn(repeat=False), yield_single_examples=False)
+    return np.concatenate([next(out)["p"] for _ in range(n)])
+
+
+def test_export_saved_model_loads_with_same_predictions(wdl):
+    wrapped = wdl["wrapped"]
+    expected = _predict(wrapped, 1)
+
+    def serving_input_fn():
+        feats = {f"C{i}": tf.compat.v1.placeholder(tf.int64, [None], name=f"C{i}") for i in range(FIELDS)}
+        values = tf.compat.v1.placeholder(tf.int64, [None], name="hist_values")
+        lengths = tf.compat.v1.placeholder(tf.int64, [None], name="hist_lengths")
+        inputs = {**feats, "hist_values": values, "hist_lengths": lengths}
+        features = {**feats, "hist": tf.RaggedTensor.from_row_lengths(values, lengths)}
+        return tf.estimator.export.ServingInputReceiver(features, inputs)
+
+    path = wrapped.export_saved_model(str(wdl["root"] / "export"), serving_input_fn)
+    loaded = tf.saved_model.load(path)
+    x, _ = DATA
+    batch = {k: tf.constant(v[:BATCH]) for k, v in x.items() if k.startswith("C")}
+    lengths = x["hist_lengths"][:BATCH]
+    batch["hist_lengths"] = tf.constant(lengths)
+    batch["hist_values"] = tf.constant(x["hist_values"][: int(lengths.sum())])
+    got = loaded.signatures["serving_default"](**batch)["p"].numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_wrapped_checkpoint_restores_into_plain_estimator(wdl):
+    target = wdl["root"] / "plain_from_wrapped"
+    shutil.copytree(wdl["wrapped"].model_dir, target)
+    plain = tf.estimator.Estimator(wdl_model_fn, model_dir=str(target), config=_config())
+    np.testing.assert_allclose(_predict(plain), _predict(wdl["wrapped"]), rtol=1e-6, atol=1e-7)
+    # and it trains on from the wrapped estimator's step, optimizer slots included
+    _, losses = _train(wdl_model_fn, target, 2)
+    _, wrapped_losses = _train(htf_estimator.model_fn(wdl_model_fn), wdl["wrapped"].model_dir, 2)
+    np.testing.assert_allclose(losses, wrapped_losses, rtol=1e-5)
+
+
+def test_nothing_to_pack_runs_unchanged_and_hooks_say_so(tmp_path):
+    lines = []
+    hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lines.append)
+    _, plain = _train(raw_model_fn, tmp_path / "plain", 20)
+    _, wrapped = _train(htf_estimator.model_fn(raw_model_fn), tmp_path / "wrapped", 20, hooks)
+    np.testing.assert_array_equal(wrapped, plain)
+    assert "nothing to pack" in lines[0]
+    assert "'raw_C0'" in lines[0]  # the unpacked lookups are named
+    assert not hooks[0].stats()["packed"] and hooks[0].stats()["examples"] == 20 * BATCH
+
+
+def test_tables_api_inside_model_fn(tmp_path):
+    hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lambda line: None)
+    _, plain = _train(tables_model_fn, tmp_path / "plain", 30)
+    _, wrapped = _train(htf_estimator.model_fn(tables_model_fn), tmp_path / "wrapped", 30, hooks)
+    _assert_losses_close(wrapped, plain)
+    report = hooks[0].report
+    assert report.packed and report.tables_lookups == FIELDS + 1 and report.plan is None
+    assert hooks[0].stats()["step_ops_packed"] < hooks[0].stats()["step_ops_plain"]
+
+
+def test_out_of_vocabulary_id_names_the_table(tmp_path):
+    x, y = _data(BATCH * 2, seed=1)
+    x = dict(x)
+    x["C2"] = x["C2"].copy()
+    x["C2"][5] = VOCAB + 7
+    with pytest.raises(tf.errors.InvalidArgumentError, match="emb_C2"):
+        _train(htf_estimator.model_fn(wdl_model_fn), tmp_path, 1, data=(x, y))
+
+
+def _graph_spec(fn, mode=TRAIN):
+    """Builds ``fn`` in a fresh graph on one batch; returns (graph, spec, report)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        tf.compat.v1.set_random_seed(1)
+        tf.compat.v1.train.get_or_create_global_step()
+        features, labels = tf.compat.v1.data.make_one_shot_iterator(input_fn()).get_next()
+        spec = fn(features=features, labels=labels, mode=mode)
+    return graph, spec, htf_estimator.report_of(graph)
+
+
+def test_monitored_training_session_with_hooks():
+    graph, spec, _ = _graph_spec(htf_estimator.model_fn(wdl_model_fn))
+    with graph.as_default():
+        counter = tf.compat.v1.get_variable("flushes", [], tf.int64, tf.zeros_initializer(), trainable=False)
+        tf.compat.v1.add_to_collection(htf_estimator.CACHE_MAINTENANCE, counter.assign_add(1))
+        hooks = htf_estimator.hooks(every_n_steps=None, cache_every_n_steps=4, log_fn=lambda line: None)
+        stop = tf.compat.v1.train.StopAtStepHook(last_step=10)
+        losses = []
+        with tf.compat.v1.train.MonitoredTrainingSession(scaffold=spec.scaffold, hooks=[*hooks, stop]) as sess:
+            while not sess.should_stop():
+                losses.append(sess.run([spec.train_op, spec.loss])[1])
+        stats, cache = hooks[0].stats(), hooks[1]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    assert stats["steps"] == 10 and stats["examples"] == 10 * BATCH and stats["packed"]
+    assert cache.runs == 3  # after steps 4 and 8, and at the end
+
+
+def test_unsupported_layers_are_reported_not_packed():
+    def fn(features, labels, mode):
+        reg = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_regularizer="l2", name="with_reg")
+        tied = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(3), name="tied")
+        ok = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(4), name="ok")
+        x = tf.concat([reg(features["C0"]), tied(features["C1"]), ok(features["C2"])], axis=1)
+        logit = tf.reduce_sum(tf.matmul(x[:, :DIM], tied.embeddings, transpose_b=True), 1, keepdims=True)
+        return _head(mode, labels, logit + _mlp(x))
+
+    _, _, report = _graph_spec(htf_estimator.model_fn(fn))
+    skipped = dict(report.skipped)
+    assert "regularizer" in skipped["with_reg"] and "used as a tensor" in skipped["tied"]
+    assert [m.name for pt in report.plan.packed_tables for m in pt.members] == ["ok"]
+    assert "'with_reg'" in report.summary()
+
+
+def test_tables_lookup_with_stateful_ids_is_an_error():
+    def fn(features, labels, mode):
+        tables = Tables([TableConfig("t", VOCAB, DIM)])
+        ids = tf.random.uniform([BATCH], 0, VOCAB, tf.int64)
+        return _head(mode, labels, _mlp(tables.lookup("t", ids)))
+
+    with pytest.raises(CaptureError, match=r"table 't'.*side effects"):
+        _graph_spec(htf_estimator.model_fn(fn))
+
+
+def test_model_fn_argument_checks():
+    with pytest.raises(TypeError, match="callable"):
+        htf_estimator.model_fn(42)
+    with pytest.raises(ValueError, match="every_n_steps"):
+        htf_estimator.hooks(every_n_steps=0)
+    assert len(htf_estimator.hooks()) == 2  # no Horovod job: no broadcast hook
