@@ -40,9 +40,7 @@ def pyarrow_modules():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as e:  # pragma: no cover - pyarrow is part of the pinned stack
-        raise ImportError(
-            "hybridtf.data needs pyarrow (Parquet metadata, writing): pip install pyarrow==21.0.0"
-        ) from e
+        raise ImportError("hybridtf.data needs pyarrow (Parquet metadata, writing): pip install pyarrow==21.0.0") from e
     return pa, pq
 
 
@@ -209,17 +207,35 @@ def encode_multi_hot(bags: Any):
         lengths = pc.list_value_length(bags).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
         values = pc.list_flatten(bags).to_numpy(zero_copy_only=False)
     else:
-        arrays = [np.asarray([] if b is None else b) for b in bags]
+        arrays = [np.zeros(0, np.int64) if b is None or len(b) == 0 else np.asarray(b) for b in bags]
         for a in arrays:
-            if a.size and (a.ndim != 1 or not np.issubdtype(a.dtype, np.integer)):
+            if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
                 raise TypeError(f"multi-hot ids must be 1-D integer sequences, got dtype {a.dtype}, shape {a.shape}.")
         lengths = np.array([a.size for a in arrays], dtype=np.int64)
-        values = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        values = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
+    return multi_hot_from_lengths(lengths, values)
+
+
+def multi_hot_from_lengths(lengths: np.ndarray, values: np.ndarray):
+    """The multi-hot binary array of bags given as row lengths and the concatenated ids (no copies per row).
+
+    Example:
+        >>> [len(v) for v in multi_hot_from_lengths(np.array([2, 0, 1]), np.array([5, 6, 7])).to_pylist()]
+        [16, 0, 8]
+    """
+    pa, _ = pyarrow_modules()
+    lengths = np.asarray(lengths, dtype=np.int64)
+    values = np.asarray(values)
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise TypeError(f"multi-hot ids must be integers, got {values.dtype}.")
+    if lengths.sum() != values.size:
+        raise ValueError(f"row lengths sum to {lengths.sum()} but {values.size} ids were given.")
     data = np.ascontiguousarray(values, dtype="<i8").tobytes()
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths * ID_BYTES, out=offsets[1:])
     if offsets[-1] < 2**31:
-        return pa.Array.from_buffers(pa.binary(), len(lengths), [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)])
+        buffers = [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+        return pa.Array.from_buffers(pa.binary(), len(lengths), buffers)
     return pa.Array.from_buffers(pa.large_binary(), len(lengths), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
@@ -308,7 +324,9 @@ def write_parquet(
         raise ValueError(f"write_parquet: columns have different lengths {lengths}.")
     nulls = {name: a.null_count for name, a in arrays.items() if a.null_count}
     if nulls:
-        raise ValueError(f"write_parquet: columns hold nulls {nulls}; fill them first (tensorflow-io cannot read nulls).")
+        raise ValueError(
+            f"write_parquet: columns hold nulls {nulls}; fill them first (tensorflow-io cannot read nulls)."
+        )
     # Required (non-nullable) columns: tensorflow-io reads them faster, and they cannot hold nulls.
     schema = pa.schema([pa.field(name, a.type, nullable=False) for name, a in arrays.items()])
     table = pa.table(arrays, schema=schema)

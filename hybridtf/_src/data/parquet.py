@@ -331,7 +331,9 @@ def parquet_dataset(
         (TensorShape([4096, 13]), tf.int64, TensorShape([4096]))
     """
     if spec is None:
-        spec = FeatureSpec(label="label" if label is _UNSET else label, dense=dense, one_hot=one_hot, multi_hot=multi_hot)
+        spec = FeatureSpec(
+            label="label" if label is _UNSET else label, dense=dense, one_hot=one_hot, multi_hot=multi_hot
+        )
     elif label is not _UNSET or dense or one_hot or multi_hot:
         raise ValueError("give either spec or label/dense/one_hot/multi_hot, not both.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:

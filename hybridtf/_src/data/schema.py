@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import glob as globlib
+import hashlib
 import io
 import os
 from collections.abc import Sequence
@@ -36,7 +37,8 @@ class ParquetFileMeta:
         schema: the Arrow schema (``pyarrow.Schema``).
         physical: ``{top-level column: Parquet physical type}`` for flat columns.
         max_def: ``{top-level column: max definition level}`` (0: no nulls possible).
-        resource_key: identifies this version of the file (path, size, mtime) for tensorflow-io's reader cache.
+        resource_key: identifies this version of the file (path, size, mtime, footer hash) for
+            tensorflow-io's reader cache.
         metadata: the ``pyarrow.parquet.FileMetaData``.
     """
 
@@ -161,6 +163,13 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     return files
 
 
+def _tail_digest(path: str, size: int, nbytes: int = 65536) -> str:
+    """Hash of the file's last bytes (the Parquet footer with its statistics)."""
+    with _GFileReader(path) if _is_remote(path) else open(path, "rb") as f:
+        f.seek(max(0, size - nbytes))
+        return hashlib.blake2b(f.read(nbytes), digest_size=8).hexdigest()
+
+
 def open_parquet(path: str) -> ParquetFileMeta:
     """Reads the footer of one Parquet file.
 
@@ -196,7 +205,9 @@ def open_parquet(path: str) -> ParquetFileMeta:
         schema=schema,
         physical=physical,
         max_def=max_def,
-        resource_key=f"{path}|{size}|{mtime}",
+        # tensorflow-io caches one reader per key for the life of the process; a file rewritten in place
+        # must get a new key (a stale reader returns wrong rows or crashes), hence size, mtime and footer hash.
+        resource_key=f"{path}|{size}|{mtime}|{_tail_digest(path, size)}",
         metadata=metadata,
     )
 

@@ -1,0 +1,405 @@
+"""Criteo, Avazu and Alimama text files to Parquet in hybridtf's layout.
+
+The text is streamed in blocks with pyarrow's CSV reader (every field read as
+a string), turned into the output columns, and written in row groups:
+
+* label: renamed ``label``, float32. An empty or non-numeric label is an error.
+* dense: float32, the raw value (no ``log(1 + x)`` or other transform; models
+  apply their own). A missing (empty) value is 0.
+* categorical: hashed into ``[0, buckets)`` by :func:`hash_strings`
+  (farmhash Fingerprint64, stable everywhere); a missing value is id 0.
+* sequences (Alimama behaviour histories, one header column per position with
+  a ``mask`` column per position): the hashed ids of the positions whose mask
+  is non-zero, in order, as a multi-hot column (padding dropped).
+
+Formats (:data:`FORMATS`):
+
+* ``criteo``: ``label, I1..I13, C1..C26``; tab-separated without header (the
+  original files) or comma-separated with a header (the sample); detected
+  from the first line.
+* ``avazu``: CSV with header ``id, click, hour, C1, banner_pos, ..., C21``.
+  ``click`` is the label; ``id`` is dropped; ``hour`` (``YYMMDDHH``) becomes
+  the categorical ``hour_of_day`` (``HH``) and ``day_of_week`` (0 = Monday);
+  the 21 other columns are categorical.
+* ``alimama``: CSV with header: 50 columns each of ``cont_btag``,
+  ``his_cate``, ``his_brand``, ``mask``, ``match_mask``, then ``uid`` ...
+  ``pid``, ``target``. ``target`` is the label, ``price`` dense, the 15 other
+  profile/ad columns categorical, ``his_cate``, ``his_brand`` and
+  ``cont_btag`` multi-hot (masked by ``mask``); ``match_mask`` is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gzip
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from hybridtf._src.data.errors import TextFormatError
+from hybridtf._src.data.hashing import DEFAULT_BUCKETS, check_buckets, hash_strings
+from hybridtf._src.data.layout import (
+    DEFAULT_ROW_GROUP_ROWS,
+    SPEC_METADATA_KEY,
+    FeatureSpec,
+    multi_hot_from_lengths,
+    pyarrow_modules,
+)
+
+
+def _avazu_hour(hour) -> dict:
+    """``hour`` (``YYMMDDHH``) -> ``hour_of_day`` (``"HH"``) and ``day_of_week`` (``"0"`` = Monday)."""
+    pa, _ = pyarrow_modules()
+    encoded = hour.dictionary_encode()
+    hod, dow = [], []
+    for s in encoded.dictionary.to_pylist():
+        try:
+            day = datetime.date(2000 + int(s[0:2]), int(s[2:4]), int(s[4:6]))
+            if len(s) != 8 or not 0 <= int(s[6:8]) < 24:
+                raise ValueError(s)
+        except ValueError:
+            raise TextFormatError(f"avazu column 'hour' holds {s!r}; expected YYMMDDHH, e.g. 14102100.") from None
+        hod.append(s[6:8])
+        dow.append(str(day.weekday()))
+    idx = encoded.indices
+    return {"hour_of_day": pa.array(hod).take(idx), "day_of_week": pa.array(dow).take(idx)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TextFormat:
+    """How the columns of one text format become label, dense, one-hot and multi-hot columns.
+
+    Attributes:
+        name: the format's name.
+        label: the label column in the text (written as ``label``).
+        dense: dense columns.
+        categorical: categorical columns, hashed one-to-one.
+        sequences: columns repeated once per history position (multi-hot outputs).
+        sequence_mask: the per-position mask column (non-zero: the position is present).
+        headerless_columns: the column names of files without a header (None: a header is required).
+        delimiter: the field separator, or None to detect tab vs comma from the first line.
+        derive: makes extra categorical columns ``{name: strings}`` from the text columns.
+        derive_from: the text columns ``derive`` reads.
+        derived: the names ``derive`` makes.
+    """
+
+    name: str
+    label: str
+    dense: tuple[str, ...] = ()
+    categorical: tuple[str, ...] = ()
+    sequences: tuple[str, ...] = ()
+    sequence_mask: str | None = None
+    headerless_columns: tuple[str, ...] | None = None
+    delimiter: str | None = ","
+    derive: Callable[[dict], dict] | None = dataclasses.field(default=None, repr=False)
+    derive_from: tuple[str, ...] = ()
+    derived: tuple[str, ...] = ()
+
+    @property
+    def one_hot(self) -> tuple[str, ...]:
+        return self.categorical + self.derived
+
+    def spec(self, buckets: Mapping[str, int]) -> FeatureSpec:
+        ids = self.one_hot + self.sequences
+        return FeatureSpec("label", self.dense, self.one_hot, self.sequences, {c: buckets[c] for c in ids})
+
+    def required(self) -> tuple[str, ...]:
+        mask = (self.sequence_mask,) if self.sequence_mask else ()
+        return (self.label, *self.dense, *self.categorical, *self.derive_from, *self.sequences, *mask)
+
+
+_CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
+_CRITEO_CAT = tuple(f"C{i}" for i in range(1, 27))
+FORMATS: dict[str, TextFormat] = {
+    "criteo": TextFormat(
+        "criteo",
+        label="label",
+        dense=_CRITEO_DENSE,
+        categorical=_CRITEO_CAT,
+        headerless_columns=("label", *_CRITEO_DENSE, *_CRITEO_CAT),
+        delimiter=None,
+    ),
+    "avazu": TextFormat(
+        "avazu",
+        label="click",
+        categorical=tuple(
+            "C1 banner_pos site_id site_domain site_category app_id app_domain app_category device_id device_ip "
+            "device_model device_type device_conn_type C14 C15 C16 C17 C18 C19 C20 C21".split()
+        ),
+        derive=lambda cols: _avazu_hour(cols["hour"]),
+        derive_from=("hour",),
+        derived=("hour_of_day", "day_of_week"),
+    ),
+    "alimama": TextFormat(
+        "alimama",
+        label="target",
+        dense=("price",),
+        categorical=tuple(
+            "uid cms_segid cms_group_id final_gender_code age_level pvalue_level shopping_level occupation "
+            "new_user_class_level mid cate_id campaign_id customer brand pid".split()
+        ),
+        sequences=("his_cate", "his_brand", "cont_btag"),
+        sequence_mask="mask",
+    ),
+}
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+    except ValueError:
+        return False
+    return True
+
+
+def _first_line(path: str) -> str:
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            line = f.readline()
+    except OSError as e:
+        raise TextFormatError(f"cannot read text input {path!r}: {e}") from e
+    return line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+
+
+def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
+    """``(column names, has header, delimiter)`` of one text input."""
+    first = _first_line(path)
+    if not first:
+        raise TextFormatError(f"text input {path!r} is empty; a {fmt.name} file needs at least a header or a row.")
+    delimiter = fmt.delimiter or ("\t" if "\t" in first else ",")
+    fields = [f.strip().strip('"') for f in first.split(delimiter)]
+    if fmt.headerless_columns is not None and _is_number(fields[0]):
+        names, header = list(fmt.headerless_columns), False
+        if len(fields) != len(names):
+            raise TextFormatError(
+                f"{path}: the first row has {len(fields)} fields, but a {fmt.name} row without header has "
+                f"{len(names)} ({', '.join(names[:5])}, ...)."
+            )
+    else:
+        names, header = fields, True
+    missing = [c for c in dict.fromkeys(fmt.required()) if c not in names]
+    if missing:
+        raise TextFormatError(
+            f"{path} lacks the {fmt.name} columns {missing} (header: {', '.join(names[:12])}"
+            f"{', ...' if len(names) > 12 else ''}); is it a {fmt.name} file?"
+        )
+    return names, header, delimiter
+
+
+def _parse_floats(arr, column: str, path: str, rows: str, allow_empty: bool):
+    """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error."""
+    pa, _ = pyarrow_modules()
+    import pyarrow.compute as pc
+
+    arr = pc.utf8_trim_whitespace(arr)
+    if allow_empty:
+        arr = pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
+    try:
+        out = pc.cast(arr, pa.float64())
+    except pa.ArrowInvalid as e:
+        allowed = "a number or empty" if allow_empty else "a number"
+        raise TextFormatError(f"{path}, rows {rows}: column {column!r} must be {allowed}: {e}") from None
+    return out.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float32)
+
+
+class _BlockConverter:
+    """Turns blocks of text columns (all strings) into output tables."""
+
+    def __init__(self, fmt: TextFormat, names: list[str], buckets: Mapping[str, int], path: str):
+        self.fmt, self.buckets, self.path = fmt, buckets, path
+        self.positions: dict[str, list[int]] = {}
+        for i, n in enumerate(names):
+            self.positions.setdefault(n, []).append(i)
+        if fmt.sequences:
+            k = {c: len(self.positions[c]) for c in (*fmt.sequences, fmt.sequence_mask) if c}
+            if len(set(k.values())) != 1:
+                raise TextFormatError(f"{path}: sequence columns have different numbers of positions {k}.")
+
+    def __call__(self, batch, first_row: int):
+        pa, _ = pyarrow_modules()
+        fmt = self.fmt
+        rows = f"{first_row}..{first_row + batch.num_rows - 1}"
+
+        def col(name):
+            return batch.column(self.positions[name][0])
+
+        out = {"label": _parse_floats(col(fmt.label), fmt.label, self.path, rows, allow_empty=False)}
+        for c in fmt.dense:
+            out[c] = _parse_floats(col(c), c, self.path, rows, allow_empty=True)
+        for c in fmt.categorical:
+            out[c] = hash_strings(col(c), self.buckets[c])
+        if fmt.derive is not None:
+            for c, strings in fmt.derive({n: col(n) for n in fmt.derive_from}).items():
+                out[c] = hash_strings(strings, self.buckets[c])
+        if fmt.sequences:
+            mask_cols = [batch.column(i) for i in self.positions[fmt.sequence_mask]]
+            mask = np.stack(
+                [_parse_floats(m, fmt.sequence_mask, self.path, rows, allow_empty=True) for m in mask_cols], axis=1
+            )
+            keep = mask != 0
+            for c in fmt.sequences:
+                strings = pa.chunked_array([batch.column(i) for i in self.positions[c]])
+                ids = hash_strings(strings, self.buckets[c]).reshape(len(self.positions[c]), batch.num_rows).T
+                out[c] = multi_hot_from_lengths(keep.sum(axis=1), ids[keep])
+        return out
+
+
+def _output_schema(spec: FeatureSpec):
+    pa, _ = pyarrow_modules()
+    fields = [pa.field("label", pa.float32(), nullable=False)]
+    fields += [pa.field(c, pa.float32(), nullable=False) for c in spec.dense]
+    fields += [pa.field(c, pa.int64(), nullable=False) for c in spec.one_hot]
+    fields += [pa.field(c, pa.binary(), nullable=False) for c in spec.multi_hot]
+    return pa.schema(fields, metadata={SPEC_METADATA_KEY: spec.to_json()})
+
+
+def convert_text(
+    inputs: str | os.PathLike | Sequence[str | os.PathLike],
+    output: str | os.PathLike,
+    format: str,
+    *,
+    buckets: int | Mapping[str, int] = DEFAULT_BUCKETS,
+    row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+    compression: str = "lz4",
+    block_bytes: int = 1 << 24,
+) -> tuple[FeatureSpec, int]:
+    """Converts Criteo / Avazu / Alimama text files into one Parquet file that ``parquet_dataset`` reads.
+
+    Args:
+        inputs: one text file or several (concatenated in order; ``.gz`` is read compressed).
+        output: the Parquet file to write.
+        format: ``"criteo"``, ``"avazu"`` or ``"alimama"`` (see :data:`FORMATS`).
+        buckets: id space of every categorical column (int), or
+            ``{output column: n}`` (columns not named get :data:`DEFAULT_BUCKETS`).
+            Ids are ``0`` for missing values and ``1 + hash mod (n - 1)`` otherwise.
+        row_group_rows: rows per Parquet row group.
+        compression: Parquet codec (``"lz4"`` reads fastest with tensorflow-io).
+        block_bytes: bytes of text parsed at a time.
+
+    Returns:
+        ``(spec, rows)``: the :class:`FeatureSpec` stored in the file (label
+        ``"label"``, the format's dense / one-hot / multi-hot columns and their
+        buckets), and the number of rows written.
+
+    Raises:
+        ValueError: an unknown format, bad buckets, or buckets for an unknown column.
+        TextFormatError: an input that is missing, lacks the format's columns,
+            has rows with the wrong number of fields, or values that are not numbers where numbers belong.
+
+    Example:
+        >>> spec, rows = convert_text("criteo_sample.txt", "criteo.parquet", "criteo", buckets=2**18)  # doctest: +SKIP
+        >>> ds = parquet_dataset("criteo.parquet", spec=spec, batch_size=64)  # doctest: +SKIP
+    """
+    pa, pq = pyarrow_modules()
+    import pyarrow.csv as pcsv
+
+    if format not in FORMATS:
+        raise ValueError(f"unknown text format {format!r}; choose one of {sorted(FORMATS)}.")
+    fmt = FORMATS[format]
+    ids = fmt.one_hot + fmt.sequences
+    if isinstance(buckets, Mapping):
+        unknown = sorted(set(buckets) - set(ids))
+        if unknown:
+            raise ValueError(f"buckets for {unknown}, which are not {format} id columns ({', '.join(ids)}).")
+        per_column = {c: check_buckets(buckets.get(c, DEFAULT_BUCKETS), f"buckets[{c!r}]") for c in ids}
+    else:
+        n = check_buckets(buckets)
+        per_column = dict.fromkeys(ids, n)
+    if row_group_rows < 1:
+        raise ValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
+    paths = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
+    if not paths:
+        raise ValueError("convert_text needs at least one input file.")
+    for p in paths:
+        if not os.path.isfile(p):
+            raise TextFormatError(f"text input {p!r} does not exist or is not a file.")
+    spec = fmt.spec(per_column)
+    schema = _output_schema(spec)
+
+    rows = 0
+    pending: list = []
+    pending_rows = 0
+    with pq.ParquetWriter(os.fspath(output), schema, compression=compression) as writer:
+
+        def flush(final: bool):
+            nonlocal pending, pending_rows
+            if not pending:
+                return
+            table = pa.concat_tables(pending)
+            full = table.num_rows if final else table.num_rows - table.num_rows % row_group_rows
+            for a in range(0, full, row_group_rows):
+                writer.write_table(table.slice(a, min(row_group_rows, full - a)), row_group_size=row_group_rows)
+            rest = table.slice(full)
+            pending, pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+        for path in paths:
+            names, header, delimiter = _layout(path, fmt)
+            convert = _BlockConverter(fmt, names, per_column, path)
+            keys = [f"f{i}" for i in range(len(names))]
+            reader = pcsv.open_csv(
+                path,
+                read_options=pcsv.ReadOptions(column_names=keys, skip_rows=int(header), block_size=block_bytes),
+                parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                convert_options=pcsv.ConvertOptions(
+                    column_types=dict.fromkeys(keys, pa.string()),
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
+                ),
+            )
+            first_row = 1 + int(header)  # line number, for messages
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                except pa.ArrowInvalid as e:
+                    raise TextFormatError(f"{path}: not a valid {fmt.name} file near line {first_row}: {e}") from None
+                columns = convert(batch, first_row)
+                arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
+                pending.append(pa.Table.from_arrays(arrays, schema=schema))
+                pending_rows += batch.num_rows
+                rows += batch.num_rows
+                first_row += batch.num_rows
+                if pending_rows >= row_group_rows:
+                    flush(final=False)
+        flush(final=True)
+    return spec, rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hybridtf.data convert --format criteo --input X --output Y.parquet [--buckets N]``."""
+    parser = argparse.ArgumentParser(prog="python -m hybridtf.data", description="hybridtf data tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    conv = sub.add_parser("convert", help="convert Criteo / Avazu / Alimama text to Parquet for parquet_dataset")
+    conv.add_argument("--format", required=True, choices=sorted(FORMATS))
+    conv.add_argument("--input", required=True, action="append", help="text file (repeat for several; .gz ok)")
+    conv.add_argument("--output", required=True, help="Parquet file to write")
+    conv.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="id space per categorical column")
+    conv.add_argument("--row-group-rows", type=int, default=DEFAULT_ROW_GROUP_ROWS)
+    conv.add_argument("--compression", default="lz4")
+    args = parser.parse_args(argv)
+    start = time.perf_counter()
+    try:
+        spec, rows = convert_text(
+            args.input,
+            args.output,
+            args.format,
+            buckets=args.buckets,
+            row_group_rows=args.row_group_rows,
+            compression=args.compression,
+        )
+    except (TextFormatError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(
+        f"wrote {rows} rows to {args.output} in {time.perf_counter() - start:.1f}s: label, "
+        f"{len(spec.dense)} dense, {len(spec.one_hot)} one-hot, {len(spec.multi_hot)} multi-hot columns "
+        f"(ids in [0, {args.buckets}), 0 = missing)"
+    )
+    return 0
