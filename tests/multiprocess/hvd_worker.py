@@ -151,6 +151,11 @@ def main():
         "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, SKEW_FIELDS, skewed_batches(), shard_strategy="range"
     )
 
+    model, result["replicated_losses"] = fit(  # small tables stay whole on every rank, data-parallel
+        "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, batches=global_batches(steps=20), replicate_below_rows=10**6
+    )
+    result["replicated_sharded"] = len(htf.horovod.local_variables(model))
+
     if args.restore:  # a checkpoint of another number of ranks
         restored = build("wdl")
         restored(ev)

@@ -81,7 +81,7 @@ def agree_on_valid_ids(world: World, invalid_counts: Sequence[tf.Tensor], vocabu
     """
     counts = tf.concat(list(invalid_counts), axis=0) if len(invalid_counts) > 1 else invalid_counts[0]
     total = world.hvd.allreduce(counts, op=world.hvd.Sum, name="hybridtf_id_check")
-    labels = tf.constant([f"'{t}' (vocabulary [0, {n}))" for t, n in vocabularies])
+    labels = tf.constant([f"{t} (vocabulary [0, {n}))" for t, n in vocabularies])
     bad = tf.strings.reduce_join(tf.boolean_mask(labels, total > 0), separator=", ")
     return tf.debugging.Assert(
         tf.reduce_all(tf.equal(total, 0)),
