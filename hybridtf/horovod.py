@@ -51,7 +51,7 @@ def local_variables(*objs) -> list:
     return out
 
 
-def DistributedGradientTape(tape, *objs, **kwargs):  # noqa: N802 (mirrors hvd.DistributedGradientTape)
+def DistributedGradientTape(tape, *objs, **kwargs):
     """``hvd.DistributedGradientTape(tape, **kwargs)`` with the shards of ``objs`` registered as local sources.
 
     Args:

@@ -313,6 +313,8 @@ class Report:
         plan: the packing plan (None for a model without one).
         skipped: embedding layers left unpacked, with the reason.
         tables: packed tables and unpacked embedding layers, with their sizes.
+        communication: per-rank bytes sent per step by alltoall and
+            allreduce under Horovod (``estimate_traffic``), or None.
 
     Example:
         >>> r = report(optimized_model, (features, labels), baseline=plain_model)
@@ -328,6 +330,7 @@ class Report:
     plan: PackingPlan | None
     skipped: tuple[SkippedLayer, ...]
     tables: tuple[TableStats, ...]
+    communication: dict | None = None
 
     @property
     def ops_ratio(self) -> float | None:
@@ -353,6 +356,7 @@ class Report:
             "skipped": [{"name": s.name, "reason": s.reason} for s in self.skipped],
             "tables": [t.to_dict() for t in self.tables],
             "table_totals": self.table_totals(),
+            "communication": self.communication,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -371,6 +375,7 @@ class Report:
             plan=PackingPlan.from_dict(d["plan"]) if d["plan"] is not None else None,
             skipped=tuple(SkippedLayer(s["name"], s["reason"]) for s in d["skipped"]),
             tables=tuple(TableStats.from_dict(t) for t in d["tables"]),
+            communication=d.get("communication"),
         )
 
     @classmethod
@@ -399,6 +404,19 @@ class Report:
             lines += [f"  {s.name}: {s.reason}" for s in self.skipped]
         else:
             lines.append("skipped embedding layers: none")
+        if self.communication:
+            c = self.communication
+            lines += [
+                "",
+                f"hybrid parallel on {c['num_ranks']} ranks ({c['batch_per_rank']} examples per rank per step), "
+                "bytes sent per rank per step:",
+            ]
+            lines += [
+                f"  rank {r['rank']}: alltoall {r['alltoall_bytes']:,}  allreduce {r['allreduce_bytes']:,}"
+                for r in c["per_rank"]
+            ]
+            placements = ", ".join(f"{name}: {t['placement']}" for name, t in c["tables"].items())
+            lines.append(f"  (dense gradients {c['dense_gradient_bytes']:,} bytes; {placements})")
         return "\n".join(lines)
 
     def _ops_lines(self) -> list[str]:
@@ -463,7 +481,9 @@ def _table_stats(model: tf.keras.Model, plan: PackingPlan | None) -> list[TableS
     return stats
 
 
-def report(model: tf.keras.Model, sample_batch, *, baseline: tf.keras.Model | None = None) -> Report:
+def report(
+    model: tf.keras.Model, sample_batch, *, baseline: tf.keras.Model | None = None, num_ranks: int | None = None
+) -> Report:
     """Reports what hybridtf did to ``model``: training-step ops (vs a baseline), plan, tables, skipped layers.
 
     Args:
@@ -471,6 +491,10 @@ def report(model: tf.keras.Model, sample_batch, *, baseline: tf.keras.Model | No
         sample_batch: one batch as ``fit`` gets it, its spec structure, or a ``tf.data.Dataset``
             (see ``count_ops``).
         baseline: the same model without hybridtf, compiled, to compare op counts with.
+        num_ranks: estimate the bytes each rank sends per step when trained
+            on this many Horovod ranks (``sample_batch`` as a global batch
+            ``(features, labels)``); default: the Horovod job's size when the
+            report runs under ``horovodrun``, else no estimate.
 
     Returns:
         A ``Report``: ``print`` it, or ``to_json()``.
@@ -496,14 +520,29 @@ def report(model: tf.keras.Model, sample_batch, *, baseline: tf.keras.Model | No
         plan=plan,
         skipped=skipped,
         tables=tuple(_table_stats(model, plan)),
+        communication=_communication(model, sample_batch, num_ranks) if optimized else None,
     )
+
+
+def _communication(model, sample_batch, num_ranks):
+    from hybridtf._src.distribute.traffic import estimate_traffic
+    from hybridtf._src.distribute.world import current_world
+
+    if num_ranks is None:
+        world = current_world()
+        num_ranks = world.size if world.distributed else None
+    if not num_ranks or num_ranks < 2:
+        return None
+    if not isinstance(sample_batch, (tuple, list)):
+        raise ValueError("num_ranks needs sample_batch as a batch (features, labels), not a spec or a dataset.")
+    return estimate_traffic(model, sample_batch[0], num_ranks)
 
 
 # --------------------------------------------------------------------------- command line
 
 
 def main(argv=None) -> int:
-    """``python -m hybridtf.report --model wdl|deepfm|dlrm|din --fields criteo|200 [--json]``.
+    """``python -m hybridtf.report --model wdl|deepfm|dlrm|din --fields criteo|200 [--ranks N] [--json]``.
 
     Builds the plain and the optimized benchmark model (``benchmarks/ctr_models.py``, the
     configurations of ``benchmarks/bench_keras.py``), compiles both with Adagrad and prints the
@@ -515,6 +554,9 @@ def main(argv=None) -> int:
     parser.add_argument("--model", choices=("wdl", "deepfm", "dlrm", "din"), default="wdl")
     parser.add_argument("--fields", choices=("criteo", "200", "f200"), default="criteo")
     parser.add_argument("--batch", type=int, default=256, help="batch size of the traced step (default 256)")
+    parser.add_argument(
+        "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args(argv)
     try:
@@ -534,7 +576,7 @@ def main(argv=None) -> int:
     model = hybridtf.keras.optimize(bench_keras.build_model(config, fields, batch[0]))
     for m in (plain, model):
         m.compile(optimizer=bench_keras.make_optimizer("adagrad"), loss="binary_crossentropy")
-    result = report(model, batch, baseline=plain)
+    result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
     if args.json:
         d = result.to_dict()
         d["config"] = dataclasses.asdict(config)

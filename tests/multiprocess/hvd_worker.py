@@ -21,11 +21,11 @@ import tensorflow as tf
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-import horovod.tensorflow as hvd  # noqa: E402
-import horovod.tensorflow.keras as hvdk  # noqa: E402
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvdk
 
-import hybridtf as htf  # noqa: E402
-from benchmarks import ctr_data, ctr_models  # noqa: E402
+import hybridtf as htf
+from benchmarks import ctr_data, ctr_models
 
 GLOBAL_BATCH = 64
 STEPS = 50
@@ -152,7 +152,12 @@ def main():
     )
 
     model, result["replicated_losses"] = fit(  # small tables stay whole on every rank, data-parallel
-        "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, batches=global_batches(steps=20), replicate_below_rows=10**6
+        "wdl",
+        tf.keras.optimizers.Adagrad(0.05),
+        rank,
+        size,
+        batches=global_batches(steps=20),
+        replicate_below_rows=10**6,
     )
     result["replicated_sharded"] = len(htf.horovod.local_variables(model))
 

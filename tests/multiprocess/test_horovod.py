@@ -38,10 +38,8 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("horovod")
     _run([sys.executable, WORKER, str(out)])
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    _run(
-        [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)]
-        + ["--restore", str(out / "wdl_1" / "ckpt")]
-    )
+    launch = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
+    _run([*launch, sys.executable, WORKER, str(out), "--restore", str(out / "wdl_1" / "ckpt")])
 
     def load(size, rank):
         with open(out / f"result_{size}_{rank}.json") as f:

@@ -47,8 +47,8 @@ def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
     for i, (g, v) in enumerate(out):
         if g is not None and id(v) in sharded_ids:
             if isinstance(g, tf.IndexedSlices):
-                g = tf.IndexedSlices(g.values * tf.constant(scale, g.values.dtype), g.indices, g.dense_shape)
+                scaled = tf.IndexedSlices(g.values * tf.constant(scale, g.values.dtype), g.indices, g.dense_shape)
             else:
-                g = g * tf.constant(scale, g.dtype)
-            out[i] = (g, v)
+                scaled = g * tf.constant(scale, g.dtype)
+            out[i] = (scaled, v)
     return out

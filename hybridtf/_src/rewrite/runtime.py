@@ -57,7 +57,6 @@ class PackedRuntime:
                 outputs[i] = out
         return outputs
 
-
     def _distributed_lookup(self, requests, by_table, outputs) -> None:
         world = self.storage.world
         names = [n for n in self._order if by_table.get(n)]
