@@ -187,7 +187,7 @@ def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
     if missing:
         raise TextFormatError(
             f"{path} lacks the {fmt.name} columns {missing} (header: {', '.join(names[:12])}"
-            f"{', ...' if len(names) > 12 else ''}); is it a {fmt.name} file?"
+            f"{', ...' if len(names) > 12 else ''}); is this {fmt.name} data?"
         )
     return names, header, delimiter
 
@@ -342,16 +342,19 @@ def convert_text(
             names, header, delimiter = _layout(path, fmt)
             convert = _BlockConverter(fmt, names, per_column, path)
             keys = [f"f{i}" for i in range(len(names))]
-            reader = pcsv.open_csv(
-                path,
-                read_options=pcsv.ReadOptions(column_names=keys, skip_rows=int(header), block_size=block_bytes),
-                parse_options=pcsv.ParseOptions(delimiter=delimiter),
-                convert_options=pcsv.ConvertOptions(
-                    column_types=dict.fromkeys(keys, pa.string()),
-                    strings_can_be_null=False,
-                    quoted_strings_can_be_null=False,
-                ),
-            )
+            try:
+                reader = pcsv.open_csv(
+                    path,
+                    read_options=pcsv.ReadOptions(column_names=keys, skip_rows=int(header), block_size=block_bytes),
+                    parse_options=pcsv.ParseOptions(delimiter=delimiter),
+                    convert_options=pcsv.ConvertOptions(
+                        column_types=dict.fromkeys(keys, pa.string()),
+                        strings_can_be_null=False,
+                        quoted_strings_can_be_null=False,
+                    ),
+                )
+            except pa.ArrowInvalid as e:
+                raise TextFormatError(f"{path}: not a valid {fmt.name} file: {e}") from None
             first_row = 1 + int(header)  # line number, for messages
             while True:
                 try:

@@ -235,8 +235,8 @@ class _Reader:
                 lengths % ID_BYTES,
                 tf.zeros_like(lengths),
                 message=(
-                    f"multi-hot column {n!r}: a value's length is not a multiple of {ID_BYTES} bytes; multi-hot "
-                    "values must be little-endian int64 ids (hybridtf.data.encode_multi_hot)"
+                    f"multi-hot column {n}: a value has a length that is not a multiple of {ID_BYTES} bytes; "
+                    "multi-hot values must be little-endian int64 ids (hybridtf.data.encode_multi_hot)"
                 ),
             )
             with tf.control_dependencies([check]):
