@@ -26,6 +26,23 @@ from hybridtf._src.integrations.estimator_hooks import (
     horovod_broadcast_hook,
     report_of,
 )
+from hybridtf._src.run.loader import load_ops as _load_ops
+
+
+def load_ops() -> None:
+    """Loads hybridtf's op library, so that SavedModels exported by a wrapped Estimator load.
+
+    Exports of a wrapped model_fn contain hybridtf's fused ops; call this
+    before ``tf.saved_model.load`` in a process that has not used hybridtf yet.
+
+    Raises:
+        hybridtf.errors.OpLibraryError: the library is missing or was built for another TensorFlow.
+
+    Example:
+        >>> htf_estimator.load_ops()
+        >>> predict = tf.saved_model.load(export_dir).signatures["serving_default"]
+    """
+    _load_ops()
 
 
 def hooks(
@@ -80,6 +97,7 @@ __all__ = [
     "EstimatorReport",
     "StatsHook",
     "hooks",
+    "load_ops",
     "model_fn",
     "report_of",
 ]

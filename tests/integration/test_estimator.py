@@ -228,6 +228,32 @@ def test_tables_api_inside_model_fn(tmp_path):
     assert hooks[0].stats()["step_ops_packed"] < hooks[0].stats()["step_ops_plain"]
 
 
+def keras_functional_model_fn(features, labels, mode):
+    """A functional Keras model built in the model_fn (tf.keras.Input), trained via model.trainable_variables."""
+    inputs = {f"C{i}": tf.keras.Input(shape=(), dtype=tf.int64, name=f"C{i}") for i in range(FIELDS)}
+    embs = [
+        tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(i), name=f"e{i}")(inputs[f"C{i}"])
+        for i in range(FIELDS)
+    ]
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=1))(tf.concat(embs, 1))
+    model = tf.keras.Model(inputs, out)
+    pred = tf.sigmoid(model({k: features[k] for k in inputs}))
+    loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, pred))
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    updates = tf.keras.optimizers.legacy.Adagrad(0.1).get_updates(loss, model.trainable_variables)
+    with tf.control_dependencies(updates):
+        train_op = tf.compat.v1.assign_add(tf.compat.v1.train.get_global_step(), 1)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_keras_functional_model_inside_model_fn(tmp_path):
+    hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lambda line: None)
+    _, plain = _train(keras_functional_model_fn, tmp_path / "plain", 30)
+    _, wrapped = _train(htf_estimator.model_fn(keras_functional_model_fn), tmp_path / "wrapped", 30, hooks)
+    _assert_losses_close(wrapped, plain)
+    assert hooks[0].report.packed_lookups == FIELDS  # the model's call on the features; not the Input pass
+
+
 def test_out_of_vocabulary_id_names_the_table(tmp_path):
     x, y = _data(BATCH * 2, seed=1)
     x = dict(x)

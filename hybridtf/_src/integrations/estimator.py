@@ -201,7 +201,7 @@ class _Real:
                         f"in the real graph: {problem}. Use a Keras initializer or a constant."
                     )
                 parts.append(
-                    graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf")[0]
+                    graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf_init")[0]
                 )
             with self.graph.as_default(), tf.name_scope("hybridtf"):
                 inits[pt.name] = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]

@@ -116,6 +116,14 @@ class CapturedTable(TableView):
     def name(self) -> str:
         return f"{self.checkpoint_key}:0"
 
+    # Keras' TF1 backend initializes the variables it tracked (add_weight tracks this view) in its own session.
+    @property
+    def initializer(self):
+        return self._variable.initializer
+
+    def is_initialized(self, name=None):
+        return self._variable.is_initialized(name=name)
+
     def claim_weights(self) -> None:
         """Puts the variable holding the rows where the layer listed this view among its weights.
 
