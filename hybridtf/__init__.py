@@ -9,16 +9,32 @@ not pull in TensorFlow):
     hybridtf.embedding: functional tables and lookups (``Tables``, ``TableConfig``, ``lookup``).
     hybridtf.function: ``tf.function`` for custom loops, every lookup of a step packed.
     hybridtf.horovod: hybrid parallel training under ``horovodrun`` (shards, local variables).
+    hybridtf.estimator: wrap a tf.estimator model_fn (packed lookups, plain checkpoints) and SessionRunHooks.
+    hybridtf.data:   tensorflow-io Parquet input (dense, one-hot, multi-hot), text-to-Parquet converters.
 """
 
 import importlib
 
 __version__ = "0.1.0"
-_SUBMODULES = ("embedding", "errors", "horovod", "keras", "layers", "native", "ops", "plan", "report")
-__all__ = [
-    "__version__",
+_SUBMODULES = (
+    "data",
     "embedding",
     "errors",
+    "estimator",
+    "horovod",
+    "keras",
+    "layers",
+    "native",
+    "ops",
+    "plan",
+    "report",
+)
+__all__ = [
+    "__version__",
+    "data",
+    "embedding",
+    "errors",
+    "estimator",
     "function",
     "horovod",
     "keras",
