@@ -178,7 +178,6 @@ class _Reader:
     spec: FeatureSpec
     physical: dict[str, str]
     dense_key: str | None
-    shuffle: bool
 
     def read(self, file, start, stop, slot, seed=None):
         core_ops = _core_ops()
@@ -354,7 +353,7 @@ def parquet_dataset(
     begin, end, num_batches = shard_rows(total, int(batch_size), rank, size, drop_remainder)
     chunks = plan_chunks([m.row_groups for m in files], begin, end, int(read_rows))
     arr = np.array(chunks, dtype=np.int64).reshape(-1, 3)
-    reader = _Reader(files, spec, physical, dense_key, shuffle)
+    reader = _Reader(files, spec, physical, dense_key)
     ds = tf.data.Dataset.from_tensor_slices(
         (arr[:, 0].astype(np.int32), arr[:, 1], arr[:, 2], np.arange(len(arr), dtype=np.int64) % _READER_SLOTS)
     )
