@@ -76,9 +76,51 @@ def DistributedGradientTape(tape, *objs, **kwargs):
     return distributed
 
 
+def DistributedOptimizer(optimizer, **kwargs):
+    """``hvd.DistributedOptimizer(optimizer, **kwargs)`` that keeps hybridtf's shards local.
+
+    For ``tf.compat.v1.train`` optimizers in TF1 graphs (an Estimator
+    model_fn): at ``compute_gradients`` (``minimize``) the shards created in
+    the graph are registered as Horovod local variables — not allreduced,
+    scaled by ``1 / size``. Keras optimizers need nothing extra (the compile
+    hook of an optimized model registers them), so this works for them too.
+
+    Args:
+        optimizer: a ``tf.compat.v1.train.Optimizer`` or Keras optimizer.
+        **kwargs: passed to ``hvd.DistributedOptimizer``.
+
+    Returns:
+        Horovod's distributed optimizer.
+
+    Example:
+        >>> opt = htf.horovod.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05))
+        >>> train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    """
+    import horovod.tensorflow as hvd
+
+    from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+    if kwargs.get("scale_local_gradients", True) is not True:
+        raise ValueError("scale_local_gradients must stay True: it averages the shards' gradients over the ranks.")
+    distributed = hvd.DistributedOptimizer(optimizer, **kwargs)
+    if not hasattr(distributed, "compute_gradients") or not hasattr(distributed, "register_local_var"):
+        return distributed
+    compute = distributed.compute_gradients
+
+    def compute_gradients(*args, **kw):
+        import tensorflow as tf
+
+        for var in tf.compat.v1.get_collection(LOCAL_VARIABLES):
+            distributed.register_local_var(var)
+        return compute(*args, **kw)
+
+    distributed.compute_gradients = compute_gradients
+    return distributed
+
+
 def world() -> World:
     """The Horovod job hybridtf sees (rank, size); ``World(0, 1)`` without Horovod."""
     return current_world()
 
 
-__all__ = ["DistributedGradientTape", "World", "local_variables", "world"]
+__all__ = ["DistributedGradientTape", "DistributedOptimizer", "World", "local_variables", "world"]

@@ -1,5 +1,7 @@
 """Hybrid parallel training under ``horovodrun -np 2 -H localhost:2 --gloo`` equals one process.
 
+Keras (``hvd_worker.py``) and Estimator (``hvd_estimator_worker.py``) runs.
+
 One single-process run and one 2-rank run of ``hvd_worker.py`` (same global
 batches; each rank trains on its half) are compared: per-step losses (the
 ranks' mean) within 1e-5 relative, predictions, checkpoints across 1 <-> 2
@@ -24,6 +26,7 @@ import hybridtf as htf
 pytestmark = pytest.mark.multiprocess
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_worker.py")
+ESTIMATOR_WORKER = os.path.join(os.path.dirname(__file__), "hvd_estimator_worker.py")
 RTOL = 1e-5
 
 
@@ -40,12 +43,20 @@ def runs(tmp_path_factory):
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     launch = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
     _run([*launch, sys.executable, WORKER, str(out), "--restore", str(out / "wdl_1" / "ckpt")])
+    _run([sys.executable, ESTIMATOR_WORKER, str(out)])
+    _run([*launch, sys.executable, ESTIMATOR_WORKER, str(out)])
 
-    def load(size, rank):
-        with open(out / f"result_{size}_{rank}.json") as f:
+    def load(prefix, size, rank):
+        with open(out / f"{prefix}_{size}_{rank}.json") as f:
             return json.load(f)
 
-    return {"dir": out, "single": load(1, 0), "ranks": [load(2, 0), load(2, 1)]}
+    return {
+        "dir": out,
+        "single": load("result", 1, 0),
+        "ranks": [load("result", 2, 0), load("result", 2, 1)],
+        "estimator_single": load("estimator", 1, 0),
+        "estimator_ranks": [load("estimator", 2, 0), load("estimator", 2, 1)],
+    }
 
 
 def _mean_over_ranks(runs, key):
@@ -104,3 +115,15 @@ def test_invalid_id_on_one_rank_fails_the_step_on_every_rank(runs):
         message = r["invalid_error"]
         assert message is not None, f"rank {r['rank']} trained on despite rank 1's invalid id"
         assert "emb_C2 (vocabulary [0, 300))" in message and "on at least one rank" in message
+
+
+def test_estimator_under_horovod_equals_one_process(runs):
+    single, ranks = runs["estimator_single"], runs["estimator_ranks"]
+    assert single["shards"] == 0 and [r["shards"] for r in ranks] == [2, 2]  # 4-dim and 1-dim packed tables
+    losses = np.mean([r["losses"] for r in ranks], axis=0)
+    assert len(single["losses"]) == 30 and abs(single["losses"][-1] - single["losses"][0]) > 1e-3
+    np.testing.assert_allclose(losses, single["losses"], rtol=RTOL, atol=0)
+    # evaluation restores each rank's rows from the checkpoint every rank wrote with whole tables
+    np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=RTOL)
+    for r in ranks:
+        assert r["checkpoint_shapes"] == single["checkpoint_shapes"]

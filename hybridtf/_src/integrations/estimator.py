@@ -40,10 +40,13 @@ from tensorflow.python.framework import ops
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import CaptureError, LookupRequest
 from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR, Tables
+from hybridtf._src.distribute.layout import ShardLayout
+from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_capture as capture
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_saver import with_saver
+from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import PackedTables
@@ -157,6 +160,12 @@ class _Record:
         return found
 
 
+def _own_slice(layout: ShardLayout, world) -> slice:
+    """Positions of ``world.rank``'s rows in ``layout.gather_order(0, num_rows)`` (rank-ordered)."""
+    start = sum(layout.local_rows(r) for r in range(world.rank))
+    return slice(start, start + layout.local_rows(world.rank))
+
+
 class _RuntimeOwner:
     """Stands for the layers in requests given to ``lookup_all`` (the layers' runtime)."""
 
@@ -206,16 +215,22 @@ class _Real:
             with self.graph.as_default(), tf.name_scope("hybridtf"):
                 inits[pt.name] = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
 
+        world = current_world()
+
         def substitute(next_creator, **kwargs):
             name = kwargs.get("name")
             if name in inits:
+                full = inits[name]
+                if self.plan.placement(name, world.size) == "sharded":  # this rank's rows, in local order
+                    layout = ShardLayout(self.plan.packed_table(name).num_rows, world.size, self.plan.shard_strategy)
+                    full = tf.gather(full, layout.gather_order(0, layout.num_rows)[_own_slice(layout, world)])
                 given = tuple(np.shape(kwargs["initial_value"]))
-                if given != tuple(inits[name].shape.as_list()):
+                if given != tuple(full.shape.as_list()):
                     raise CaptureError(
-                        f"hybridtf.estimator: packed table {name!r} is stored with shape {given} here (sharded over "
-                        "Horovod ranks?); Estimator packing supports whole tables only so far."
+                        f"hybridtf.estimator: packed table {name!r} is stored with shape {given} here but its "
+                        f"initial value has shape {tuple(full.shape.as_list())}."
                     )
-                kwargs["initial_value"] = inits[name]
+                kwargs["initial_value"] = full
             return next_creator(**kwargs)
 
         # PackedTables takes arrays in graph mode: zero-stride stand-ins, replaced by the copied initializers.
@@ -225,6 +240,8 @@ class _Real:
                 stand_ins[m.name] = np.broadcast_to(np.zeros((), pt.dtype), (m.num_rows, pt.dim))
         with self.graph.as_default(), tf.name_scope("hybridtf"), tf.variable_creator_scope(substitute):
             self.storage = PackedTables(self.plan, stand_ins)
+        for var in self.storage.sharded_variables():  # rank-local: kept out of broadcasts and allreduces
+            tf.compat.v1.add_to_collection(LOCAL_VARIABLES, var)
         self.runtime = PackedRuntime(self.plan, self.storage)
 
     # -- variable creation ---------------------------------------------------------------------
@@ -430,7 +447,12 @@ def build(user_fn, features, labels, mode, params, config, *, exclude=(), max_sh
         for pt in plan.packed_tables:
             var = real.storage.packed[pt.name]
             members[var.op.name] = [(real.claimed[m.name].checkpoint_key, m.row_offset, m.num_rows) for m in pt.members]
-        spec, _ = with_saver(spec, packed, members, config)
+        shards = {
+            real.storage.packed[name].op.name: (layout, real.storage.world)
+            for name, layout in real.storage.layouts.items()
+            if layout is not None
+        }
+        spec, _ = with_saver(spec, packed, members, config, shards)
     report.packed_lookups = len(real.outputs)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
     report.step_ops_plain = scratch_ops

@@ -222,8 +222,33 @@ class CacheMaintenanceHook(tf.compat.v1.train.SessionRunHook):
             self.runs += 1
 
 
+class ShardAwareBroadcastHook(tf.compat.v1.train.SessionRunHook):
+    """Broadcasts rank 0's global variables after the session is created, except shards and their slots.
+
+    Horovod's ``BroadcastGlobalVariablesHook`` with hybridtf's rank-local
+    variables (sharded packed tables) left out: each rank keeps its own rows.
+    """
+
+    def __init__(self, root_rank: int = 0):
+        self.root_rank = root_rank
+        self._op = None
+
+    def begin(self):
+        import horovod.tensorflow as hvd
+
+        from hybridtf._src.integrations.horovod_hooks import graph_local_variables
+
+        local = {v.op.name for v in graph_local_variables()}
+        shared = [v for v in tf.compat.v1.global_variables() if v.op.name not in local]
+        self._op = hvd.broadcast_variables(shared, self.root_rank) if shared else None
+
+    def after_create_session(self, session, coord):
+        if self._op is not None:
+            session.run(self._op)
+
+
 def horovod_broadcast_hook(root_rank: int = 0):
-    """Horovod's ``BroadcastGlobalVariablesHook`` when Horovod is imported, initialized and has > 1 rank, else None.
+    """A broadcast of rank 0's variables (shards excluded) when Horovod is imported, initialized, > 1 rank; else None.
 
     Example:
         >>> horovod_broadcast_hook() is None  # a single process
@@ -238,4 +263,4 @@ def horovod_broadcast_hook(root_rank: int = 0):
             return None
     except (ValueError, RuntimeError):
         return None
-    return hvd.BroadcastGlobalVariablesHook(root_rank)
+    return ShardAwareBroadcastHook(root_rank)

@@ -24,9 +24,11 @@ class PackedSaveable(saveable_object.SaveableObject):
             covering all rows of ``variable``.
     """
 
-    def __init__(self, variable, parts):
+    def __init__(self, variable, parts, shard=None):
         parts = sorted(parts, key=lambda p: p[1])
-        rows, expected = 0, variable.shape[0]
+        self._shard = shard  # (ShardLayout, World) when ``variable`` is this rank's shard
+        rows = 0
+        expected = shard[0].num_rows if shard is not None else variable.shape[0]
         for _, offset, num in parts:
             if offset != rows:
                 raise ValueError(f"packed variable {variable.name}: members do not tile its rows at row {rows}.")
@@ -39,7 +41,9 @@ class PackedSaveable(saveable_object.SaveableObject):
         for key, offset, num in parts:
 
             def tensor(offset=offset, num=num):
-                return variable.read_value()[offset : offset + num]
+                if shard is None:
+                    return variable.read_value()[offset : offset + num]
+                return _gather_member(variable, shard, offset, num)
 
             specs.append(saveable_object.SaveSpec(tensor, "", key, dtype=variable.dtype, device=variable.device))
         super().__init__(variable, specs, variable.op.name)
@@ -49,21 +53,43 @@ class PackedSaveable(saveable_object.SaveableObject):
         for (key, _, num), value in zip(self._parts, restored_tensors):
             if value.shape.rank is not None and value.shape[0] is not None and value.shape[0] != num:
                 raise ValueError(f"checkpoint entry {key!r} has {value.shape[0]} rows, the model's table has {num}.")
-        return self._variable.assign(tf.concat(list(restored_tensors), axis=0)).op
+        values = list(restored_tensors)
+        if self._shard is not None:  # keep this rank's rows of every member (consecutive local rows)
+            layout, world = self._shard
+            mine = []
+            for (_, offset, num), value in zip(self._parts, values):
+                seg = layout.segment(offset, num, world.rank)
+                mine.append(value[seg.member_start :: seg.stride][: seg.count])
+            values = mine
+        return self._variable.assign(tf.concat(values, axis=0)).op
 
 
-def saver_var_list(packed: dict, members: dict) -> list:
+def _gather_member(variable, shard, offset, num):
+    """A member table's whole rows from every rank's shard (allgather; every rank saves together)."""
+    import numpy as np
+
+    layout, world = shard
+    seg = layout.segment(offset, num, world.rank)
+    parts = world.hvd.allgather(variable.read_value()[seg.local_start : seg.local_start + seg.count])
+    if layout.strategy == "range":
+        return parts
+    return tf.gather(parts, np.argsort(layout.gather_order(offset, num), kind="stable"))
+
+
+def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> list:
     """The Saver's var_list: every saveable of the graph, packed variables and their slots split per table.
 
     Args:
         packed: packed variable op name -> packed variable.
         members: packed variable op name -> [(checkpoint key, offset, rows)].
+        shards: packed variable op name -> (ShardLayout, World) for this rank's shards.
 
     Returns:
         A list of variables and ``PackedSaveable`` s.
     """
     from tensorflow.python.ops import variables as variables_module
 
+    shards = shards or {}
     items = []
     for var in variables_module._all_saveable_objects():
         if not isinstance(var, tf.Variable):
@@ -71,18 +97,19 @@ def saver_var_list(packed: dict, members: dict) -> list:
             continue
         name = var.op.name
         if name in packed:
-            items.append(PackedSaveable(var, members[name]))
+            items.append(PackedSaveable(var, members[name], shards.get(name)))
             continue
         owner = next((p for p in packed if name.startswith(p + "/")), None)
         if owner is not None and var.shape == packed[owner].shape:
             suffix = name[len(owner) :]
-            items.append(PackedSaveable(var, [(key + suffix, off, num) for key, off, num in members[owner]]))
+            parts = [(key + suffix, off, num) for key, off, num in members[owner]]
+            items.append(PackedSaveable(var, parts, shards.get(owner)))
             continue
         items.append(var)
     return items
 
 
-def with_saver(spec, packed: dict, members: dict, config):
+def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None):
     """``spec`` with a Scaffold whose Saver writes the plain layout (a user's own Saver is kept).
 
     Returns:
@@ -96,7 +123,7 @@ def with_saver(spec, packed: dict, members: dict, config):
     keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
     keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
     saver = tf.compat.v1.train.Saver(
-        var_list=saver_var_list(packed, members),
+        var_list=saver_var_list(packed, members, shards),
         sharded=True,
         max_to_keep=keep_max,
         keep_checkpoint_every_n_hours=keep_hours,

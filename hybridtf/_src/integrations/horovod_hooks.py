@@ -10,6 +10,24 @@ from __future__ import annotations
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 
+# Graph collection of the shards created in a TF1 graph (Estimator): rank-local variables.
+LOCAL_VARIABLES = "hybridtf_local_variables"
+
+
+def graph_local_variables(graph=None) -> list:
+    """The shards of ``graph`` (default graph) and their optimizer slots (``<shard>/...`` of the same shape)."""
+    import tensorflow as tf
+
+    graph = graph or tf.compat.v1.get_default_graph()
+    shards = graph.get_collection(LOCAL_VARIABLES)
+    out = list(shards)
+    names = {v.op.name: v for v in shards}
+    for var in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+        owner = next((n for n in names if var.op.name.startswith(n + "/")), None)
+        if owner is not None and var.shape == names[owner].shape:
+            out.append(var)
+    return out
+
 
 def _local_refs(storage, model) -> set:
     refs = {v.ref() for v in storage.sharded_variables()}

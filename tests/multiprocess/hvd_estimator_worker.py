@@ -1,0 +1,122 @@
+"""One process of the Estimator-under-Horovod test: a wrapped W&D model_fn, trained and evaluated.
+
+Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
+global batch; the ranks' mean loss per step must equal one process training
+on the global batches. Every rank has its own model_dir: with sharded tables
+every rank takes part in saving (the tables are gathered), and evaluation
+restores each rank's rows from that checkpoint.
+
+    python tests/multiprocess/hvd_estimator_worker.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import horovod.tensorflow as hvd
+
+import hybridtf as htf
+from hybridtf._src.capture.layers import EmbeddingBag
+from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+FIELDS, VOCAB, DIM, GLOBAL_BATCH, STEPS = 6, 40, 4, 64, 30
+LOSS_KEY = "hvd_estimator_loss"
+
+
+def global_data(n_batches, seed):
+    rng = np.random.default_rng(seed)
+    n = GLOBAL_BATCH * n_batches
+    x = {f"C{i}": rng.integers(0, VOCAB - i, size=n).astype(np.int64) for i in range(FIELDS)}
+    hist = [rng.integers(0, 30, size=rng.integers(0, 5)).astype(np.int64) for _ in range(n)]
+    y = (rng.random((n, 1)) < 0.3).astype(np.float32)
+    return x, hist, y
+
+
+def input_fn(data, rank, size):
+    x, hist, y = data
+    per = GLOBAL_BATCH // size
+    rows = np.concatenate(
+        [np.arange(b * GLOBAL_BATCH + rank * per, b * GLOBAL_BATCH + (rank + 1) * per) for b in range(len(y) // 64)]
+    )
+    feats = {k: v[rows] for k, v in x.items()}
+    lengths = np.array([len(hist[i]) for i in rows], np.int64)
+    values = np.concatenate([hist[i] for i in rows]) if len(rows) else np.zeros([0], np.int64)
+    feats["hist"] = tf.RaggedTensor.from_row_lengths(values, lengths)
+    return tf.data.Dataset.from_tensor_slices((feats, y[rows])).batch(per)
+
+
+def model_fn(features, labels, mode):
+    init = lambda s: tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=s)  # noqa: E731
+    deep, wide = [], []
+    for i in range(FIELDS):
+        ids = features[f"C{i}"]
+        deep.append(tf.keras.layers.Embedding(VOCAB - i, DIM, embeddings_initializer=init(i), name=f"emb_C{i}")(ids))
+        wide.append(
+            tf.keras.layers.Embedding(VOCAB - i, 1, embeddings_initializer=init(50 + i), name=f"wide_C{i}")(ids)
+        )
+    deep.append(EmbeddingBag(30, DIM, combiner="mean", embeddings_initializer=init(99), name="hist")(features["hist"]))
+    hidden = tf.keras.layers.Dense(16, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))
+    pred = tf.sigmoid(out(hidden(tf.concat(deep, axis=1))) + tf.add_n(wide))
+    loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, pred))
+    if mode == tf.estimator.ModeKeys.EVAL:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+    if hvd.size() > 1:
+        optimizer = htf.horovod.DistributedOptimizer(optimizer)
+    train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class LossHook(tf.compat.v1.train.SessionRunHook):
+    def __init__(self):
+        self.losses = []
+        self.shards = None
+
+    def begin(self):
+        self.shards = len(tf.compat.v1.get_collection(LOCAL_VARIABLES))
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(float(run_values.results))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    args = parser.parse_args()
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    config = tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+    est = tf.estimator.Estimator(
+        htf.estimator.model_fn(model_fn), model_dir=os.path.join(args.out, f"est_{size}_{rank}"), config=config
+    )
+    losses = LossHook()
+    train = global_data(STEPS, seed=3)
+    est.train(
+        lambda: input_fn(train, rank, size), steps=STEPS, hooks=[losses, *htf.estimator.hooks(log_fn=lambda line: None)]
+    )
+    evaluation = est.evaluate(lambda: input_fn(global_data(2, seed=4), rank, size), steps=2)
+    result = {"rank": rank, "size": size, "losses": losses.losses, "eval_loss": float(evaluation["loss"])}
+    result["shards"] = losses.shards
+    ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))
+    result["checkpoint_shapes"] = {k: s for k, s in tf.train.list_variables(ckpt) if "emb_C0" in k or "hist" in k}
+    with open(os.path.join(args.out, f"estimator_{size}_{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
