@@ -1,1 +1,1 @@
-"""Data side: synthetic CTR-like inputs today; Parquet input pipelines join later."""
+"""Data side: synthetic CTR-like id streams, and the tensorflow-io Parquet input pipeline (``hybridtf.data``)."""
