@@ -61,8 +61,9 @@ def hooks(
     * ``CacheMaintenanceHook``: runs the graph's cache maintenance ops
       (collection ``CACHE_MAINTENANCE``; the place HybridHash flushes will
       hook in) every ``cache_every_n_steps`` steps and at the end.
-    * Horovod's ``BroadcastGlobalVariablesHook(0)``, only when Horovod is
-      imported, initialized and runs more than one process (and ``broadcast``).
+    * a broadcast of rank 0's variables except the rank-local shards
+      (``ShardAwareBroadcastHook``), only when Horovod is imported,
+      initialized and runs more than one process (and ``broadcast``).
 
     Args:
         every_n_steps: throughput log interval (None: only at the end).
