@@ -182,6 +182,18 @@ def test_empty_bags_and_large_ids_survive(tmp_path):
     assert features["bag"].row_lengths().numpy().tolist() == [0, 1, 0, 4, 0]
 
 
+def test_multi_hot_column_larger_than_a_data_page_reads_back_exactly(tmp_path):
+    # > 1 MiB of distinct bags per column chunk: past Arrow's default dictionary limit, where
+    # tensorflow-io 0.36 misread the PLAIN pages Arrow falls back to.
+    rng = np.random.default_rng(3)
+    bags = [rng.integers(0, 2**40, size=rng.integers(0, 30)).tolist() for _ in range(20_000)]
+    spec = hd.FeatureSpec(label=None, multi_hot=["bag"])
+    path = str(tmp_path / "big_bags.parquet")
+    hd.write_parquet(path, {"bag": bags}, spec)
+    got = [b for features in hd.parquet_dataset(path, spec=spec, batch_size=4096) for b in features["bag"].to_list()]
+    assert got == bags
+
+
 def test_shuffle_reads_every_row_once_in_a_new_order_each_epoch(tmp_path):
     paths, expected = make_files(tmp_path, [60, 45], row_group_rows=20)
     ds = hd.parquet_dataset(paths, spec=SPEC, batch_size=10, shuffle=True, seed=7)

@@ -45,6 +45,7 @@ from hybridtf._src.data.errors import TextFormatError
 from hybridtf._src.data.hashing import DEFAULT_BUCKETS, check_buckets, hash_strings
 from hybridtf._src.data.layout import (
     DEFAULT_ROW_GROUP_ROWS,
+    DICTIONARY_PAGESIZE_LIMIT,
     SPEC_METADATA_KEY,
     FeatureSpec,
     multi_hot_from_lengths,
@@ -325,7 +326,9 @@ def convert_text(
     rows = 0
     pending: list = []
     pending_rows = 0
-    with pq.ParquetWriter(os.fspath(output), schema, compression=compression) as writer:
+    with pq.ParquetWriter(
+        os.fspath(output), schema, compression=compression, dictionary_pagesize_limit=DICTIONARY_PAGESIZE_LIMIT
+    ) as writer:
 
         def flush(final: bool):
             nonlocal pending, pending_rows

@@ -28,6 +28,12 @@ from typing import Any
 
 import numpy as np
 
+# tensorflow-io 0.36 misreads a binary (multi-hot) column when one read spans several PLAIN-encoded
+# data pages; Arrow's writer falls back from dictionary to PLAIN pages once a column chunk's
+# dictionary passes its limit (1 MiB by default). hybridtf's writers raise the limit so that
+# multi-hot columns stay dictionary-encoded.
+DICTIONARY_PAGESIZE_LIMIT = 1 << 30
+
 SPEC_METADATA_KEY = b"hybridtf.feature_spec"
 LAYOUT_VERSION = 1
 ID_BYTES = 8  # a multi-hot id on disk: little-endian int64
@@ -332,4 +338,10 @@ def write_parquet(
     table = pa.table(arrays, schema=schema)
     if spec is not None:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), SPEC_METADATA_KEY: spec.to_json()})
-    pq.write_table(table, os.fspath(path), row_group_size=row_group_rows, compression=compression)
+    pq.write_table(
+        table,
+        os.fspath(path),
+        row_group_size=row_group_rows,
+        compression=compression,
+        dictionary_pagesize_limit=DICTIONARY_PAGESIZE_LIMIT,
+    )
