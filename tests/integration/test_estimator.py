@@ -259,7 +259,7 @@ def test_out_of_vocabulary_id_names_the_table(tmp_path):
     x = dict(x)
     x["C2"] = x["C2"].copy()
     x["C2"][5] = VOCAB + 7
-    with pytest.raises(tf.errors.InvalidArgumentError, match="(emb|wide)_C2"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"(emb|wide)_C2"):
         _train(htf_estimator.model_fn(wdl_model_fn), tmp_path, 1, data=(x, y))
 
 
