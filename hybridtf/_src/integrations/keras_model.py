@@ -309,34 +309,24 @@ def optimize(
         >>> model.compile(optimizer="adagrad", loss="binary_crossentropy")
         >>> model.fit(dataset, epochs=1)
     """
+    options = dict(
+        plan=plan,
+        exclude=exclude,
+        force_groups=force_groups,
+        stats=stats,
+        max_shards=max_shards,
+        fused_updates=fused_updates,
+        shard_strategy=shard_strategy,
+        replicate_below_rows=replicate_below_rows,
+    )
     if model is None:
-        return functools.partial(
-            optimize,
-            plan=plan,
-            exclude=exclude,
-            force_groups=force_groups,
-            stats=stats,
-            max_shards=max_shards,
-            fused_updates=fused_updates,
-            shard_strategy=shard_strategy,
-            replicate_below_rows=replicate_below_rows,
-        )
+        return functools.partial(optimize, **options)
     if not isinstance(model, tf.keras.Model) and callable(model):
         builder = model
 
         @functools.wraps(builder)
         def build_and_optimize(*args, **kwargs):
-            return optimize(
-                builder(*args, **kwargs),
-                plan=plan,
-                exclude=exclude,
-                force_groups=force_groups,
-                stats=stats,
-                max_shards=max_shards,
-                fused_updates=fused_updates,
-                shard_strategy=shard_strategy,
-                replicate_below_rows=replicate_below_rows,
-            )
+            return optimize(builder(*args, **kwargs), **options)
 
         return build_and_optimize
     if not isinstance(model, tf.keras.Model):
