@@ -78,7 +78,8 @@ class EpochLosses(tf.keras.callbacks.Callback):
 def fit(kind, optimizer, rank, size, fs=None, batches=None, **optimize_kwargs):
     fs = fs or fields()
     batches = batches or global_batches(fs)
-    model = build(kind, fs)
+    # Every rank starts from other random weights: optimize() must make rank 0's the common start.
+    model = build(kind, fs, seed=7 + 1000 * rank)
     model(eval_batch(fs))
     model = htf.keras.optimize(model, **optimize_kwargs)
     model.compile(optimizer=optimizer, loss="binary_crossentropy")

@@ -2,12 +2,14 @@
 
 Keras (``hvd_worker.py``) and Estimator (``hvd_estimator_worker.py``) runs.
 
-One single-process run and one 2-rank run of ``hvd_worker.py`` (same global
-batches; each rank trains on its half) are compared: per-step losses (the
-ranks' mean) within 1e-5 relative, predictions, checkpoints across 1 <-> 2
-ranks and into the plain model, skewed ids (one rank owns every row the
-step needs; the other receives nothing), replicated small tables, and an
-invalid id on one rank failing the step on both without a hang.
+One single-process run and one 2-rank run of each (same global batches; each
+rank trains on its half; in the Keras fits every rank builds its model from
+other random weights, so rank 0's must become everyone's) are compared:
+per-step losses (the ranks' mean) within 1e-5 relative, predictions,
+checkpoints across 1 <-> 2 ranks and into the plain model, skewed ids (one
+rank owns every row the step needs; the other receives nothing), replicated
+small tables, and an invalid id on one rank failing the step on both without
+a hang.
 """
 
 from __future__ import annotations
