@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.distribute.layout import ShardLayout
@@ -63,6 +64,19 @@ def exchange_rows(shard: tf.Variable, unique, layout: ShardLayout, world: World,
         rows = tf.gather(tf.gather(shard, local.unique_ids), local.inverse)
         back, _ = hvd.alltoall(rows, splits=received_splits, name=f"{name}_rows")
         return back
+
+
+def gather_member(shard, layout: ShardLayout, world: World, offset: int, count: int, name: str | None = None):
+    """The whole rows ``[offset, offset + count)`` of a sharded packed table, from every rank's shard.
+
+    A collective (allgather): every rank calls it, in the same order. Used to
+    checkpoint shards (and their optimizer slots) as whole tables.
+    """
+    mine = tf.convert_to_tensor(shard)[layout.local_slice(offset, count, world.rank)]
+    parts = world.hvd.allgather(mine, name=name)
+    if layout.strategy == "range":  # rank order is row order
+        return parts
+    return tf.gather(parts, np.argsort(layout.gather_order(offset, count), kind="stable"))
 
 
 def agree_on_valid_ids(world: World, invalid_counts: Sequence[tf.Tensor], vocabularies: Sequence[tuple[str, int]]):

@@ -78,6 +78,16 @@ class ShardLayout:
         n = max(0, hi - lo)
         return Segment(lo - int(b[rank]) if n else 0, n, lo - offset if n else 0, 1)
 
+    def local_slice(self, offset: int, count: int, rank: int) -> slice:
+        """The local rows of ``rank``'s shard that hold rows of member range ``[offset, offset + count)``."""
+        seg = self.segment(offset, count, rank)
+        return slice(seg.local_start, seg.local_start + seg.count)
+
+    def own_rows(self, value, offset: int, count: int, rank: int):
+        """``rank``'s rows of a member's whole ``value`` (``[count, ...]``, array or tensor), in local order."""
+        seg = self.segment(offset, count, rank)
+        return value[seg.member_start :: seg.stride][: seg.count]
+
     def gather_order(self, offset: int, count: int) -> np.ndarray:
         """For the rank-ordered concatenation of every rank's segment: the member row of each position."""
         parts = []

@@ -14,6 +14,8 @@ from __future__ import annotations
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
+from hybridtf._src.distribute.exchange import gather_member
+
 
 class PackedSaveable(saveable_object.SaveableObject):
     """Saves a packed variable (or a slot of it) as one checkpoint entry per member table.
@@ -43,7 +45,7 @@ class PackedSaveable(saveable_object.SaveableObject):
             def tensor(offset=offset, num=num):
                 if shard is None:
                     return variable.read_value()[offset : offset + num]
-                return _gather_member(variable, shard, offset, num)
+                return gather_member(variable.read_value(), *shard, offset, num)
 
             specs.append(saveable_object.SaveSpec(tensor, "", key, dtype=variable.dtype, device=variable.device))
         super().__init__(variable, specs, variable.op.name)
@@ -56,24 +58,8 @@ class PackedSaveable(saveable_object.SaveableObject):
         values = list(restored_tensors)
         if self._shard is not None:  # keep this rank's rows of every member (consecutive local rows)
             layout, world = self._shard
-            mine = []
-            for (_, offset, num), value in zip(self._parts, values):
-                seg = layout.segment(offset, num, world.rank)
-                mine.append(value[seg.member_start :: seg.stride][: seg.count])
-            values = mine
+            values = [layout.own_rows(v, offset, num, world.rank) for (_, offset, num), v in zip(self._parts, values)]
         return self._variable.assign(tf.concat(values, axis=0)).op
-
-
-def _gather_member(variable, shard, offset, num):
-    """A member table's whole rows from every rank's shard (allgather; every rank saves together)."""
-    import numpy as np
-
-    layout, world = shard
-    seg = layout.segment(offset, num, world.rank)
-    parts = world.hvd.allgather(variable.read_value()[seg.local_start : seg.local_start + seg.count])
-    if layout.strategy == "range":
-        return parts
-    return tf.gather(parts, np.argsort(layout.gather_order(offset, num), kind="stable"))
 
 
 def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> list:

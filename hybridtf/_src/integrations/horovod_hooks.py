@@ -29,12 +29,6 @@ def graph_local_variables(graph=None) -> list:
     return out
 
 
-def _local_refs(storage, model) -> set:
-    refs = {v.ref() for v in storage.sharded_variables()}
-    refs |= {slot.ref() for slot in storage._slots}
-    return refs
-
-
 class _ShardAwareBroadcastMixin:
     """Per-instance override of Horovod's BroadcastGlobalVariablesCallback: skips shards and their slots."""
 
@@ -43,7 +37,7 @@ class _ShardAwareBroadcastMixin:
             return
         import horovod.tensorflow as hvd
 
-        local = _local_refs(self._htf_storage, self.model)
+        local = {v.ref() for v in self._htf_storage.local_variables()}
         hvd.broadcast_variables([v for v in self.model.variables if v.ref() not in local], root_rank=self.root_rank)
         optimizer_vars = self.model.optimizer.variables
         optimizer_vars = optimizer_vars() if callable(optimizer_vars) else optimizer_vars

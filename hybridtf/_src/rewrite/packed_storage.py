@@ -18,6 +18,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.exchange import gather_member
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.errors import HybridTFError
@@ -90,13 +91,8 @@ class TableView(tf.__internal__.tracking.Trackable):
         return self._gather()
 
     def _gather(self) -> tf.Tensor:
-        seg = self._layout.segment(self._offset, self._num_rows, self._world.rank)
-        mine = self._variable[seg.local_start : seg.local_start + seg.count]
-        parts = self._world.hvd.allgather(mine, name=f"hybridtf_gather_{self.table}_every_rank_must_call")
-        order = self._layout.gather_order(self._offset, self._num_rows)
-        if self._layout.strategy == "range":
-            return parts
-        return tf.gather(parts, np.argsort(order, kind="stable"))
+        name = f"hybridtf_gather_{self.table}_every_rank_must_call"
+        return gather_member(self._variable, self._layout, self._world, self._offset, self._num_rows, name)
 
     def numpy(self) -> np.ndarray:
         return self.read_value().numpy()
@@ -132,9 +128,9 @@ class TableView(tf.__internal__.tracking.Trackable):
             )
         if self._layout is None:
             return self._variable[self._offset : self._offset + self._num_rows].assign(value)
-        seg = self._layout.segment(self._offset, self._num_rows, self._world.rank)
-        mine = value[seg.member_start :: seg.stride][: seg.count]
-        return self._variable[seg.local_start : seg.local_start + seg.count].assign(mine)
+        layout, offset, rank = self._layout, self._offset, self._world.rank
+        mine = layout.own_rows(value, offset, self._num_rows, rank)
+        return self._variable[layout.local_slice(offset, self._num_rows, rank)].assign(mine)
 
     def _serialize_to_tensors(self):
         return {"VARIABLE_VALUE": self.read_value()}
@@ -252,8 +248,7 @@ class PackedTables(tf.Module):
                 for m in pt.members:
                     value = np.asarray(initial_values[m.name]).astype(pt.dtype, copy=False)
                     if layout is not None:
-                        seg = layout.segment(m.row_offset, m.num_rows, self.world.rank)
-                        value = value[seg.member_start :: seg.stride][: seg.count]
+                        value = layout.own_rows(value, m.row_offset, m.num_rows, self.world.rank)
                     parts.append(value)
                 var = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
             self.packed[pt.name] = var
@@ -264,8 +259,8 @@ class PackedTables(tf.Module):
         if layout is None:
             var[offset : offset + num_rows].assign(value)
             return
-        seg = layout.segment(offset, num_rows, self.world.rank)
-        var[seg.local_start : seg.local_start + seg.count].assign(value[seg.member_start :: seg.stride][: seg.count])
+        rank = self.world.rank
+        var[layout.local_slice(offset, num_rows, rank)].assign(layout.own_rows(value, offset, num_rows, rank))
 
     @property
     def sharded(self) -> bool:
@@ -275,6 +270,10 @@ class PackedTables(tf.Module):
     def sharded_variables(self) -> list[tf.Variable]:
         """This rank's shards (model-parallel: their gradients are never allreduced)."""
         return [self.packed[name] for name, layout in self.layouts.items() if layout is not None]
+
+    def local_variables(self) -> list[tf.Variable]:
+        """The shards and their registered optimizer slots: rank-local, never broadcast or allreduced."""
+        return self.sharded_variables() + list(self._slots)
 
     def replicated_variables(self) -> list[tf.Variable]:
         """Packed tables kept whole on every rank of a job (data-parallel, gradients allreduced)."""
@@ -336,11 +335,8 @@ class _ShardedSlotMixin:
     """Per-instance override of an optimizer slot of a shard: checkpointed as the whole table's slot."""
 
     def _htf_gather(self):
-        layout, world = self._htf_layout, self._htf_world
-        parts = world.hvd.allgather(tf.convert_to_tensor(self), name=f"hybridtf_gather_slot_{self._shared_name}")
-        if layout.strategy == "range":
-            return parts
-        return tf.gather(parts, np.argsort(layout.gather_order(0, layout.num_rows), kind="stable"))
+        layout, name = self._htf_layout, f"hybridtf_gather_slot_{self._shared_name}"
+        return gather_member(self, layout, self._htf_world, 0, layout.num_rows, name)
 
     def _serialize_to_tensors(self):
         value = self._htf_gathered if self._htf_gathered is not None else self._htf_gather()
@@ -354,5 +350,4 @@ class _ShardedSlotMixin:
                 f"optimizer slot {self.name} is the slot of a {layout.num_rows}-row packed table, but the "
                 f"checkpoint holds {value.shape[0]} rows; the checkpoint was written for a different table layout."
             )
-        seg = layout.segment(0, layout.num_rows, world.rank)
-        return self.assign(value[seg.member_start :: seg.stride][: seg.count])
+        return self.assign(layout.own_rows(value, 0, layout.num_rows, world.rank))
