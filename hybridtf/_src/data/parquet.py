@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +34,7 @@ import tensorflow as tf
 from hybridtf._src.data.errors import ParquetFileError, ParquetSchemaError
 from hybridtf._src.data.layout import ID_BYTES, FeatureSpec
 from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths
+from hybridtf._src.distribute.world import current_world
 
 _CONTAINER = "hybridtf.data"
 _READER_SLOTS = 4  # independent tensorflow-io readers per file, so chunks of one file read in parallel
@@ -79,15 +79,8 @@ def resolve_rank(rank: int | None, size: int | None) -> tuple[int, int]:
         (1, 2)
     """
     if rank is None and size is None:
-        hvd = sys.modules.get("horovod.tensorflow")
-        if hvd is None:
-            return 0, 1
-        try:
-            if not hvd.is_initialized():
-                return 0, 1
-            return int(hvd.rank()), int(hvd.size())
-        except (ValueError, RuntimeError):  # Horovod shut down
-            return 0, 1
+        world = current_world()
+        return world.rank, world.size
     if rank is None or size is None:
         raise ValueError(
             f"give both rank and size (or neither, to take them from Horovod); got rank={rank}, size={size}."
