@@ -31,7 +31,6 @@ this example uses). The 99-row sample has 2 clicks (both in its first 80 rows): 
 
 from __future__ import annotations
 
-import argparse
 import os
 import pathlib
 import sys
@@ -45,6 +44,7 @@ import numpy as np
 from wdl_keras_parquet import (
     compare,
     describe_split,
+    example_parser,
     fields_from_spec,
     make_dataset,
     prepare_parquet,
@@ -134,18 +134,9 @@ def write_alimama_text(path: str | os.PathLike, rows: int, seed: int = 0) -> str
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="Alimama text file or converted Parquet file (default: generated data)")
-    parser.add_argument("--rows", type=int, default=20_000, help="rows of generated data")
-    parser.add_argument("--buckets", type=int, default=2**16, help="id space per categorical column (text input)")
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--dim", type=int, default=16, help="embedding width (equal for all fields: attention)")
-    parser.add_argument("--lr", type=float, default=0.1, help="Adagrad learning rate")
-    parser.add_argument("--eval-fraction", type=float, default=0.2, help="last rows held out (0: eval on train)")
-    parser.add_argument("--no-shuffle", action="store_true", help="read the training rows in file order")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = example_parser(
+        __doc__, "Alimama", batch=256, epochs=2, lr=0.1, dim_help="embedding width (equal for all fields: attention)"
+    ).parse_args()
 
     with tempfile.TemporaryDirectory(prefix="din_parquet_") as workdir:
         path, spec, source = prepare_parquet(

@@ -330,19 +330,26 @@ def print_comparison(result: dict, eval_desc: str) -> None:
     print(f"throughput hybridtf / plain: {fast['examples_per_s'] / plain['examples_per_s']:.2f}x")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="Criteo text file or converted Parquet file (default: generated data)")
+def example_parser(doc: str, data_format: str, *, batch: int, epochs: int, lr: float, dim_help: str):
+    """The command line the data examples share (data path, generated rows, training settings)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--data", help=f"{data_format} text file or converted Parquet file (default: generated data)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows of generated data")
     parser.add_argument("--buckets", type=int, default=2**16, help="id space per categorical column (text input)")
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--dim", type=int, default=16, help="embedding width of the deep part")
-    parser.add_argument("--lr", type=float, default=0.05, help="Adagrad learning rate")
+    parser.add_argument("--batch", type=int, default=batch)
+    parser.add_argument("--epochs", type=int, default=epochs)
+    parser.add_argument("--dim", type=int, default=16, help=dim_help)
+    parser.add_argument("--lr", type=float, default=lr, help="Adagrad learning rate")
     parser.add_argument("--eval-fraction", type=float, default=0.2, help="last rows held out (0: eval on train)")
     parser.add_argument("--no-shuffle", action="store_true", help="read the training rows in file order")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main():
+    args = example_parser(
+        __doc__, "Criteo", batch=512, epochs=1, lr=0.05, dim_help="embedding width of the deep part"
+    ).parse_args()
 
     with tempfile.TemporaryDirectory(prefix="wdl_parquet_") as workdir:
         path, spec, source = prepare_parquet(
