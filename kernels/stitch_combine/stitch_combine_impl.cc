@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 namespace hybridtf {
 namespace stitch_combine {
@@ -24,6 +25,66 @@ T Denominator(Combiner combiner, const T* weights, int64_t begin, int64_t end) {
     total += combiner == Combiner::kMean ? w : w * w;
   }
   return combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
+}
+
+// Row kernels with the width known at compile time for the common embedding
+// dims (the loops vectorize); D == 0 means "use dim".
+template <int D, typename T>
+inline void CopyRow(T* out, const T* src, int64_t dim) {
+  const int64_t d = D ? D : dim;
+  for (int64_t c = 0; c < d; ++c) out[c] = src[c];
+}
+
+template <int D, typename T>
+inline void AddRow(T* acc, const T* src, int64_t dim) {
+  const int64_t d = D ? D : dim;
+  for (int64_t c = 0; c < d; ++c) acc[c] += src[c];
+}
+
+// Calls fn.template operator()<D>() with D == dim for the common dims, else D == 0.
+template <typename Fn>
+void DispatchDim(int64_t dim, Fn&& fn) {
+  switch (dim) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 8:
+      return fn(std::integral_constant<int, 8>());
+    case 16:
+      return fn(std::integral_constant<int, 16>());
+    case 32:
+      return fn(std::integral_constant<int, 32>());
+    case 64:
+      return fn(std::integral_constant<int, 64>());
+    default:
+      return fn(std::integral_constant<int, 0>());
+  }
+}
+
+// Writes one output row from positions [pb, pe) (one position for "none").
+template <int D, typename T, typename Idx>
+inline void WriteRow(Combiner combiner, const T* rows, int64_t dim, const Idx* inverse,
+                     const T* weights, int64_t pb, int64_t pe, T* out) {
+  if (combiner == Combiner::kNone) {
+    CopyRow<D>(out, rows + static_cast<int64_t>(inverse[pb]) * dim, dim);
+    return;
+  }
+  std::fill(out, out + dim, T(0));
+  const T denom = Denominator(combiner, weights, pb, pe);
+  if (pe == pb || denom == T(0)) return;
+  for (int64_t i = pb; i < pe; ++i) {
+    const T* src = rows + static_cast<int64_t>(inverse[i]) * dim;
+    if (weights) {
+      const T w = weights[i];
+      for (int64_t c = 0; c < dim; ++c) out[c] += w * src[c];
+    } else {
+      AddRow<D>(out, src, dim);
+    }
+  }
+  if (combiner != Combiner::kSum) {
+    for (int64_t c = 0; c < dim; ++c) out[c] /= denom;
+  }
 }
 
 // Visits the global output rows [begin, end) in order with their field.
@@ -149,84 +210,264 @@ ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique) {
 
 template <typename T, typename Idx>
 void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
-             T* const* outputs, const ParallelFor& parallel_for) {
-  auto work = [&](int64_t begin, int64_t end) {
-    ForRows(layout, begin, end, [&](int f, int64_t r) {
-      int64_t pb = 0, pe = 0;
-      layout.Positions(f, r, &pb, &pe);
-      T* out = outputs[f] + (r - layout.FirstRow(f)) * dim;
-      const Combiner combiner = layout.combiner(f);
-      if (combiner == Combiner::kNone) {
-        std::memcpy(out, rows + static_cast<int64_t>(inverse[pb]) * dim, dim * sizeof(T));
-        return;
-      }
-      std::fill(out, out + dim, T(0));
-      const T denom = Denominator(combiner, weights, pb, pe);
-      if (pe == pb || denom == T(0)) return;
-      for (int64_t i = pb; i < pe; ++i) {
-        const T* src = rows + static_cast<int64_t>(inverse[i]) * dim;
-        if (weights) {
-          const T w = weights[i];
-          for (int64_t c = 0; c < dim; ++c) out[c] += w * src[c];
-        } else {
-          for (int64_t c = 0; c < dim; ++c) out[c] += src[c];
-        }
-      }
-      if (combiner != Combiner::kSum) {
-        for (int64_t c = 0; c < dim; ++c) out[c] /= denom;
-      }
-    });
-  };
-  parallel_for(layout.total_rows(), 4 * dim, work);
+             T* const* outputs, const ParallelFor& parallel_for, int64_t stride) {
+  if (stride <= 0) stride = dim;
+  DispatchDim(dim, [&](auto width) {
+    constexpr int D = decltype(width)::value;
+    auto work = [&](int64_t begin, int64_t end) {
+      ForRows(layout, begin, end, [&](int f, int64_t r) {
+        if (outputs[f] == nullptr) return;  // a field this call does not write
+        int64_t pb = 0, pe = 0;
+        layout.Positions(f, r, &pb, &pe);
+        WriteRow<D>(layout.combiner(f), rows, dim, inverse, weights, pb, pe,
+                    outputs[f] + (r - layout.FirstRow(f)) * stride);
+      });
+    };
+    parallel_for(layout.total_rows(), 4 * dim, work);
+  });
 }
 
 template <typename T, typename Idx>
 void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
-              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for) {
+              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for,
+              int64_t stride) {
   // Shard the unique rows into contiguous ranges; every shard walks all
   // positions in ascending order (field by field, row by row) and adds the
   // contributions that land in its range. Each d_rows[u] is therefore summed
   // in ascending position order whatever the number of shards, with no
-  // per-position temporaries.
+  // per-position temporaries. Fields whose grads[f] is null contribute nothing.
+  if (stride <= 0) stride = dim;
   std::fill(d_rows, d_rows + num_unique * dim, T(0));
   const int64_t n = layout.num_positions();
   const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(num_unique, n / 65536 + 1));
-  parallel_for(shards, n * (dim + 1) / shards + 1, [&](int64_t first_shard, int64_t end_shard) {
-    const int64_t lo = num_unique * first_shard / shards;
-    const int64_t hi = num_unique * end_shard / shards;
-    for (int f = 0; f < layout.num_fields(); ++f) {
-      const Combiner combiner = layout.combiner(f);
-      const int64_t rows = layout.output_rows(f);
-      const T* g_field = grads[f];
-      if (combiner == Combiner::kNone) {
-        int64_t pb = 0, pe = 0;
-        if (rows == 0) continue;
-        layout.Positions(f, layout.FirstRow(f), &pb, &pe);  // one-hot: row r is position pb + r
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t u = static_cast<int64_t>(inverse[pb + r]);
-          if (u < lo || u >= hi) continue;
-          const T* g = g_field + r * dim;
-          T* acc = d_rows + u * dim;
-          for (int64_t c = 0; c < dim; ++c) acc[c] += g[c];
+  DispatchDim(dim, [&](auto width) {
+    constexpr int D = decltype(width)::value;
+    parallel_for(shards, n * (dim + 1) / shards + 1, [&](int64_t first_shard, int64_t end_shard) {
+      const int64_t lo = num_unique * first_shard / shards;
+      const int64_t hi = num_unique * end_shard / shards;
+      for (int f = 0; f < layout.num_fields(); ++f) {
+        const T* g_field = grads[f];
+        if (g_field == nullptr) continue;
+        const Combiner combiner = layout.combiner(f);
+        const int64_t rows = layout.output_rows(f);
+        if (combiner == Combiner::kNone) {
+          int64_t pb = 0, pe = 0;
+          if (rows == 0) continue;
+          layout.Positions(f, layout.FirstRow(f), &pb, &pe);  // one-hot: row r is position pb + r
+          const Idx* inv = inverse + pb;
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t u = static_cast<int64_t>(inv[r]);
+            if (u < lo || u >= hi) continue;
+            AddRow<D>(d_rows + u * dim, g_field + r * stride, dim);
+          }
+          continue;
         }
-        continue;
+        const int64_t row0 = layout.FirstRow(f);
+        for (int64_t r = 0; r < rows; ++r) {
+          int64_t pb = 0, pe = 0;
+          layout.Positions(f, row0 + r, &pb, &pe);
+          const T denom = Denominator(combiner, weights, pb, pe);
+          if (denom == T(0)) continue;
+          const T* g = g_field + r * stride;
+          for (int64_t i = pb; i < pe; ++i) {
+            const int64_t u = static_cast<int64_t>(inverse[i]);
+            if (u < lo || u >= hi) continue;
+            T* acc = d_rows + u * dim;
+            const T w = weights ? weights[i] : T(1);
+            if (denom == T(1) && w == T(1)) {
+              AddRow<D>(acc, g, dim);
+            } else {
+              for (int64_t c = 0; c < dim; ++c) acc[c] += (g[c] / denom) * w;
+            }
+          }
+        }
       }
-      const int64_t row0 = layout.FirstRow(f);
-      for (int64_t r = 0; r < rows; ++r) {
-        int64_t pb = 0, pe = 0;
-        layout.Positions(f, row0 + r, &pb, &pe);
-        const T denom = Denominator(combiner, weights, pb, pe);
-        if (denom == T(0)) continue;
-        const T* g = g_field + r * dim;
-        for (int64_t i = pb; i < pe; ++i) {
-          const int64_t u = static_cast<int64_t>(inverse[i]);
-          if (u < lo || u >= hi) continue;
-          T* acc = d_rows + u * dim;
-          const T w = weights ? weights[i] : T(1);
-          if (denom == T(1) && w == T(1)) {
-            for (int64_t c = 0; c < dim; ++c) acc[c] += g[c];
-          } else {
-            for (int64_t c = 0; c < dim; ++c) acc[c] += (g[c] / denom) * w;
+    });
+  });
+}
+
+namespace {
+
+// A one-hot piece of a concatenation: row b reads rows[inverse[b]].
+template <typename T, typename Idx>
+struct OneHotPiece {
+  const Idx* inverse;  // the field's positions (one per output row)
+  const T* rows;
+  T* d_rows;  // backward only
+  int group;
+  int64_t column;
+};
+
+// The pieces of a concatenation sorted for tight loops: one-hot pieces by
+// width class (compile-time width for the common dims), the rest generic.
+template <typename T, typename Idx>
+struct ConcatPlan {
+  static constexpr int kClasses = 7;  // dims 1, 4, 8, 16, 32, 64, other
+  std::vector<OneHotPiece<T, Idx>> one_hot[kClasses];
+  std::vector<int64_t> class_dim[kClasses];  // per piece (used by the "other" class)
+  std::vector<const ConcatPiece<T>*> other;  // bags and dense pieces
+
+  static int ClassOf(int64_t dim) {
+    switch (dim) {
+      case 1:
+        return 0;
+      case 4:
+        return 1;
+      case 8:
+        return 2;
+      case 16:
+        return 3;
+      case 32:
+        return 4;
+      case 64:
+        return 5;
+      default:
+        return 6;
+    }
+  }
+
+  ConcatPlan(const std::vector<ConcatGroup<T, Idx>>& groups,
+             const std::vector<ConcatPiece<T>>& pieces, const std::vector<T*>* d_rows) {
+    for (const auto& piece : pieces) {
+      if (piece.group >= 0) {
+        const ConcatGroup<T, Idx>& g = groups[piece.group];
+        if (g.layout->combiner(piece.field) == Combiner::kNone) {
+          int64_t pb = 0, pe = 0;
+          g.layout->Positions(piece.field, g.layout->FirstRow(piece.field), &pb, &pe);
+          const int c = ClassOf(g.dim);
+          one_hot[c].push_back({g.inverse + pb, g.rows, d_rows ? (*d_rows)[piece.group] : nullptr,
+                                piece.group, piece.column});
+          class_dim[c].push_back(g.dim);
+          continue;
+        }
+      }
+      other.push_back(&piece);
+    }
+  }
+};
+
+// Calls fn(std::integral_constant<int, D>) with D the compile-time width of class c (0: runtime).
+template <typename Fn>
+void DispatchClass(int c, Fn&& fn) {
+  static constexpr int kDims[] = {1, 4, 8, 16, 32, 64, 0};
+  DispatchDim(kDims[c] ? kDims[c] : -1, fn);
+}
+
+constexpr int64_t kRowBlock = 32;  // output rows per block: a block of a wide concat stays in L2
+constexpr int64_t kPrefetchRows = 2;
+
+}  // namespace
+
+template <typename T, typename Idx>
+void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                   const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t width, T* out,
+                   const ParallelFor& parallel_for) {
+  // Row-major in blocks of rows: every output row is written once, left to
+  // right within each width class; reads of rows[] are the only random access.
+  const ConcatPlan<T, Idx> plan(groups, pieces, nullptr);
+  const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
+  parallel_for(blocks, kRowBlock * width * 2, [&](int64_t first, int64_t last) {
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t b0 = blk * kRowBlock, b1 = std::min(batch, b0 + kRowBlock);
+      for (int c = 0; c < ConcatPlan<T, Idx>::kClasses; ++c) {
+        const auto& list = plan.one_hot[c];
+        if (list.empty()) continue;
+        DispatchClass(c, [&](auto w) {
+          constexpr int D = decltype(w)::value;
+          for (int64_t b = b0; b < b1; ++b) {
+            T* row = out + b * width;
+            for (size_t k = 0; k < list.size(); ++k) {
+              const int64_t dim = D ? D : plan.class_dim[c][k];
+              const auto& p = list[k];
+              if (b + kPrefetchRows < b1) {  // the row this piece reads a few output rows later
+                __builtin_prefetch(p.rows +
+                                   static_cast<int64_t>(p.inverse[b + kPrefetchRows]) * dim);
+              }
+              CopyRow<D>(row + p.column, p.rows + static_cast<int64_t>(p.inverse[b]) * dim, dim);
+            }
+          }
+        });
+      }
+      for (const ConcatPiece<T>* piece : plan.other) {
+        for (int64_t b = b0; b < b1; ++b) {
+          T* dst = out + b * width + piece->column;
+          if (piece->group < 0) {
+            std::copy(piece->dense + b * piece->width, piece->dense + (b + 1) * piece->width, dst);
+            continue;
+          }
+          const ConcatGroup<T, Idx>& g = groups[piece->group];
+          int64_t pb = 0, pe = 0;
+          g.layout->Positions(piece->field, g.layout->FirstRow(piece->field) + b, &pb, &pe);
+          WriteRow<0>(g.layout->combiner(piece->field), g.rows, g.dim, g.inverse,
+                      static_cast<const T*>(nullptr), pb, pe, dst);
+        }
+      }
+    }
+  });
+}
+
+template <typename T, typename Idx>
+void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                    const std::vector<ConcatPiece<T>>& pieces,
+                    const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
+                    const T* grad, const std::vector<T*>& d_rows, const ParallelFor& parallel_for) {
+  // Every shard owns the same fraction of every group's distinct rows and
+  // walks the gradient row-major (blocks of rows, then pieces), adding the
+  // entries whose row it owns: each d_rows[u] is summed in a fixed order
+  // (row, then piece) whatever the number of threads.
+  int64_t positions = 0, max_unique = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    std::fill(d_rows[g], d_rows[g] + num_unique[g] * groups[g].dim, T(0));
+    positions += groups[g].layout->num_positions();
+    max_unique = std::max(max_unique, num_unique[g]);
+  }
+  const ConcatPlan<T, Idx> plan(groups, pieces, &d_rows);
+  const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(max_unique, positions / 65536 + 1));
+  const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
+  parallel_for(shards, batch * width / shards + 1, [&](int64_t first_shard, int64_t end_shard) {
+    std::vector<int64_t> lo(groups.size()), hi(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      lo[g] = num_unique[g] * first_shard / shards;
+      hi[g] = num_unique[g] * end_shard / shards;
+    }
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t b0 = blk * kRowBlock, b1 = std::min(batch, b0 + kRowBlock);
+      for (int c = 0; c < ConcatPlan<T, Idx>::kClasses; ++c) {
+        const auto& list = plan.one_hot[c];
+        if (list.empty()) continue;
+        DispatchClass(c, [&](auto w) {
+          constexpr int D = decltype(w)::value;
+          for (int64_t b = b0; b < b1; ++b) {
+            const T* row = grad + b * width;
+            for (size_t k = 0; k < list.size(); ++k) {
+              const auto& p = list[k];
+              const int64_t u = static_cast<int64_t>(p.inverse[b]);
+              if (u < lo[p.group] || u >= hi[p.group]) continue;
+              const int64_t dim = D ? D : plan.class_dim[c][k];
+              AddRow<D>(p.d_rows + u * dim, row + p.column, dim);
+            }
+          }
+        });
+      }
+      for (const ConcatPiece<T>* piece : plan.other) {
+        if (piece->group < 0) continue;
+        const ConcatGroup<T, Idx>& g = groups[piece->group];
+        const Combiner combiner = g.layout->combiner(piece->field);
+        for (int64_t b = b0; b < b1; ++b) {
+          int64_t pb = 0, pe = 0;
+          g.layout->Positions(piece->field, g.layout->FirstRow(piece->field) + b, &pb, &pe);
+          const T denom = Denominator(combiner, static_cast<const T*>(nullptr), pb, pe);
+          if (denom == T(0)) continue;
+          const T* src = grad + b * width + piece->column;
+          for (int64_t i = pb; i < pe; ++i) {
+            const int64_t u = static_cast<int64_t>(g.inverse[i]);
+            if (u < lo[piece->group] || u >= hi[piece->group]) continue;
+            T* acc = d_rows[piece->group] + u * g.dim;
+            if (denom == T(1)) {
+              AddRow<0>(acc, src, g.dim);
+            } else {
+              for (int64_t c = 0; c < g.dim; ++c) acc[c] += src[c] / denom;
+            }
           }
         }
       }
@@ -236,9 +477,16 @@ void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Id
 
 #define HYBRIDTF_INSTANTIATE(T, Idx)                                                               \
   template void Forward<T, Idx>(const Layout&, const T*, int64_t, const Idx*, const T*, T* const*, \
-                                const ParallelFor&);                                               \
+                                const ParallelFor&, int64_t);                                      \
   template void Backward<T, Idx>(const Layout&, const T* const*, int64_t, const Idx*, const T*,    \
-                                 int64_t, T*, const ParallelFor&);
+                                 int64_t, T*, const ParallelFor&, int64_t);                        \
+  template void ForwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                     \
+                                      const std::vector<ConcatPiece<T>>&, int64_t, int64_t, T*,    \
+                                      const ParallelFor&);                                         \
+  template void BackwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                    \
+                                       const std::vector<ConcatPiece<T>>&,                         \
+                                       const std::vector<int64_t>&, int64_t, int64_t, const T*,    \
+                                       const std::vector<T*>&, const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)
 HYBRIDTF_INSTANTIATE(float, int64_t)

@@ -74,15 +74,59 @@ class Layout {
 template <typename Idx>
 ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique);
 
-// outputs[f] points to output_rows(f) * dim values. weights may be null.
+// outputs[f] points to field f's first output row; row r starts at
+// outputs[f] + r * stride (stride <= 0 means dim: a [rows_f, dim] matrix; a
+// larger stride writes into columns of a wider matrix, e.g. a concatenation).
+// A null outputs[f] skips field f. weights may be null.
 template <typename T, typename Idx>
 void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
-             T* const* outputs, const ParallelFor& parallel_for);
+             T* const* outputs, const ParallelFor& parallel_for, int64_t stride = 0);
 
-// grads[f] points to output_rows(f) * dim values; d_rows to num_unique * dim.
+// grads[f] points to field f's first output-gradient row, rows `stride` apart
+// (stride <= 0 means dim); a null grads[f] contributes nothing. d_rows has
+// num_unique * dim values.
 template <typename T, typename Idx>
 void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
-              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for);
+              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for,
+              int64_t stride = 0);
+
+// Row-major concatenation of fields of several groups and dense matrices
+// (StitchConcat). A group is one packed table's chain; a piece is a column
+// range [column, column + width) of the [batch, width] output, filled from
+// field `field` of group `group` (its output_rows(field) must be batch), or,
+// with group == -1, from the [batch, width] matrix `dense`.
+template <typename T, typename Idx>
+struct ConcatGroup {
+  const Layout* layout;
+  const T* rows;
+  int64_t dim;
+  const Idx* inverse;
+};
+
+template <typename T>
+struct ConcatPiece {
+  int group;
+  int field;
+  const T* dense;
+  int64_t width;
+  int64_t column;
+};
+
+template <typename T, typename Idx>
+void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                   const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t width, T* out,
+                   const ParallelFor& parallel_for);
+
+// Gradient of ForwardConcat with respect to every group's rows: d_rows[g] is
+// [num_unique[g], dim_g]. Each distinct row's gradient is summed in row-major
+// order (output row, then piece), which equals Backward's ascending-position
+// order whenever no two fields of a group look up the same table. Dense
+// pieces are ignored (their gradient is a column slice).
+template <typename T, typename Idx>
+void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                    const std::vector<ConcatPiece<T>>& pieces,
+                    const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
+                    const T* grad, const std::vector<T*>& d_rows, const ParallelFor& parallel_for);
 
 }  // namespace stitch_combine
 }  // namespace hybridtf

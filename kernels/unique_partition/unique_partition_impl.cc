@@ -147,18 +147,113 @@ void UniquePartitionCpu<Id>::Rehash(int64_t capacity) {
 }
 
 template <typename Id>
-ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
-                                           const PartitionSpec<Id>& spec) {
+ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n, const PartitionSpec<Id>& spec,
+                                           const ParallelFor& parallel_for) {
   ImplStatus status = ValidateSpec(spec);
   if (!status.ok()) return status;
   status = ValidateLength(n);
   if (!status.ok()) return status;
   spec_ = spec;
   n_ = n;
+  ids_ = ids;
+  parallel_for_ = parallel_for;
+  dense_ = false;
+  num_unique_ = 0;
+  counts_.assign(static_cast<size_t>(spec.num_partitions), 0);
+  if (spec.sorted && n > 0 && (spec.num_partitions == 1 || spec.strategy == Strategy::kRange)) {
+    bool taken = false;
+    status = PrepareDense(ids, n, &taken);
+    if (!status.ok() || taken) return status;
+  }
+  return PrepareHash(ids, n);
+}
+
+template <typename Id>
+ImplStatus UniquePartitionCpu<Id>::PrepareDense(const Id* ids, int64_t n, bool* taken) {
+  // Smallest and largest id, over fixed chunks (the result does not depend on threads).
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(64, n / 16384));
+  std::vector<int64_t> lo(static_cast<size_t>(chunks)), hi(static_cast<size_t>(chunks));
+  parallel_for_(chunks, 2 * (n / chunks), [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+      Id mn = ids[begin], mx = ids[begin];
+      for (int64_t i = begin + 1; i < end; ++i) {
+        mn = std::min(mn, ids[i]);
+        mx = std::max(mx, ids[i]);
+      }
+      lo[c] = static_cast<int64_t>(mn);
+      hi[c] = static_cast<int64_t>(mx);
+    }
+  });
+  const int64_t min_id = *std::min_element(lo.begin(), lo.end());
+  const int64_t max_id = *std::max_element(hi.begin(), hi.end());
+  if (spec_.strategy == Strategy::kRange) {
+    const int64_t limit = static_cast<int64_t>(spec_.bounds[spec_.num_partitions]);
+    if (min_id < 0 || max_id >= limit) {  // the first bad position, as the hash path reports it
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = static_cast<int64_t>(ids[i]);
+        if (id < 0 || id >= limit) return BadRangeIdError(i, id, limit);
+      }
+    }
+  }
+  // max - min computed without signed overflow.
+  const uint64_t width = static_cast<uint64_t>(max_id) - static_cast<uint64_t>(min_id);
+  if (width >= static_cast<uint64_t>(kMaxDenseSpan) ||
+      width >= static_cast<uint64_t>(kDenseSpanPerId * n)) {
+    return ImplStatus::Ok();  // too sparse: the hash path
+  }
+  *taken = true;
+  dense_ = true;
+  base_ = min_id;
+  span_ = static_cast<int64_t>(width) + 1;
+  const int64_t words = (span_ + 63) / 64;
+  bitmap_.assign(static_cast<size_t>(words), 0);
+  uint64_t* bits = bitmap_.data();
+  const uint64_t base = static_cast<uint64_t>(base_);
+  parallel_for_(n, 6, [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - base;
+      const uint64_t mask = uint64_t{1} << (offset & 63);
+      uint64_t* word = bits + (offset >> 6);
+      if ((__atomic_load_n(word, __ATOMIC_RELAXED) & mask) == 0) {
+        __atomic_fetch_or(word, mask, __ATOMIC_RELAXED);
+      }
+    }
+  });
+  word_rank_.resize(static_cast<size_t>(words) + 1);
+  int64_t total = 0;
+  for (int64_t w = 0; w < words; ++w) {
+    word_rank_[w] = total;
+    total += __builtin_popcountll(bits[w]);
+  }
+  word_rank_[words] = total;
+  num_unique_ = total;
+  if (spec_.num_partitions == 1) {
+    counts_[0] = total;
+  } else {  // range partitions: ascending ids are already grouped by owner
+    for (int32_t q = 0; q < spec_.num_partitions; ++q) {
+      counts_[q] = DenseRank(static_cast<int64_t>(spec_.bounds[q + 1])) -
+                   DenseRank(static_cast<int64_t>(spec_.bounds[q]));
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Id>
+int64_t UniquePartitionCpu<Id>::DenseRank(int64_t value) const {
+  if (value <= base_) return 0;
+  const uint64_t offset = static_cast<uint64_t>(value) - static_cast<uint64_t>(base_);
+  if (offset >= static_cast<uint64_t>(span_)) return num_unique_;
+  const uint64_t below = (uint64_t{1} << (offset & 63)) - 1;
+  return word_rank_[offset >> 6] + __builtin_popcountll(bitmap_[offset >> 6] & below);
+}
+
+template <typename Id>
+ImplStatus UniquePartitionCpu<Id>::PrepareHash(const Id* ids, int64_t n) {
+  ImplStatus status = ImplStatus::Ok();
   first_uid_.resize(static_cast<size_t>(n));
   uid_ids_.clear();
   uid_part_.clear();
-  counts_.assign(static_cast<size_t>(spec.num_partitions), 0);
 
   int64_t capacity = kMinCapacity;
   while (capacity < std::min<int64_t>(2 * n, kMaxInitialCapacity)) {
@@ -197,6 +292,7 @@ ImplStatus UniquePartitionCpu<Id>::Prepare(const Id* ids, int64_t n,
       h = (h + 1) & mask_;
     }
   }
+  num_unique_ = static_cast<int64_t>(uid_ids_.size());
   return ImplStatus::Ok();
 }
 
@@ -238,6 +334,31 @@ template <typename Id>
 template <typename Idx>
 void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes, Idx* inverse) {
   const int32_t p = spec_.num_partitions;
+  if (dense_) {
+    for (int32_t q = 0; q < p; ++q) partition_sizes[q] = static_cast<int32_t>(counts_[q]);
+    const uint64_t* bits = bitmap_.data();
+    const int64_t* rank = word_rank_.data();
+    const int64_t base = base_;
+    parallel_for_(static_cast<int64_t>(bitmap_.size()), 64, [&](int64_t first, int64_t last) {
+      for (int64_t w = first; w < last; ++w) {
+        int64_t slot = rank[w];
+        for (uint64_t x = bits[w]; x != 0; x &= x - 1) {
+          unique_ids[slot++] = static_cast<Id>(base + w * 64 + __builtin_ctzll(x));
+        }
+      }
+    });
+    const Id* ids = ids_;
+    const uint64_t ubase = static_cast<uint64_t>(base);
+    parallel_for_(n_, 8, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - ubase;
+        const uint64_t below = (uint64_t{1} << (offset & 63)) - 1;
+        inverse[i] =
+            static_cast<Idx>(rank[offset >> 6] + __builtin_popcountll(bits[offset >> 6] & below));
+      }
+    });
+    return;
+  }
   std::vector<int64_t> cursor(static_cast<size_t>(p));
   int64_t offset = 0;
   for (int32_t q = 0; q < p; ++q) {

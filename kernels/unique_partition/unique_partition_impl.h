@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/parallel_for.h"
 #include "kernels/common/status.h"
 
 namespace hybridtf {
@@ -76,11 +77,26 @@ ImplStatus ValidateLength(int64_t n);
 //   up.Finish(uniq.data(), sizes, inverse);          // sizes[P], inverse[n]
 //
 // The object holds O(n) scratch; reuse it across calls to avoid reallocation.
+//
+// Two algorithms give the same outputs. The hash path (above) handles every
+// spec. The dense path handles sorted output with one partition or range
+// partitions when the ids span a range of at most kDenseSpanPerId * n values
+// (packed tables: ids are row numbers of a bounded table): a bitmap over
+// [min, max] marks the ids, per-word prefix counts give every id its rank,
+// which is its slot in the ascending unique_ids, and the set bits enumerate
+// unique_ids already sorted. It needs no hash table and no sort, and its
+// passes run on `parallel_for` (the ids must stay alive until Finish).
 template <typename Id>
 class UniquePartitionCpu {
  public:
-  ImplStatus Prepare(const Id* ids, int64_t n, const PartitionSpec<Id>& spec);
-  int64_t num_unique() const { return static_cast<int64_t>(uid_ids_.size()); }
+  static constexpr int64_t kDenseSpanPerId = 256;
+  static constexpr int64_t kMaxDenseSpan = int64_t{1} << 31;  // 256 MiB of bitmap
+
+  ImplStatus Prepare(const Id* ids, int64_t n, const PartitionSpec<Id>& spec,
+                     const ParallelFor& parallel_for = SequentialFor);
+  int64_t num_unique() const { return num_unique_; }
+  // True when Prepare chose the dense path (for tests and benchmarks).
+  bool used_dense_path() const { return dense_; }
   // Writes unique_ids[num_unique()], partition_sizes[num_partitions] and
   // inverse[n] (Idx is int32_t or int64_t). Call only after a successful
   // Prepare.
@@ -96,6 +112,11 @@ class UniquePartitionCpu {
   // uids in ascending id order (LSD radix sort over the differing bits).
   std::vector<int32_t> SortedUids() const;
   ImplStatus AssignPartition(Id id, int64_t position, int32_t* part) const;
+  // Dense path: decides on [min, max] of the ids and, if taken, marks them.
+  ImplStatus PrepareDense(const Id* ids, int64_t n, bool* taken);
+  ImplStatus PrepareHash(const Id* ids, int64_t n);
+  // Number of distinct ids < value (dense path; value clamped to the span).
+  int64_t DenseRank(int64_t value) const;
 
   PartitionSpec<Id> spec_;
   int64_t n_ = 0;
@@ -106,6 +127,16 @@ class UniquePartitionCpu {
   std::vector<Id> uid_ids_;         // per uid: the id
   std::vector<int32_t> uid_part_;   // per uid: partition, then output slot
   std::vector<int64_t> counts_;     // per partition
+  int64_t num_unique_ = 0;
+
+  // Dense path state.
+  bool dense_ = false;
+  ParallelFor parallel_for_ = SequentialFor;
+  const Id* ids_ = nullptr;
+  int64_t base_ = 0;                // smallest id
+  int64_t span_ = 0;                // max - min + 1
+  std::vector<uint64_t> bitmap_;    // bit (id - base_) set for every id
+  std::vector<int64_t> word_rank_;  // distinct ids in the words before w
 };
 
 // One-shot convenience wrapper around UniquePartitionCpu (vectors out).

@@ -3,6 +3,7 @@
 #include "kernels/unique_partition/unique_partition_kernels.h"
 
 #include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_parallel_for.h"
 
 namespace hybridtf {
 namespace unique_partition {
@@ -24,7 +25,8 @@ class UniquePartitionCpuOp : public UniquePartitionOpBase {
     const int64_t n = ids.NumElements();
 
     UniquePartitionCpu<Id> impl;
-    OP_REQUIRES_OK(ctx, ToTfStatus(impl.Prepare(ids.flat<Id>().data(), n, spec)));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(impl.Prepare(ids.flat<Id>().data(), n, spec, CpuParallelFor(ctx))));
 
     Tensor* unique_ids = nullptr;
     Tensor* sizes = nullptr;

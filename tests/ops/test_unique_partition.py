@@ -203,3 +203,30 @@ def test_op_is_registered_not_differentiable():
         tape.watch(tf.constant(0.0))
         r = htf.ops.unique_partition(ids, 2)
     assert tape.gradient(tf.cast(r.unique_ids, tf.float32), ids) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("span", ["dense", "sparse"])
+@pytest.mark.parametrize("strategy,p", [("mod", 1), ("range", 3)])
+def test_sorted_dense_and_hash_paths_agree_with_reference(dtype, span, strategy, p):
+    """sort_ids with one partition or range partitions uses a bitmap when the ids span a small range
+    (packed tables' row numbers) and the hash table otherwise; both give the reference's outputs."""
+    ids = zipf_ids(200_000, 50_000, alpha=1.1, seed=4, dtype=dtype)
+    # dense: 50,000 consecutive values; sparse: spread over [0, 10^9), far more than 256 values per id
+    ids = ids + 7 if span == "dense" else ids * dtype(20_011)
+    limit = int(ids.max()) + 1
+    bounds = htf.ops.even_range_bounds(limit, p) if strategy == "range" else None
+    kw = {"range_bounds": bounds} if strategy == "range" else {}
+    op = htf.ops.unique_partition(tf.constant(ids), p, strategy, sort_ids=True, **kw)
+    native = htf.native.unique_partition(ids, p, strategy, sort_ids=True, **kw)
+    assert_matches_reference(op, ids, p, strategy, bounds, sort_ids=True)
+    assert_matches_reference(native, ids, p, strategy, bounds, sort_ids=True)
+
+
+def test_sorted_dense_path_negative_ids_and_bad_range_ids():
+    ids = np.array([5, -3, 5, 0, -3, 2], np.int64)  # mod with one partition: negative ids are fine
+    assert_matches_reference(htf.ops.unique_partition(ids, 1, sort_ids=True), ids, 1, "mod", None, sort_ids=True)
+    bad = np.array([1, 2, 9, 3, -1], np.int64)  # the first bad position is reported, as without sort_ids
+    for sort_ids in (False, True):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[2\] = 9 is out of range"):
+            htf.ops.unique_partition(bad, 2, "range", num_rows=5, sort_ids=sort_ids)

@@ -31,6 +31,7 @@ from hybridtf._src.integrations import horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
+from hybridtf._src.rewrite.concat_fusion import fuse_concatenates
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -159,6 +160,11 @@ class _HybridModelMixin:
         """Embedding layers left unpacked, with the reason."""
         return list(self._htf_skipped)
 
+    @property
+    def hybridtf_fused_concats(self) -> list[str]:
+        """Names of the ``Concatenate`` layers that stitch packed lookups straight into their output."""
+        return list(self._htf_fused_concats)
+
 
 @contextlib.contextmanager
 def _discarding_losses(model):
@@ -262,6 +268,7 @@ def optimize(
     fused_updates: bool = True,
     shard_strategy: str = "mod",
     replicate_below_rows: int = 0,
+    fuse_concat: bool = True,
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
@@ -296,6 +303,11 @@ def optimize(
             spread over the ranks, ``"mod"`` (default) or ``"range"``.
         replicate_below_rows: under Horovod, packed tables with fewer rows
             stay whole on every rank and are trained data-parallel.
+        fuse_concat: a ``tf.keras.layers.Concatenate`` (last axis) whose
+            inputs include packed lookups' outputs computes the concatenation
+            with one StitchConcat op that writes every field straight into its
+            columns (no per-field outputs, no concat, no split in the
+            gradient; same values). ``False`` keeps Keras's concatenation.
 
     Returns:
         The optimized model (the same object).
@@ -318,6 +330,7 @@ def optimize(
         fused_updates=fused_updates,
         shard_strategy=shard_strategy,
         replicate_below_rows=replicate_below_rows,
+        fuse_concat=fuse_concat,
     )
     if model is None:
         return functools.partial(optimize, **options)
@@ -397,6 +410,7 @@ def optimize(
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
+    object.__setattr__(model, "_htf_fused_concats", fuse_concatenates(model) if fuse_concat else [])
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)

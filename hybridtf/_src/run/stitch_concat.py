@@ -1,0 +1,124 @@
+"""Python wrapper and gradient of the fused ``HybridTF>StitchConcat`` op."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from hybridtf._src.run.loader import load_ops
+
+OP_NAME = "HybridTF>StitchConcat"
+GRAD_OP_NAME = "HybridTF>StitchConcatGrad"
+
+tf.no_gradient(GRAD_OP_NAME)  # second-order gradients are not provided
+
+
+@dataclasses.dataclass(frozen=True)
+class StitchGroup:
+    """One packed table's chain as StitchCombine takes it (see ``stitch_combine``).
+
+    Attributes:
+        rows: ``[num_unique, dim]`` gathered rows of the distinct ids.
+        inverse: ``[n]`` position -> row index.
+        field_sizes: ``[num_fields]`` int64 positions per field.
+        field_segments: ``[num_fields]`` int64 output rows per field.
+        segment_lengths: int64 lengths of the bags of the bag fields.
+        combiners: one of ``"none" | "sum" | "mean" | "sqrtn"`` per field.
+    """
+
+    rows: tf.Tensor
+    inverse: tf.Tensor
+    field_sizes: tf.Tensor
+    field_segments: tf.Tensor
+    segment_lengths: tf.Tensor
+    combiners: tuple[str, ...]
+
+
+def _static_width(t: tf.Tensor, what: str) -> int:
+    if t.shape.rank != 2 or t.shape[1] is None:
+        raise ValueError(f"stitch_concat: {what} must be a matrix with a static width, got shape {t.shape}.")
+    return int(t.shape[1])
+
+
+def stitch_concat(
+    groups: Sequence[StitchGroup],
+    dense: Sequence[tf.Tensor],
+    pieces: Sequence[tuple[int, int]],
+    name: str | None = None,
+) -> tf.Tensor:
+    """Concatenates fields of several packed tables and dense matrices along columns, in one op.
+
+    Equal to ``tf.concat([piece_0, piece_1, ...], axis=-1)`` where piece
+    ``(g, f)`` with ``g >= 0`` is field ``f``'s StitchCombine output of group
+    ``g`` and ``(-1, m)`` is ``dense[m]`` — but the fields are stitched (and
+    combined) straight into their columns, so neither the per-field outputs nor
+    the concatenation (nor, backward, its split) exist. The gradient is one op
+    that sums each distinct row's gradient from its columns in the same order
+    as StitchCombine's gradient.
+
+    Args:
+        groups: the chains whose fields are placed (at least one).
+        dense: other ``[batch, width]`` matrices to place, each exactly once.
+        pieces: the columns in order: ``(group index, field index)`` or ``(-1, dense index)``.
+        name: optional name scope.
+
+    Returns:
+        ``[batch, sum of piece widths]``.
+
+    Raises:
+        ValueError: no groups, widths not static, or pieces that do not fit the groups.
+        tf.errors.InvalidArgumentError: pieces with different numbers of rows.
+
+    Example:
+        >>> g = StitchGroup(rows, inverse, sizes, sizes, tf.zeros([0], tf.int64), ("none", "none"))
+        >>> stitch_concat([g], [dense], [(0, 1), (-1, 0), (0, 0)])  # == concat([field 1, dense, field 0])
+    """
+    if not groups:
+        raise ValueError("stitch_concat needs at least one group.")
+    with tf.name_scope(name or "stitch_concat"):
+        for i, g in enumerate(groups):
+            _static_width(g.rows, f"rows of group {i}")
+        for m, d in enumerate(dense):
+            _static_width(d, f"dense input {m}")
+        index_dtype = tf.int64 if len({g.inverse.dtype for g in groups}) > 1 else groups[0].inverse.dtype
+        return load_ops().hybrid_tf_stitch_concat(
+            [g.rows for g in groups],
+            [tf.cast(g.inverse, index_dtype) for g in groups],
+            [g.field_sizes for g in groups],
+            [g.field_segments for g in groups],
+            [g.segment_lengths for g in groups],
+            list(dense),
+            group_fields=[len(g.combiners) for g in groups],
+            combiners=[c for g in groups for c in g.combiners],
+            piece_groups=[int(p[0]) for p in pieces],
+            piece_items=[int(p[1]) for p in pieces],
+        )
+
+
+@tf.RegisterGradient(OP_NAME)
+def _stitch_concat_grad(op, grad):
+    ng = op.get_attr("num_groups")
+    rows = op.inputs[:ng]
+    inverses = op.inputs[ng : 2 * ng]
+    sizes = op.inputs[2 * ng : 3 * ng]
+    segments = op.inputs[3 * ng : 4 * ng]
+    lengths = op.inputs[4 * ng : 5 * ng]
+    dense = op.inputs[5 * ng :]
+    d_rows, d_dense = load_ops().hybrid_tf_stitch_concat_grad(
+        grad,
+        inverses,
+        sizes,
+        segments,
+        lengths,
+        [tf.shape(r, out_type=tf.int64)[0] for r in rows],
+        group_fields=op.get_attr("group_fields"),
+        combiners=op.get_attr("combiners"),
+        piece_groups=op.get_attr("piece_groups"),
+        piece_items=op.get_attr("piece_items"),
+        dims=[_static_width(r, "rows") for r in rows],
+        dense_widths=[_static_width(d, "dense") for d in dense],
+        num_dense=len(dense),
+    )
+    return [*d_rows, *([None] * (4 * ng)), *d_dense]

@@ -1,0 +1,308 @@
+// CPU kernels of HybridTF>StitchConcat and HybridTF>StitchConcatGrad: the
+// stitch_combine implementation layer writing into (and reading from) column
+// ranges of one concatenated matrix instead of per-field outputs.
+#include <string>
+#include <vector>
+
+#include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_parallel_for.h"
+#include "kernels/common/tf_status.h"
+#include "kernels/stitch_combine/stitch_combine_impl.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace hybridtf {
+namespace stitch_combine {
+
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+// Attribute parsing, layouts and the column of every piece, shared by both kernels.
+class StitchConcatOpBase : public OpKernel {
+ public:
+  explicit StitchConcatOpBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_groups", &num_groups_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_dense", &num_dense_));
+    std::vector<std::string> names;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &names));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("group_fields", &group_fields_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("piece_groups", &piece_groups_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("piece_items", &piece_items_));
+    OP_REQUIRES(ctx, static_cast<int64_t>(group_fields_.size()) == num_groups_,
+                errors::InvalidArgument("group_fields has ", group_fields_.size(),
+                                        " entries but num_groups is ", num_groups_, "."));
+    int64_t total_fields = 0;
+    for (const int64_t f : group_fields_) {
+      OP_REQUIRES(ctx, f >= 1, errors::InvalidArgument("every group needs >= 1 field, got ", f));
+      total_fields += f;
+    }
+    OP_REQUIRES(
+        ctx, static_cast<int64_t>(names.size()) == total_fields,
+        errors::InvalidArgument("combiners has ", names.size(), " entries but the groups have ",
+                                total_fields, " fields; give one per field."));
+    combiners_.resize(num_groups_);
+    int64_t at = 0;
+    for (int64_t g = 0; g < num_groups_; ++g) {
+      for (int64_t f = 0; f < group_fields_[g]; ++f, ++at) {
+        Combiner combiner;
+        OP_REQUIRES(
+            ctx, ParseCombiner(names[at], &combiner),
+            errors::InvalidArgument("combiner must be one of 'none', 'sum', 'mean', 'sqrtn', got '",
+                                    names[at], "'."));
+        combiners_[g].push_back(combiner);
+      }
+    }
+    OP_REQUIRES(ctx, piece_groups_.size() == piece_items_.size() && !piece_groups_.empty(),
+                errors::InvalidArgument(
+                    "piece_groups and piece_items must be non-empty and of equal length, got ",
+                    piece_groups_.size(), " and ", piece_items_.size(), "."));
+    std::vector<std::vector<bool>> used_field(num_groups_);
+    for (int64_t g = 0; g < num_groups_; ++g) used_field[g].assign(group_fields_[g], false);
+    std::vector<bool> used_dense(num_dense_, false);
+    for (size_t k = 0; k < piece_groups_.size(); ++k) {
+      const int64_t g = piece_groups_[k], item = piece_items_[k];
+      if (g < 0) {
+        OP_REQUIRES(
+            ctx, g == -1 && item >= 0 && item < num_dense_ && !used_dense[item],
+            errors::InvalidArgument("piece ", k, " names dense input ", item, " of ", num_dense_,
+                                    "; every dense input must be used exactly once."));
+        used_dense[item] = true;
+        continue;
+      }
+      OP_REQUIRES(ctx,
+                  g < num_groups_ && item >= 0 && item < group_fields_[g] && !used_field[g][item],
+                  errors::InvalidArgument("piece ", k, " names field ", item, " of group ", g,
+                                          ", which does not exist or is already used; a field "
+                                          "can be placed once."));
+      used_field[g][item] = true;
+    }
+    for (int64_t m = 0; m < num_dense_; ++m) {
+      OP_REQUIRES(ctx, used_dense[m],
+                  errors::InvalidArgument("dense input ", m, " is not placed."));
+    }
+  }
+
+ protected:
+  // Layouts of every group from the inputs at first_inverse (inverses, then
+  // field_sizes, field_segments, segment_lengths lists, num_groups each).
+  Status BuildLayouts(OpKernelContext* ctx, int first_inverse, std::vector<Layout>* layouts) const {
+    layouts->resize(num_groups_);
+    for (int64_t g = 0; g < num_groups_; ++g) {
+      const Tensor& inverse = ctx->input(first_inverse + g);
+      const Tensor& sizes = ctx->input(first_inverse + num_groups_ + g);
+      const Tensor& segments = ctx->input(first_inverse + 2 * num_groups_ + g);
+      const Tensor& lengths = ctx->input(first_inverse + 3 * num_groups_ + g);
+      for (const Tensor* t : {&inverse, &sizes, &segments, &lengths}) {
+        if (t->dims() != 1) {
+          return errors::InvalidArgument(
+              "group ", g, ": inverses, field_sizes, field_segments and ",
+              "segment_lengths must be vectors, got shape ", t->shape().DebugString(), ".");
+        }
+      }
+      if (sizes.NumElements() != group_fields_[g] || segments.NumElements() != group_fields_[g]) {
+        return errors::InvalidArgument("group ", g, ": field_sizes and field_segments need ",
+                                       group_fields_[g], " entries, got ", sizes.NumElements(),
+                                       " and ", segments.NumElements(), ".");
+      }
+      TF_RETURN_IF_ERROR(ToTfStatus((*layouts)[g].Build(
+          combiners_[g], sizes.flat<int64_t>().data(), segments.flat<int64_t>().data(),
+          lengths.flat<int64_t>().data(), lengths.NumElements(), inverse.NumElements())));
+    }
+    return Status();
+  }
+
+  // Column offset of every piece and the total width, from the group dims and
+  // dense widths; checks that every piece has `*batch` rows.
+  Status PlacePieces(const std::vector<Layout>& layouts, const std::vector<int64_t>& dims,
+                     const std::vector<int64_t>& dense_rows,
+                     const std::vector<int64_t>& dense_widths, std::vector<int64_t>* columns,
+                     int64_t* width, int64_t* batch) const {
+    columns->clear();
+    *width = 0;
+    *batch = -1;
+    for (size_t k = 0; k < piece_groups_.size(); ++k) {
+      const int64_t g = piece_groups_[k], item = piece_items_[k];
+      const int64_t rows =
+          g < 0 ? dense_rows[item] : layouts[g].output_rows(static_cast<int>(item));
+      if (*batch < 0) *batch = rows;
+      if (rows != *batch) {
+        return errors::InvalidArgument("StitchConcat: piece ", k,
+                                       (g < 0 ? " (a dense input)" : " (an embedding field)"),
+                                       " has ", rows, " rows but piece 0 has ", *batch,
+                                       "; concatenated inputs need the same number of rows.");
+      }
+      columns->push_back(*width);
+      *width += g < 0 ? dense_widths[item] : dims[g];
+    }
+    return Status();
+  }
+
+  int64_t num_groups_ = 1;
+  int64_t num_dense_ = 0;
+  std::vector<int64_t> group_fields_;
+  std::vector<std::vector<Combiner>> combiners_;
+  std::vector<int64_t> piece_groups_;
+  std::vector<int64_t> piece_items_;
+};
+
+// Copies the [batch, w] matrix src into columns [col, col + w) of dst ([batch, width]), or back.
+template <typename T>
+void CopyColumns(OpKernelContext* ctx, const T* src, int64_t src_stride, T* dst, int64_t dst_stride,
+                 int64_t batch, int64_t w) {
+  CpuParallelFor(ctx)(batch, 2 * w, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      std::copy(src + b * src_stride, src + b * src_stride + w, dst + b * dst_stride);
+    }
+  });
+}
+
+template <typename T, typename Idx>
+class StitchConcatCpuOp : public StitchConcatOpBase {
+ public:
+  explicit StitchConcatCpuOp(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int ng = static_cast<int>(num_groups_);
+    std::vector<Layout> layouts;
+    OP_REQUIRES_OK(ctx, BuildLayouts(ctx, ng, &layouts));
+    std::vector<int64_t> dims(ng), dense_rows(num_dense_), dense_widths(num_dense_);
+    for (int g = 0; g < ng; ++g) {
+      const Tensor& rows = ctx->input(g);
+      OP_REQUIRES(ctx, rows.dims() == 2,
+                  errors::InvalidArgument("rows[", g, "] must be a matrix [num_unique, dim], got ",
+                                          rows.shape().DebugString(), "."));
+      dims[g] = rows.dim_size(1);
+      const Tensor& inverse = ctx->input(ng + g);
+      OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
+                                                     inverse.NumElements(), rows.dim_size(0))));
+    }
+    for (int64_t m = 0; m < num_dense_; ++m) {
+      const Tensor& d = ctx->input(5 * ng + m);
+      OP_REQUIRES(ctx, d.dims() == 2,
+                  errors::InvalidArgument("dense[", m, "] must be a matrix [batch, width], got ",
+                                          d.shape().DebugString(), "."));
+      dense_rows[m] = d.dim_size(0);
+      dense_widths[m] = d.dim_size(1);
+    }
+    std::vector<int64_t> columns;
+    int64_t width = 0, batch = 0;
+    OP_REQUIRES_OK(ctx,
+                   PlacePieces(layouts, dims, dense_rows, dense_widths, &columns, &width, &batch));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
+    std::vector<ConcatGroup<T, Idx>> groups;
+    for (int g = 0; g < ng; ++g) {
+      groups.push_back({&layouts[g], ctx->input(g).flat<T>().data(), dims[g],
+                        ctx->input(ng + g).flat<Idx>().data()});
+    }
+    std::vector<ConcatPiece<T>> pieces;
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const int64_t g = piece_groups_[k], item = piece_items_[k];
+      pieces.push_back({static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item),
+                        g < 0 ? ctx->input(5 * ng + item).flat<T>().data() : nullptr,
+                        g < 0 ? dense_widths[item] : dims[g], columns[k]});
+    }
+    ForwardConcat<T, Idx>(groups, pieces, batch, width, output->flat<T>().data(),
+                          CpuParallelFor(ctx));
+  }
+};
+
+template <typename T, typename Idx>
+class StitchConcatGradCpuOp : public StitchConcatOpBase {
+ public:
+  explicit StitchConcatGradCpuOp(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dense_widths", &dense_widths_));
+    OP_REQUIRES(
+        ctx,
+        static_cast<int64_t>(dims_.size()) == num_groups_ &&
+            static_cast<int64_t>(dense_widths_.size()) == num_dense_,
+        errors::InvalidArgument("dims needs num_groups and dense_widths num_dense entries."));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const int ng = static_cast<int>(num_groups_);
+    std::vector<Layout> layouts;
+    OP_REQUIRES_OK(ctx, BuildLayouts(ctx, 1, &layouts));
+    const Tensor& grad = ctx->input(0);
+    OP_REQUIRES(
+        ctx, grad.dims() == 2,
+        errors::InvalidArgument("grad must be a matrix, got ", grad.shape().DebugString(), "."));
+    std::vector<int64_t> dense_rows(num_dense_, grad.dim_size(0));
+    std::vector<int64_t> columns;
+    int64_t width = 0, batch = 0;
+    OP_REQUIRES_OK(
+        ctx, PlacePieces(layouts, dims_, dense_rows, dense_widths_, &columns, &width, &batch));
+    OP_REQUIRES(ctx, grad.dim_size(0) == batch && grad.dim_size(1) == width,
+                errors::InvalidArgument("grad must have shape [", batch, ", ", width, "], got ",
+                                        grad.shape().DebugString(), "."));
+    const T* g_all = grad.flat<T>().data();
+    std::vector<ConcatGroup<T, Idx>> groups;
+    std::vector<int64_t> num_unique(ng);
+    std::vector<T*> d_rows(ng);
+    for (int g = 0; g < ng; ++g) {
+      const Tensor& num_unique_t = ctx->input(1 + 4 * ng + g);
+      OP_REQUIRES(ctx, num_unique_t.dims() == 0,
+                  errors::InvalidArgument("num_unique must be scalars."));
+      num_unique[g] = num_unique_t.scalar<int64_t>()();
+      OP_REQUIRES(ctx, num_unique[g] >= 0,
+                  errors::InvalidArgument("num_unique must be >= 0, got ", num_unique[g]));
+      const Tensor& inverse = ctx->input(1 + g);
+      OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
+                                                     inverse.NumElements(), num_unique[g])));
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, TensorShape({num_unique[g], dims_[g]}), &out));
+      d_rows[g] = out->flat<T>().data();
+      groups.push_back({&layouts[g], nullptr, dims_[g], inverse.flat<Idx>().data()});
+    }
+    std::vector<ConcatPiece<T>> pieces;
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const int64_t g = piece_groups_[k], item = piece_items_[k];
+      pieces.push_back({static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item), nullptr,
+                        g < 0 ? dense_widths_[item] : dims_[g], columns[k]});
+    }
+    BackwardConcat<T, Idx>(groups, pieces, num_unique, batch, width, g_all, d_rows,
+                           CpuParallelFor(ctx));
+    for (size_t k = 0; k < columns.size(); ++k) {
+      if (piece_groups_[k] >= 0) continue;
+      const int64_t m = piece_items_[k];
+      Tensor* d_dense = nullptr;
+      OP_REQUIRES_OK(
+          ctx, ctx->allocate_output(ng + m, TensorShape({batch, dense_widths_[m]}), &d_dense));
+      CopyColumns<T>(ctx, g_all + columns[k], width, d_dense->flat<T>().data(), dense_widths_[m],
+                     batch, dense_widths_[m]);
+    }
+  }
+
+ private:
+  std::vector<int64_t> dims_;
+  std::vector<int64_t> dense_widths_;
+};
+
+#define HYBRIDTF_REGISTER_CPU(T, Idx)                           \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchConcat"))     \
+                              .Device(::tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")           \
+                              .TypeConstraint<Idx>("Tidx"),     \
+                          StitchConcatCpuOp<T, Idx>);           \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchConcatGrad")) \
+                              .Device(::tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")           \
+                              .TypeConstraint<Idx>("Tidx"),     \
+                          StitchConcatGradCpuOp<T, Idx>);
+
+HYBRIDTF_REGISTER_CPU(float, int32_t)
+HYBRIDTF_REGISTER_CPU(float, int64_t)
+HYBRIDTF_REGISTER_CPU(double, int32_t)
+HYBRIDTF_REGISTER_CPU(double, int64_t)
+#undef HYBRIDTF_REGISTER_CPU
+
+}  // namespace stitch_combine
+}  // namespace hybridtf

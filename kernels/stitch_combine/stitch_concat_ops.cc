@@ -1,0 +1,135 @@
+// Op definitions and shape functions of HybridTF>StitchConcat and its gradient:
+// Stitch&Combine of the fields of several packed tables written straight into
+// the columns of one concatenated matrix (the input of a model's Concatenate).
+#include "kernels/common/op_prefix.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace hybridtf {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// Width of the concatenation from the piece attrs and the given per-group and
+// per-dense widths (unknown if any is unknown).
+Status ConcatWidth(InferenceContext* c, const std::vector<DimensionHandle>& group_dims,
+                   const std::vector<DimensionHandle>& dense_dims, DimensionHandle* width) {
+  std::vector<int64_t> piece_groups, piece_items;
+  TF_RETURN_IF_ERROR(c->GetAttr("piece_groups", &piece_groups));
+  TF_RETURN_IF_ERROR(c->GetAttr("piece_items", &piece_items));
+  *width = c->MakeDim(0);
+  for (size_t k = 0; k < piece_groups.size() && k < piece_items.size(); ++k) {
+    const int64_t g = piece_groups[k], item = piece_items[k];
+    DimensionHandle w = c->UnknownDim();
+    if (g >= 0 && g < static_cast<int64_t>(group_dims.size())) w = group_dims[g];
+    if (g < 0 && item >= 0 && item < static_cast<int64_t>(dense_dims.size())) w = dense_dims[item];
+    TF_RETURN_IF_ERROR(c->Add(*width, w, width));
+  }
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP(HYBRIDTF_OP("StitchConcat"))
+    .Input("rows: num_groups * T")
+    .Input("inverses: num_groups * Tidx")
+    .Input("field_sizes: num_groups * int64")
+    .Input("field_segments: num_groups * int64")
+    .Input("segment_lengths: num_groups * int64")
+    .Input("dense: num_dense * T")
+    .Output("output: T")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64}")
+    .Attr("num_groups: int >= 1")
+    .Attr("num_dense: int >= 0")
+    .Attr("group_fields: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("piece_groups: list(int)")
+    .Attr("piece_items: list(int)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_groups = 0, num_dense = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &num_groups));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
+      std::vector<DimensionHandle> group_dims, dense_dims;
+      for (int64_t g = 0; g < num_groups; ++g) {
+        ShapeHandle rows;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(g), 2, &rows));
+        group_dims.push_back(c->Dim(rows, 1));
+      }
+      ShapeHandle unused;
+      for (int64_t i = num_groups; i < 5 * num_groups; ++i) {
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+      }
+      DimensionHandle batch = c->UnknownDim();
+      for (int64_t m = 0; m < num_dense; ++m) {
+        ShapeHandle d;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(5 * num_groups + m), 2, &d));
+        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(d, 0), &batch));
+        dense_dims.push_back(c->Dim(d, 1));
+      }
+      DimensionHandle width;
+      TF_RETURN_IF_ERROR(ConcatWidth(c, group_dims, dense_dims, &width));
+      c->set_output(0, c->Matrix(batch, width));
+      return Status();
+    })
+    .Doc(R"doc(
+Stitch&Combine of fields of several packed tables, written into one matrix.
+
+Group g is one packed table's chain (as in StitchCombine: gathered rows of its
+distinct ids, the inverse index and the field layout; combiners holds
+group_fields[g] entries per group, in group order). The output concatenates
+"pieces" along columns, in order: piece k is field piece_items[k] of group
+piece_groups[k] ([rows, dim_g]), or, when piece_groups[k] is -1, the matrix
+dense[piece_items[k]]. Every piece must have the same number of rows. Equal to
+concatenating the StitchCombine outputs and the dense inputs, without the
+per-field outputs.
+)doc");
+
+REGISTER_OP(HYBRIDTF_OP("StitchConcatGrad"))
+    .Input("grad: T")
+    .Input("inverses: num_groups * Tidx")
+    .Input("field_sizes: num_groups * int64")
+    .Input("field_segments: num_groups * int64")
+    .Input("segment_lengths: num_groups * int64")
+    .Input("num_unique: num_groups * int64")
+    .Output("d_rows: num_groups * T")
+    .Output("d_dense: num_dense * T")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64}")
+    .Attr("num_groups: int >= 1")
+    .Attr("num_dense: int >= 0")
+    .Attr("group_fields: list(int)")
+    .Attr("combiners: list(string)")
+    .Attr("piece_groups: list(int)")
+    .Attr("piece_items: list(int)")
+    .Attr("dims: list(int)")
+    .Attr("dense_widths: list(int)")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int64_t num_groups = 0, num_dense = 0;
+      std::vector<int64_t> dims, dense_widths;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &num_groups));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      TF_RETURN_IF_ERROR(c->GetAttr("dense_widths", &dense_widths));
+      ShapeHandle grad;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &grad));
+      for (int64_t g = 0; g < num_groups; ++g) {
+        DimensionHandle rows;
+        TF_RETURN_IF_ERROR(c->MakeDimForScalarInput(1 + 4 * num_groups + g, &rows));
+        const int64_t dim = g < static_cast<int64_t>(dims.size()) ? dims[g] : -1;
+        c->set_output(g, c->Matrix(rows, dim >= 0 ? c->MakeDim(dim) : c->UnknownDim()));
+      }
+      for (int64_t m = 0; m < num_dense; ++m) {
+        const int64_t w = m < static_cast<int64_t>(dense_widths.size()) ? dense_widths[m] : -1;
+        c->set_output(num_groups + m,
+                      c->Matrix(c->Dim(grad, 0), w >= 0 ? c->MakeDim(w) : c->UnknownDim()));
+      }
+      return Status();
+    })
+    .Doc("Gradient of StitchConcat: d_rows[num_unique_g, dims[g]] per group, d_dense per dense.");
+
+}  // namespace hybridtf

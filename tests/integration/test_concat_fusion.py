@@ -1,0 +1,140 @@
+"""Concat fusion: a Keras Concatenate of packed lookups becomes one StitchConcat, with the same numbers."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+import hybridtf as htf
+from benchmarks import ctr_data, ctr_models
+
+BATCH, STEPS = 64, 30
+
+
+def _data(fields, n_dense):
+    batches = ctr_data.generate_batches(fields, n_dense, BATCH, STEPS, seed=3)
+    return [(ctr_data.to_tensors(x), tf.constant(y)) for x, y in batches]
+
+
+def _fields():
+    return ctr_data.criteo_like_fields(dim=8, max_vocab=300)[:8]
+
+
+def _train(model, batches, optimizer=None):
+    model.compile(optimizer=optimizer or tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+
+def _step_op_types(model, batches):
+    x, y = batches[0]
+    model.train_on_batch(x, y)  # builds train_function
+    fn = model.train_function
+    graph = fn.get_concrete_function(iter(tf.data.Dataset.from_tensors((x, y)).repeat())).graph
+    return [op.type for op in graph.get_operations()]
+
+
+def test_wdl_fused_is_bitwise_equal_to_unfused_and_exact_vs_plain():
+    fields = _fields()
+    batches = _data(fields, 4)
+    build = lambda: ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)  # noqa: E731
+    plain, fused, unfused = build(), build(), build()
+    for m in (plain, fused, unfused):
+        m(batches[0][0])
+    fused = htf.keras.optimize(fused)
+    unfused = htf.keras.optimize(unfused, fuse_concat=False)
+    assert fused.hybridtf_fused_concats == ["deep_concat"]
+    assert unfused.hybridtf_fused_concats == []
+    losses = {name: _train(m, batches) for name, m in [("plain", plain), ("fused", fused), ("unfused", unfused)]}
+    np.testing.assert_array_equal(losses["fused"], losses["unfused"])
+    np.testing.assert_allclose(losses["fused"], losses["plain"], rtol=1e-5, atol=0)
+    x = batches[-1][0]
+    np.testing.assert_allclose(fused.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(fused(x).numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-6)  # eager: plain concat
+
+
+def test_fused_step_has_one_stitch_concat_and_no_deep_concat_or_split():
+    fields = _fields()
+    batches = _data(fields, 4)
+    counts = {}
+    for fuse in (True, False):
+        model = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
+        model(batches[0][0])
+        model = htf.keras.optimize(model, fuse_concat=fuse)
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        types = _step_op_types(model, batches)
+        kinds = ("HybridTF>StitchConcat", "HybridTF>StitchConcatGrad", "ConcatV2", "Slice")
+        counts[fuse] = {t: types.count(t) for t in kinds}
+    assert counts[True]["HybridTF>StitchConcat"] == 1 and counts[True]["HybridTF>StitchConcatGrad"] == 1
+    assert counts[False]["HybridTF>StitchConcat"] == 0
+    assert counts[True]["ConcatV2"] == counts[False]["ConcatV2"] - 1  # the deep concat is gone ...
+    assert counts[True]["Slice"] <= counts[False]["Slice"] - len(fields)  # ... and so is its gradient's split
+
+
+def test_embeddings_used_twice_deepfm_stays_exact():
+    """DeepFM feeds each field's embedding to the FM part and to the deep concat: both consumers get gradients."""
+    fields = _fields()
+    batches = _data(fields, 4)
+    plain = ctr_models.deepfm(fields, 4, hidden=(16, 8), seed=7)
+    fused = ctr_models.deepfm(fields, 4, hidden=(16, 8), seed=7)
+    plain(batches[0][0])
+    fused(batches[0][0])
+    fused = htf.keras.optimize(fused)
+    assert fused.hybridtf_fused_concats
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def _mixed_concat_model(fields, rank3: bool):
+    inputs = {f.name: tf.keras.Input((1,) if rank3 else (), dtype=tf.int64, name=f.name) for f in fields}
+    dense = tf.keras.Input((3,), name="dense_in")
+    embs = [tf.keras.layers.Embedding(f.vocab, f.dim, name=f"emb_{f.name}")(inputs[f.name]) for f in fields]
+    if rank3:  # [B, 1, d] pieces: not fusable, Keras concatenates
+        x = tf.keras.layers.Flatten()(tf.keras.layers.Concatenate(name="cat3")(embs))
+    else:  # embeddings interleaved with a computed tensor and the dense input
+        mid = tf.keras.layers.Dense(2, name="mid")(dense)
+        x = tf.keras.layers.Concatenate(name="cat2")([embs[1], dense, embs[0], mid, *embs[2:]])
+    hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(x)
+    out = tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden)
+    return tf.keras.Model({**inputs, "dense_in": dense}, out)
+
+
+def test_interleaved_dense_inputs_and_unfusable_concat():
+    fields = _fields()[:5]
+    rng = np.random.default_rng(0)
+    for rank3 in (False, True):
+        batches = []
+        for _ in range(STEPS):
+            x = {f.name: rng.integers(0, f.vocab, size=(BATCH, 1) if rank3 else BATCH) for f in fields}
+            x["dense_in"] = rng.standard_normal((BATCH, 3)).astype(np.float32)
+            batches.append(({k: tf.constant(v) for k, v in x.items()}, tf.constant(rng.integers(0, 2, BATCH))))
+        tf.keras.utils.set_random_seed(1)
+        plain = _mixed_concat_model(fields, rank3)
+        tf.keras.utils.set_random_seed(1)
+        fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))
+        fused.compile(optimizer="sgd", loss="binary_crossentropy")
+        types = _step_op_types(fused, batches[:1])
+        assert types.count("HybridTF>StitchConcat") == (0 if rank3 else 1)
+        tf.keras.utils.set_random_seed(1)
+        fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))
+        np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_saved_model_export_uses_plain_concat(tmp_path):
+    fields = _fields()
+    batches = _data(fields, 4)
+    model = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
+    model(batches[0][0])
+    model = htf.keras.optimize(model)
+    _train(model, batches[:3])
+    model.save(tmp_path / "sm")
+    loaded = tf.keras.models.load_model(tmp_path / "sm")
+    ops = {
+        node.op
+        for f in tf.saved_model.load(str(tmp_path / "sm"))
+        .signatures["serving_default"]
+        .graph.as_graph_def()
+        .library.function
+        for node in f.node_def
+    }
+    assert not any(op.startswith("HybridTF") for op in ops)
+    x = batches[-1][0]
+    np.testing.assert_allclose(loaded.predict_on_batch(x), model.predict_on_batch(x), rtol=1e-6, atol=1e-7)
