@@ -42,16 +42,21 @@ class SumFeatures(tf.keras.layers.Layer):
     """Sums a list of ``[B, k]`` tensors into ``[B, 1]``: one concat and one reduce_sum.
 
     The usual linear ("wide", first-order) part of CTR models: O(1) ops whatever
-    the number of fields, instead of a chain of pairwise adds.
+    the number of fields, instead of a chain of pairwise adds. The concat is a
+    Keras ``Concatenate`` layer (which hybridtf can fuse with the lookups).
 
     Example:
         >>> SumFeatures()([tf.ones([2, 1]), tf.ones([2, 3])]).numpy().tolist()
         [[4.0], [4.0]]
     """
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.concat = tf.keras.layers.Concatenate(name="concat")
+
     def call(self, inputs):
         inputs = list(inputs)
-        merged = inputs[0] if len(inputs) == 1 else tf.concat(inputs, axis=-1)
+        merged = inputs[0] if len(inputs) == 1 else self.concat(inputs)
         return tf.reduce_sum(merged, axis=-1, keepdims=True)
 
 

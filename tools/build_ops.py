@@ -39,7 +39,7 @@ import sysconfig
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
 DEFAULT_OUT = ROOT / "hybridtf" / "_src" / "run" / ("_hybridtf_ops" + sysconfig.get_config_var("EXT_SUFFIX"))
-CXX_FLAGS = ["-O3", "-DNDEBUG", "-fPIC", "-Wall", "-Wno-sign-compare", "-fvisibility=hidden"]
+CXX_FLAGS = ["-O3", "-fno-math-errno", "-DNDEBUG", "-fPIC", "-Wall", "-Wno-sign-compare", "-fvisibility=hidden"]
 DEFAULT_CUDA_ARCHS = "80;90"
 
 

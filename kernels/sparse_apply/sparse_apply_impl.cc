@@ -27,6 +27,13 @@ inline void PrefetchRow(const SparseGrad<Idx>& grad, int64_t u, int64_t end, flo
 
 template <typename Idx>
 ImplStatus ValidateIndices(const SparseGrad<Idx>& grad, int64_t rows) {
+  // Fast path: strictly ascending rows in range (what sorted unique_partition gives) are distinct.
+  bool ascending = true;
+  for (int64_t u = 0; u < grad.num && ascending; ++u) {
+    const int64_t r = static_cast<int64_t>(grad.indices[u]);
+    ascending = r >= 0 && r < rows && (u == 0 || r > static_cast<int64_t>(grad.indices[u - 1]));
+  }
+  if (ascending) return ImplStatus::Ok();
   std::vector<bool> seen(static_cast<size_t>(rows), false);
   for (int64_t u = 0; u < grad.num; ++u) {
     const int64_t r = static_cast<int64_t>(grad.indices[u]);

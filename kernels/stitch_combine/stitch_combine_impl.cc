@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 namespace hybridtf {
@@ -354,7 +355,7 @@ void DispatchClass(int c, Fn&& fn) {
 }
 
 constexpr int64_t kRowBlock = 32;  // output rows per block: a block of a wide concat stays in L2
-constexpr int64_t kPrefetchRows = 2;
+constexpr int64_t kPrefetchRows = 4;
 
 }  // namespace
 
@@ -411,58 +412,117 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                     const std::vector<ConcatPiece<T>>& pieces,
                     const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
                     const T* grad, const std::vector<T*>& d_rows, const ParallelFor& parallel_for) {
-  // Every shard owns the same fraction of every group's distinct rows and
-  // walks the gradient row-major (blocks of rows, then pieces), adding the
-  // entries whose row it owns: each d_rows[u] is summed in a fixed order
-  // (row, then piece) whatever the number of threads.
-  int64_t positions = 0, max_unique = 0;
+  // Pieces whose rows can meet (overlapping ranges of distinct-row indices in
+  // the same group: fields that look up the same table) form a cluster, and a
+  // cluster is handled by one task, which walks the gradient row by row (then
+  // piece by piece in column order). Each d_rows[u] is therefore summed in a
+  // fixed order whatever the number of threads, every gradient entry is read
+  // once, and a task reads the contiguous columns of its pieces in each row.
   for (size_t g = 0; g < groups.size(); ++g) {
     std::fill(d_rows[g], d_rows[g] + num_unique[g] * groups[g].dim, T(0));
-    positions += groups[g].layout->num_positions();
-    max_unique = std::max(max_unique, num_unique[g]);
   }
-  const ConcatPlan<T, Idx> plan(groups, pieces, &d_rows);
-  const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(max_unique, positions / 65536 + 1));
-  const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
-  parallel_for(shards, batch * width / shards + 1, [&](int64_t first_shard, int64_t end_shard) {
-    std::vector<int64_t> lo(groups.size()), hi(groups.size());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      lo[g] = num_unique[g] * first_shard / shards;
-      hi[g] = num_unique[g] * end_shard / shards;
+  struct Item {
+    const ConcatPiece<T>* piece;
+    int64_t lo, hi;      // range of distinct-row indices the piece touches (lo > hi: none)
+    int64_t first, end;  // positions
+    int64_t cluster;
+  };
+  std::vector<Item> items;
+  for (const auto& piece : pieces) {
+    if (piece.group < 0) continue;
+    const ConcatGroup<T, Idx>& g = groups[piece.group];
+    int64_t first = 0, last = 0, unused = 0;
+    g.layout->Positions(piece.field, g.layout->FirstRow(piece.field), &first, &unused);
+    if (batch > 0)
+      g.layout->Positions(piece.field, g.layout->FirstRow(piece.field) + batch - 1, &unused, &last);
+    Item item{&piece, std::numeric_limits<int64_t>::max(), -1, first, batch > 0 ? last : first, -1};
+    for (int64_t i = item.first; i < item.end; ++i) {
+      const int64_t u = static_cast<int64_t>(g.inverse[i]);
+      item.lo = std::min(item.lo, u);
+      item.hi = std::max(item.hi, u);
     }
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t b0 = blk * kRowBlock, b1 = std::min(batch, b0 + kRowBlock);
-      for (int c = 0; c < ConcatPlan<T, Idx>::kClasses; ++c) {
-        const auto& list = plan.one_hot[c];
-        if (list.empty()) continue;
-        DispatchClass(c, [&](auto w) {
-          constexpr int D = decltype(w)::value;
-          for (int64_t b = b0; b < b1; ++b) {
-            const T* row = grad + b * width;
-            for (size_t k = 0; k < list.size(); ++k) {
-              const auto& p = list[k];
-              const int64_t u = static_cast<int64_t>(p.inverse[b]);
-              if (u < lo[p.group] || u >= hi[p.group]) continue;
-              const int64_t dim = D ? D : plan.class_dim[c][k];
-              AddRow<D>(p.d_rows + u * dim, row + p.column, dim);
-            }
-          }
-        });
+    items.push_back(item);
+  }
+  // Clusters: sweep the pieces of each group by range start, merging overlaps.
+  std::vector<size_t> by_range(items.size());
+  for (size_t k = 0; k < items.size(); ++k) by_range[k] = k;
+  std::sort(by_range.begin(), by_range.end(), [&](size_t a, size_t b) {
+    const Item &x = items[a], &y = items[b];
+    if (x.piece->group != y.piece->group) return x.piece->group < y.piece->group;
+    return x.lo != y.lo ? x.lo < y.lo : a < b;
+  });
+  int64_t clusters = 0, reach = -1, group = -1;
+  for (const size_t k : by_range) {
+    Item& item = items[k];
+    if (item.lo > item.hi) {  // touches no row: a cluster of its own
+      item.cluster = clusters++;
+      continue;
+    }
+    if (item.piece->group != group || item.lo > reach) {
+      ++clusters;
+      group = item.piece->group;
+      reach = item.hi;
+    } else {
+      reach = std::max(reach, item.hi);
+    }
+    item.cluster = clusters - 1;
+  }
+  // Tasks: contiguous runs of clusters in column order (items are in column order).
+  std::vector<int64_t> cluster_first_item(clusters, -1);
+  std::vector<int64_t> order;  // clusters by their first column
+  for (size_t k = 0; k < items.size(); ++k) {
+    if (cluster_first_item[items[k].cluster] < 0) {
+      cluster_first_item[items[k].cluster] = static_cast<int64_t>(k);
+      order.push_back(items[k].cluster);
+    }
+  }
+  const int64_t tasks = std::min<int64_t>(clusters, 64);
+  std::vector<int64_t> task_of_cluster(clusters, 0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    task_of_cluster[order[i]] =
+        static_cast<int64_t>(i) * tasks / static_cast<int64_t>(order.size());
+  }
+  std::vector<std::vector<const Item*>> task_items(tasks);
+  for (const Item& item : items) task_items[task_of_cluster[item.cluster]].push_back(&item);
+  const int64_t per_task = tasks ? (batch * width) / tasks + 1 : 1;
+  parallel_for(tasks, per_task, [&](int64_t first_task, int64_t end_task) {
+    for (int64_t t = first_task; t < end_task; ++t) {
+      const auto& mine = task_items[t];
+      int64_t col_lo = width, col_hi = 0;  // the columns this task reads in every row
+      for (const Item* item : mine) {
+        col_lo = std::min(col_lo, item->piece->column);
+        col_hi = std::max(col_hi, item->piece->column + item->piece->width);
       }
-      for (const ConcatPiece<T>* piece : plan.other) {
-        if (piece->group < 0) continue;
-        const ConcatGroup<T, Idx>& g = groups[piece->group];
-        const Combiner combiner = g.layout->combiner(piece->field);
-        for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t b = 0; b < batch; ++b) {
+        const T* row = grad + b * width;
+        if (b + kPrefetchRows < batch) {  // rows are a page or more apart: fetch ahead
+          const char* ahead = reinterpret_cast<const char*>(row + kPrefetchRows * width + col_lo);
+          const char* ahead_end =
+              reinterpret_cast<const char*>(row + kPrefetchRows * width + col_hi);
+          for (; ahead < ahead_end; ahead += 64) __builtin_prefetch(ahead);
+        }
+        for (const Item* item : mine) {
+          const ConcatPiece<T>& piece = *item->piece;
+          const ConcatGroup<T, Idx>& g = groups[piece.group];
+          T* d = d_rows[piece.group];
+          const Combiner combiner = g.layout->combiner(piece.field);
+          const T* src = row + piece.column;
+          if (combiner == Combiner::kNone) {
+            const Idx* inv = g.inverse + item->first;
+            if (b + kPrefetchRows < batch) {  // the row this piece adds to a few rows later
+              __builtin_prefetch(d + static_cast<int64_t>(inv[b + kPrefetchRows]) * g.dim, 1);
+            }
+            const int64_t u = static_cast<int64_t>(inv[b]);
+            DispatchDim(g.dim,
+                        [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
+            continue;
+          }
           int64_t pb = 0, pe = 0;
-          g.layout->Positions(piece->field, g.layout->FirstRow(piece->field) + b, &pb, &pe);
+          g.layout->Positions(piece.field, g.layout->FirstRow(piece.field) + b, &pb, &pe);
           const T denom = Denominator(combiner, static_cast<const T*>(nullptr), pb, pe);
           if (denom == T(0)) continue;
-          const T* src = grad + b * width + piece->column;
           for (int64_t i = pb; i < pe; ++i) {
-            const int64_t u = static_cast<int64_t>(g.inverse[i]);
-            if (u < lo[piece->group] || u >= hi[piece->group]) continue;
-            T* acc = d_rows[piece->group] + u * g.dim;
+            T* acc = d + static_cast<int64_t>(g.inverse[i]) * g.dim;
             if (denom == T(1)) {
               AddRow<0>(acc, src, g.dim);
             } else {

@@ -118,10 +118,11 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                    const ParallelFor& parallel_for);
 
 // Gradient of ForwardConcat with respect to every group's rows: d_rows[g] is
-// [num_unique[g], dim_g]. Each distinct row's gradient is summed in row-major
-// order (output row, then piece), which equals Backward's ascending-position
-// order whenever no two fields of a group look up the same table. Dense
-// pieces are ignored (their gradient is a column slice).
+// [num_unique[g], dim_g]. Each distinct row's gradient is summed row by row
+// (output row, then piece in column order); for a row that only one field
+// reaches (one field per table, the usual case) that is StitchCombine's
+// ascending-position order. Dense pieces are ignored (their gradient is a
+// column slice).
 template <typename T, typename Idx>
 void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                     const std::vector<ConcatPiece<T>>& pieces,

@@ -42,7 +42,7 @@ def test_wdl_fused_is_bitwise_equal_to_unfused_and_exact_vs_plain():
         m(batches[0][0])
     fused = htf.keras.optimize(fused)
     unfused = htf.keras.optimize(unfused, fuse_concat=False)
-    assert fused.hybridtf_fused_concats == ["deep_concat"]
+    assert fused.hybridtf_fused_concats == ["deep_concat", "concat"]  # the deep MLP input and the wide sum
     assert unfused.hybridtf_fused_concats == []
     losses = {name: _train(m, batches) for name, m in [("plain", plain), ("fused", fused), ("unfused", unfused)]}
     np.testing.assert_array_equal(losses["fused"], losses["unfused"])
@@ -52,7 +52,7 @@ def test_wdl_fused_is_bitwise_equal_to_unfused_and_exact_vs_plain():
     np.testing.assert_allclose(fused(x).numpy(), plain(x).numpy(), rtol=1e-5, atol=1e-6)  # eager: plain concat
 
 
-def test_fused_step_has_one_stitch_concat_and_no_deep_concat_or_split():
+def test_fused_step_has_stitch_concats_and_no_concat_or_split():
     fields = _fields()
     batches = _data(fields, 4)
     counts = {}
@@ -64,10 +64,11 @@ def test_fused_step_has_one_stitch_concat_and_no_deep_concat_or_split():
         types = _step_op_types(model, batches)
         kinds = ("HybridTF>StitchConcat", "HybridTF>StitchConcatGrad", "ConcatV2", "Slice")
         counts[fuse] = {t: types.count(t) for t in kinds}
-    assert counts[True]["HybridTF>StitchConcat"] == 1 and counts[True]["HybridTF>StitchConcatGrad"] == 1
+    # the deep MLP input and the wide sum's concatenation
+    assert counts[True]["HybridTF>StitchConcat"] == 2 and counts[True]["HybridTF>StitchConcatGrad"] == 2
     assert counts[False]["HybridTF>StitchConcat"] == 0
-    assert counts[True]["ConcatV2"] == counts[False]["ConcatV2"] - 1  # the deep concat is gone ...
-    assert counts[True]["Slice"] <= counts[False]["Slice"] - len(fields)  # ... and so is its gradient's split
+    assert counts[True]["ConcatV2"] == counts[False]["ConcatV2"] - 2  # both concatenations are gone ...
+    assert counts[True]["Slice"] <= counts[False]["Slice"] - 2 * len(fields)  # ... and so are their splits
 
 
 def test_embeddings_used_twice_deepfm_stays_exact():
