@@ -139,3 +139,23 @@ def test_saved_model_export_uses_plain_concat(tmp_path):
     assert not any(op.startswith("HybridTF") for op in ops)
     x = batches[-1][0]
     np.testing.assert_allclose(loaded.predict_on_batch(x), model.predict_on_batch(x), rtol=1e-6, atol=1e-7)
+
+
+def test_bitwise_equal_to_plain_without_grapplers_rsqrt_rewrite():
+    """The packed model does Keras's float operations: with Grappler's arithmetic optimizer off (it rewrites
+    Keras Adagrad's ``g / sqrt(acc + eps)`` into ``g * rsqrt(acc + eps)`` in the plain graph, an ulp apart),
+    plain and optimized (fused concat, fused Adagrad) losses and weights are identical to the last bit."""
+    fields = _fields()
+    batches = _data(fields, 4)
+    tf.config.optimizer.set_experimental_options({"arithmetic_optimization": False})
+    try:
+        plain = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
+        fused = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
+        plain(batches[0][0])
+        fused(batches[0][0])
+        fused = htf.keras.optimize(fused)
+        np.testing.assert_array_equal(_train(fused, batches), _train(plain, batches))
+        for a, b in zip(fused.get_weights(), plain.get_weights()):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": True})
