@@ -433,16 +433,23 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
     const ConcatGroup<T, Idx>& g = groups[piece.group];
     int64_t first = 0, last = 0, unused = 0;
     g.layout->Positions(piece.field, g.layout->FirstRow(piece.field), &first, &unused);
-    if (batch > 0)
+    if (batch > 0) {
       g.layout->Positions(piece.field, g.layout->FirstRow(piece.field) + batch - 1, &unused, &last);
-    Item item{&piece, std::numeric_limits<int64_t>::max(), -1, first, batch > 0 ? last : first, -1};
-    for (int64_t i = item.first; i < item.end; ++i) {
-      const int64_t u = static_cast<int64_t>(g.inverse[i]);
-      item.lo = std::min(item.lo, u);
-      item.hi = std::max(item.hi, u);
     }
-    items.push_back(item);
+    items.push_back(
+        Item{&piece, std::numeric_limits<int64_t>::max(), -1, first, batch > 0 ? last : first, -1});
   }
+  parallel_for(static_cast<int64_t>(items.size()), 2 * batch, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      Item& item = items[k];
+      const Idx* inverse = groups[item.piece->group].inverse;
+      for (int64_t i = item.first; i < item.end; ++i) {
+        const int64_t u = static_cast<int64_t>(inverse[i]);
+        item.lo = std::min(item.lo, u);
+        item.hi = std::max(item.hi, u);
+      }
+    }
+  });
   // Clusters: sweep the pieces of each group by range start, merging overlaps.
   std::vector<size_t> by_range(items.size());
   for (size_t k = 0; k < items.size(); ++k) by_range[k] = k;
