@@ -315,6 +315,7 @@ class Report:
         tables: packed tables and unpacked embedding layers, with their sizes.
         communication: per-rank bytes sent per step by alltoall and
             allreduce under Horovod (``estimate_traffic``), or None.
+        fused_concats: ``Concatenate`` layers computed by one StitchConcat op.
 
     Example:
         >>> r = report(optimized_model, (features, labels), baseline=plain_model)
@@ -331,6 +332,7 @@ class Report:
     skipped: tuple[SkippedLayer, ...]
     tables: tuple[TableStats, ...]
     communication: dict | None = None
+    fused_concats: tuple[str, ...] = ()
 
     @property
     def ops_ratio(self) -> float | None:
@@ -357,6 +359,7 @@ class Report:
             "tables": [t.to_dict() for t in self.tables],
             "table_totals": self.table_totals(),
             "communication": self.communication,
+            "fused_concats": list(self.fused_concats),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -376,6 +379,7 @@ class Report:
             skipped=tuple(SkippedLayer(s["name"], s["reason"]) for s in d["skipped"]),
             tables=tuple(TableStats.from_dict(t) for t in d["tables"]),
             communication=d.get("communication"),
+            fused_concats=tuple(d.get("fused_concats", ())),
         )
 
     @classmethod
@@ -404,6 +408,9 @@ class Report:
             lines += [f"  {s.name}: {s.reason}" for s in self.skipped]
         else:
             lines.append("skipped embedding layers: none")
+        if self.optimized:
+            fused = ", ".join(self.fused_concats) if self.fused_concats else "none"
+            lines.append(f"Concatenate layers fused with the lookups (StitchConcat): {fused}")
         if self.communication:
             c = self.communication
             lines += [
@@ -521,6 +528,7 @@ def report(
         skipped=skipped,
         tables=tuple(_table_stats(model, plan)),
         communication=_communication(model, sample_batch, num_ranks) if optimized else None,
+        fused_concats=tuple(getattr(model, "_htf_fused_concats", ())),
     )
 
 

@@ -147,6 +147,7 @@ def test_report_json_round_trip_keeps_plan_and_skipped_layers(models):
     assert d["plan"] == optimized.hybridtf_plan.to_dict()
     assert PackingPlan.from_dict(d["plan"]) == optimized.hybridtf_plan
     assert {"name": "emb_C1", "reason": "excluded by user"} in d["skipped"]
+    assert d["fused_concats"] == optimized.hybridtf_fused_concats == ["deep_concat", "concat"]
     assert d["ops"]["total"] == r.ops["total"] and d["baseline_ops"]["total"] == r.baseline_ops["total"]
     assert 0 < d["ops_ratio"] < 1 and 0 < d["grappler_ops_ratio"] < 1
     assert htf_report.Report.from_json(r.to_json()) == r
@@ -166,6 +167,7 @@ def test_report_text_shows_ops_plan_tables_and_skipped(models):
     assert str(optimized.hybridtf_plan) in text
     assert "after Grappler" in text and "ratio" in text
     assert "emb_C1: excluded by user" in text
+    assert "Concatenate layers fused with the lookups (StitchConcat): deep_concat, concat" in text
     for packed in optimized.hybridtf_plan.packed_tables:
         assert packed.name in text
 
