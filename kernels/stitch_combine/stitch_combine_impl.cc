@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <type_traits>
 
 namespace hybridtf {
@@ -211,17 +212,15 @@ ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique) {
 
 template <typename T, typename Idx>
 void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
-             T* const* outputs, const ParallelFor& parallel_for, int64_t stride) {
-  if (stride <= 0) stride = dim;
+             T* const* outputs, const ParallelFor& parallel_for) {
   DispatchDim(dim, [&](auto width) {
     constexpr int D = decltype(width)::value;
     auto work = [&](int64_t begin, int64_t end) {
       ForRows(layout, begin, end, [&](int f, int64_t r) {
-        if (outputs[f] == nullptr) return;  // a field this call does not write
         int64_t pb = 0, pe = 0;
         layout.Positions(f, r, &pb, &pe);
         WriteRow<D>(layout.combiner(f), rows, dim, inverse, weights, pb, pe,
-                    outputs[f] + (r - layout.FirstRow(f)) * stride);
+                    outputs[f] + (r - layout.FirstRow(f)) * dim);
       });
     };
     parallel_for(layout.total_rows(), 4 * dim, work);
@@ -230,14 +229,12 @@ void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* invers
 
 template <typename T, typename Idx>
 void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
-              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for,
-              int64_t stride) {
+              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for) {
   // Shard the unique rows into contiguous ranges; every shard walks all
   // positions in ascending order (field by field, row by row) and adds the
   // contributions that land in its range. Each d_rows[u] is therefore summed
   // in ascending position order whatever the number of shards, with no
-  // per-position temporaries. Fields whose grads[f] is null contribute nothing.
-  if (stride <= 0) stride = dim;
+  // per-position temporaries.
   std::fill(d_rows, d_rows + num_unique * dim, T(0));
   const int64_t n = layout.num_positions();
   const int64_t shards = std::max<int64_t>(1, std::min<int64_t>(num_unique, n / 65536 + 1));
@@ -248,7 +245,6 @@ void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Id
       const int64_t hi = num_unique * end_shard / shards;
       for (int f = 0; f < layout.num_fields(); ++f) {
         const T* g_field = grads[f];
-        if (g_field == nullptr) continue;
         const Combiner combiner = layout.combiner(f);
         const int64_t rows = layout.output_rows(f);
         if (combiner == Combiner::kNone) {
@@ -259,7 +255,7 @@ void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Id
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t u = static_cast<int64_t>(inv[r]);
             if (u < lo || u >= hi) continue;
-            AddRow<D>(d_rows + u * dim, g_field + r * stride, dim);
+            AddRow<D>(d_rows + u * dim, g_field + r * dim, dim);
           }
           continue;
         }
@@ -269,7 +265,7 @@ void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Id
           layout.Positions(f, row0 + r, &pb, &pe);
           const T denom = Denominator(combiner, weights, pb, pe);
           if (denom == T(0)) continue;
-          const T* g = g_field + r * stride;
+          const T* g = g_field + r * dim;
           for (int64_t i = pb; i < pe; ++i) {
             const int64_t u = static_cast<int64_t>(inverse[i]);
             if (u < lo || u >= hi) continue;
@@ -294,51 +290,26 @@ template <typename T, typename Idx>
 struct OneHotPiece {
   const Idx* inverse;  // the field's positions (one per output row)
   const T* rows;
-  T* d_rows;  // backward only
-  int group;
   int64_t column;
 };
 
 // The pieces of a concatenation sorted for tight loops: one-hot pieces by
-// width class (compile-time width for the common dims), the rest generic.
+// width (DispatchDim gives the common widths a compile-time loop), the rest
+// (bags and dense pieces) generic.
 template <typename T, typename Idx>
 struct ConcatPlan {
-  static constexpr int kClasses = 7;  // dims 1, 4, 8, 16, 32, 64, other
-  std::vector<OneHotPiece<T, Idx>> one_hot[kClasses];
-  std::vector<int64_t> class_dim[kClasses];  // per piece (used by the "other" class)
-  std::vector<const ConcatPiece<T>*> other;  // bags and dense pieces
-
-  static int ClassOf(int64_t dim) {
-    switch (dim) {
-      case 1:
-        return 0;
-      case 4:
-        return 1;
-      case 8:
-        return 2;
-      case 16:
-        return 3;
-      case 32:
-        return 4;
-      case 64:
-        return 5;
-      default:
-        return 6;
-    }
-  }
+  std::map<int64_t, std::vector<OneHotPiece<T, Idx>>> one_hot;  // by dim
+  std::vector<const ConcatPiece<T>*> other;
 
   ConcatPlan(const std::vector<ConcatGroup<T, Idx>>& groups,
-             const std::vector<ConcatPiece<T>>& pieces, const std::vector<T*>* d_rows) {
+             const std::vector<ConcatPiece<T>>& pieces) {
     for (const auto& piece : pieces) {
       if (piece.group >= 0) {
         const ConcatGroup<T, Idx>& g = groups[piece.group];
         if (g.layout->combiner(piece.field) == Combiner::kNone) {
           int64_t pb = 0, pe = 0;
           g.layout->Positions(piece.field, g.layout->FirstRow(piece.field), &pb, &pe);
-          const int c = ClassOf(g.dim);
-          one_hot[c].push_back({g.inverse + pb, g.rows, d_rows ? (*d_rows)[piece.group] : nullptr,
-                                piece.group, piece.column});
-          class_dim[c].push_back(g.dim);
+          one_hot[g.dim].push_back({g.inverse + pb, g.rows, piece.column});
           continue;
         }
       }
@@ -346,13 +317,6 @@ struct ConcatPlan {
     }
   }
 };
-
-// Calls fn(std::integral_constant<int, D>) with D the compile-time width of class c (0: runtime).
-template <typename Fn>
-void DispatchClass(int c, Fn&& fn) {
-  static constexpr int kDims[] = {1, 4, 8, 16, 32, 64, 0};
-  DispatchDim(kDims[c] ? kDims[c] : -1, fn);
-}
 
 constexpr int64_t kRowBlock = 32;  // output rows per block: a block of a wide concat stays in L2
 constexpr int64_t kPrefetchRows = 4;
@@ -365,21 +329,17 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                    const ParallelFor& parallel_for) {
   // Row-major in blocks of rows: every output row is written once, left to
   // right within each width class; reads of rows[] are the only random access.
-  const ConcatPlan<T, Idx> plan(groups, pieces, nullptr);
+  const ConcatPlan<T, Idx> plan(groups, pieces);
   const int64_t blocks = (batch + kRowBlock - 1) / kRowBlock;
   parallel_for(blocks, kRowBlock * width * 2, [&](int64_t first, int64_t last) {
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t b0 = blk * kRowBlock, b1 = std::min(batch, b0 + kRowBlock);
-      for (int c = 0; c < ConcatPlan<T, Idx>::kClasses; ++c) {
-        const auto& list = plan.one_hot[c];
-        if (list.empty()) continue;
-        DispatchClass(c, [&](auto w) {
+      for (const auto& [dim, list] : plan.one_hot) {
+        DispatchDim(dim, [&](auto w) {
           constexpr int D = decltype(w)::value;
           for (int64_t b = b0; b < b1; ++b) {
             T* row = out + b * width;
-            for (size_t k = 0; k < list.size(); ++k) {
-              const int64_t dim = D ? D : plan.class_dim[c][k];
-              const auto& p = list[k];
+            for (const auto& p : list) {
               if (b + kPrefetchRows < b1) {  // the row this piece reads a few output rows later
                 __builtin_prefetch(p.rows +
                                    static_cast<int64_t>(p.inverse[b + kPrefetchRows]) * dim);
@@ -544,9 +504,9 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
 
 #define HYBRIDTF_INSTANTIATE(T, Idx)                                                               \
   template void Forward<T, Idx>(const Layout&, const T*, int64_t, const Idx*, const T*, T* const*, \
-                                const ParallelFor&, int64_t);                                      \
+                                const ParallelFor&);                                               \
   template void Backward<T, Idx>(const Layout&, const T* const*, int64_t, const Idx*, const T*,    \
-                                 int64_t, T*, const ParallelFor&, int64_t);                        \
+                                 int64_t, T*, const ParallelFor&);                                 \
   template void ForwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                     \
                                       const std::vector<ConcatPiece<T>>&, int64_t, int64_t, T*,    \
                                       const ParallelFor&);                                         \

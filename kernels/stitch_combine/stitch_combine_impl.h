@@ -74,21 +74,15 @@ class Layout {
 template <typename Idx>
 ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique);
 
-// outputs[f] points to field f's first output row; row r starts at
-// outputs[f] + r * stride (stride <= 0 means dim: a [rows_f, dim] matrix; a
-// larger stride writes into columns of a wider matrix, e.g. a concatenation).
-// A null outputs[f] skips field f. weights may be null.
+// outputs[f] points to output_rows(f) * dim values. weights may be null.
 template <typename T, typename Idx>
 void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* inverse, const T* weights,
-             T* const* outputs, const ParallelFor& parallel_for, int64_t stride = 0);
+             T* const* outputs, const ParallelFor& parallel_for);
 
-// grads[f] points to field f's first output-gradient row, rows `stride` apart
-// (stride <= 0 means dim); a null grads[f] contributes nothing. d_rows has
-// num_unique * dim values.
+// grads[f] points to output_rows(f) * dim values; d_rows to num_unique * dim.
 template <typename T, typename Idx>
 void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Idx* inverse,
-              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for,
-              int64_t stride = 0);
+              const T* weights, int64_t num_unique, T* d_rows, const ParallelFor& parallel_for);
 
 // Row-major concatenation of fields of several groups and dense matrices
 // (StitchConcat). A group is one packed table's chain; a piece is a column

@@ -95,8 +95,6 @@ class UniquePartitionCpu {
   ImplStatus Prepare(const Id* ids, int64_t n, const PartitionSpec<Id>& spec,
                      const ParallelFor& parallel_for = SequentialFor);
   int64_t num_unique() const { return num_unique_; }
-  // True when Prepare chose the dense path (for tests and benchmarks).
-  bool used_dense_path() const { return dense_; }
   // Writes unique_ids[num_unique()], partition_sizes[num_partitions] and
   // inverse[n] (Idx is int32_t or int64_t). Call only after a successful
   // Prepare.

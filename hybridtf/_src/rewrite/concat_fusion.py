@@ -29,11 +29,9 @@ from hybridtf._src.run.stitch_concat import StitchGroup, stitch_concat
 
 
 def _stitch_source(t):
-    """``(op, field)`` if ``t`` is an unweighted StitchCombine output of static width, else None."""
-    if not isinstance(t, tf.Tensor) or tf.executing_eagerly() or not hasattr(t, "op"):
-        return None
+    """``(op, field)`` if the graph tensor ``t`` is an unweighted StitchCombine output, else None."""
     op = t.op
-    if op.type != STITCH_COMBINE or t.shape.rank != 2 or t.shape[1] is None:
+    if op.type != STITCH_COMBINE:
         return None
     weights = op.inputs[5]
     if weights.shape.rank != 1 or weights.shape[0] != 0:
@@ -109,7 +107,3 @@ def fuse_concatenates(model: tf.keras.Model) -> list[str]:
             layer.__class__ = runtime_subclass(_FusedConcatenateMixin, type(layer))
             names.append(layer.name)
     return names
-
-
-def is_fused_concatenate(layer) -> bool:
-    return isinstance(layer, _FusedConcatenateMixin)

@@ -55,8 +55,9 @@ def stitch_concat(
     ``g`` and ``(-1, m)`` is ``dense[m]`` — but the fields are stitched (and
     combined) straight into their columns, so neither the per-field outputs nor
     the concatenation (nor, backward, its split) exist. The gradient is one op
-    that sums each distinct row's gradient from its columns in the same order
-    as StitchCombine's gradient.
+    that sums each distinct row's gradient from its columns row by row; when
+    each row is reached by one field only (one field per table, the usual
+    case) that is StitchCombine's gradient order, bit for bit.
 
     Args:
         groups: the chains whose fields are placed (at least one).
