@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace hybridtf {
@@ -53,16 +54,58 @@ ImplStatus ValidateIndices(const SparseGrad<Idx>& grad, int64_t rows) {
   return ImplStatus::Ok();
 }
 
+// Calls fn(std::integral_constant<int, D>) with D == dim for the common
+// embedding widths (compile-time loops that vectorize), else D == 0 (use dim).
+template <typename Fn>
+void DispatchDim(int64_t dim, Fn&& fn) {
+  switch (dim) {
+    case 1:
+      return fn(std::integral_constant<int, 1>());
+    case 4:
+      return fn(std::integral_constant<int, 4>());
+    case 8:
+      return fn(std::integral_constant<int, 8>());
+    case 16:
+      return fn(std::integral_constant<int, 16>());
+    case 32:
+      return fn(std::integral_constant<int, 32>());
+    case 64:
+      return fn(std::integral_constant<int, 64>());
+    default:
+      return fn(std::integral_constant<int, 0>());
+  }
+}
+
+// Per-row updates; the rows of var, slots and gradient never overlap.
+template <int D>
+inline void SgdRow(float* __restrict w, const float* __restrict g, float lr, int64_t dim) {
+  const int64_t d = D ? D : dim;
+  for (int64_t c = 0; c < d; ++c) w[c] = w[c] + (-g[c]) * lr;
+}
+
+template <int D>
+inline void AdagradRow(float* __restrict w, float* __restrict a, const float* __restrict g,
+                       float neg_lr, float eps, int64_t dim) {
+  const int64_t d = D ? D : dim;
+  for (int64_t c = 0; c < d; ++c) {
+    const float acc = a[c] + g[c] * g[c];
+    a[c] = acc;
+    w[c] = w[c] + (neg_lr * g[c]) / std::sqrt(acc + eps);
+  }
+}
+
 template <typename Idx>
 void Sgd(float* var, const SparseGrad<Idx>& grad, float lr, const ParallelFor& pf) {
   const int64_t dim = grad.dim;
-  pf(grad.num, 2 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      PrefetchRow(grad, u, end, var, nullptr);
-      float* w = var + static_cast<int64_t>(grad.indices[u]) * dim;
-      const float* g = grad.values + u * dim;
-      for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
-    }
+  DispatchDim(dim, [&](auto width) {
+    constexpr int D = decltype(width)::value;
+    pf(grad.num, 2 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        PrefetchRow(grad, u, end, var, nullptr);
+        SgdRow<D>(var + static_cast<int64_t>(grad.indices[u]) * dim, grad.values + u * dim, lr,
+                  dim);
+      }
+    });
   });
 }
 
@@ -71,18 +114,15 @@ void Adagrad(float* var, float* acc, const SparseGrad<Idx>& grad, float lr, floa
              const ParallelFor& pf) {
   const int64_t dim = grad.dim;
   const float neg_lr = -lr;
-  pf(grad.num, 8 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      PrefetchRow(grad, u, end, var, acc);
-      const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
-      float* w = var + row;
-      float* a = acc + row;
-      const float* g = grad.values + u * dim;
-      for (int64_t c = 0; c < dim; ++c) {
-        a[c] = a[c] + g[c] * g[c];
-        w[c] = w[c] + (neg_lr * g[c]) / std::sqrt(a[c] + eps);
+  DispatchDim(dim, [&](auto width) {
+    constexpr int D = decltype(width)::value;
+    pf(grad.num, 8 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        PrefetchRow(grad, u, end, var, acc);
+        const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+        AdagradRow<D>(var + row, acc + row, grad.values + u * dim, neg_lr, eps, dim);
       }
-    }
+    });
   });
 }
 

@@ -198,6 +198,13 @@ void Layout::Positions(int f, int64_t r, int64_t* begin, int64_t* end) const {
 
 template <typename Idx>
 ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique) {
+  // A branch-free pass (it vectorizes); the first bad position only on failure.
+  const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(num_unique, 0));
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    bad |= static_cast<uint64_t>(static_cast<int64_t>(inverse[i])) >= limit;
+  }
+  if (!bad) return ImplStatus::Ok();
   for (int64_t i = 0; i < n; ++i) {
     if (inverse[i] < 0 || static_cast<int64_t>(inverse[i]) >= num_unique) {
       return ImplStatus::InvalidArgument(
@@ -291,6 +298,7 @@ struct OneHotPiece {
   const Idx* inverse;  // the field's positions (one per output row)
   const T* rows;
   int64_t column;
+  bool prefetch;  // rows[] is bigger than a cache: fetch ahead
 };
 
 // The pieces of a concatenation sorted for tight loops: one-hot pieces by
@@ -309,7 +317,9 @@ struct ConcatPlan {
         if (g.layout->combiner(piece.field) == Combiner::kNone) {
           int64_t pb = 0, pe = 0;
           g.layout->Positions(piece.field, g.layout->FirstRow(piece.field), &pb, &pe);
-          one_hot[g.dim].push_back({g.inverse + pb, g.rows, piece.column});
+          const int64_t bytes = g.num_rows * g.dim * static_cast<int64_t>(sizeof(T));
+          one_hot[g.dim].push_back(
+              {g.inverse + pb, g.rows, piece.column, bytes > (int64_t{1} << 20)});
           continue;
         }
       }
@@ -335,12 +345,20 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t b0 = blk * kRowBlock, b1 = std::min(batch, b0 + kRowBlock);
       for (const auto& [dim, list] : plan.one_hot) {
+        if (dim == 1) {  // scalar columns: column by column within the block (strided stores)
+          for (const auto& p : list) {
+            const Idx* inv = p.inverse;
+            T* dst = out + p.column;
+            for (int64_t b = b0; b < b1; ++b) dst[b * width] = p.rows[static_cast<int64_t>(inv[b])];
+          }
+          continue;
+        }
         DispatchDim(dim, [&](auto w) {
           constexpr int D = decltype(w)::value;
           for (int64_t b = b0; b < b1; ++b) {
             T* row = out + b * width;
             for (const auto& p : list) {
-              if (b + kPrefetchRows < b1) {  // the row this piece reads a few output rows later
+              if (p.prefetch && b + kPrefetchRows < b1) {  // a row read a few output rows later
                 __builtin_prefetch(p.rows +
                                    static_cast<int64_t>(p.inverse[b + kPrefetchRows]) * dim);
               }
@@ -386,6 +404,7 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
     int64_t lo, hi;      // range of distinct-row indices the piece touches (lo > hi: none)
     int64_t first, end;  // positions
     int64_t cluster;
+    bool one_hot;
   };
   std::vector<Item> items;
   for (const auto& piece : pieces) {
@@ -396,8 +415,9 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
     if (batch > 0) {
       g.layout->Positions(piece.field, g.layout->FirstRow(piece.field) + batch - 1, &unused, &last);
     }
-    items.push_back(
-        Item{&piece, std::numeric_limits<int64_t>::max(), -1, first, batch > 0 ? last : first, -1});
+    items.push_back(Item{&piece, std::numeric_limits<int64_t>::max(), -1, first,
+                         batch > 0 ? last : first, -1,
+                         g.layout->combiner(piece.field) == Combiner::kNone});
   }
   parallel_for(static_cast<int64_t>(items.size()), 2 * batch, [&](int64_t begin, int64_t end) {
     for (int64_t k = begin; k < end; ++k) {
@@ -443,8 +463,13 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
       order.push_back(items[k].cluster);
     }
   }
-  const int64_t tasks = std::min<int64_t>(clusters, 64);
-  std::vector<int64_t> task_of_cluster(clusters, 0);
+  // About one task per 64 bytes of columns (at most 64 tasks): a task reads
+  // whole cache lines of every gradient row, and no line is read by many tasks.
+  const int64_t line_columns = std::max<int64_t>(1, 64 / static_cast<int64_t>(sizeof(T)));
+  const int64_t tasks =
+      std::min<int64_t>({clusters, int64_t{64}, std::max<int64_t>(1, width / line_columns)});
+  std::vector<int64_t> task_of_cluster(clusters, 0), cluster_size(clusters, 0);
+  for (const Item& item : items) ++cluster_size[item.cluster];
   for (size_t i = 0; i < order.size(); ++i) {
     task_of_cluster[order[i]] =
         static_cast<int64_t>(i) * tasks / static_cast<int64_t>(order.size());
@@ -452,17 +477,52 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
   std::vector<std::vector<const Item*>> task_items(tasks);
   for (const Item& item : items) task_items[task_of_cluster[item.cluster]].push_back(&item);
   const int64_t per_task = tasks ? (batch * width) / tasks + 1 : 1;
+  // Gradient rows a page or more apart defeat the hardware prefetcher.
+  const bool prefetch_grad = width * static_cast<int64_t>(sizeof(T)) >= 4096;
   parallel_for(tasks, per_task, [&](int64_t first_task, int64_t end_task) {
     for (int64_t t = first_task; t < end_task; ++t) {
       const auto& mine = task_items[t];
       int64_t col_lo = width, col_hi = 0;  // the columns this task reads in every row
+      int64_t footprint = 0;               // bytes of d_rows this task adds to
       for (const Item* item : mine) {
         col_lo = std::min(col_lo, item->piece->column);
         col_hi = std::max(col_hi, item->piece->column + item->piece->width);
+        if (item->lo <= item->hi) {
+          footprint += (item->hi - item->lo + 1) * groups[item->piece->group].dim *
+                       static_cast<int64_t>(sizeof(T));
+        }
+      }
+      // Prefetching the rows added to pays, except for narrow rows that stay in cache.
+      const bool big_footprint = footprint > (int64_t{512} << 10);
+      // Narrow one-hot pieces, none sharing rows with another piece: column by column.
+      bool columnwise = true;
+      for (const Item* item : mine) {
+        columnwise &=
+            item->one_hot && cluster_size[item->cluster] == 1 && groups[item->piece->group].dim < 8;
+      }
+      if (columnwise) {
+        // Piece by piece within blocks of rows: each d_rows[u] still gets its
+        // gradients in ascending row order, and the loops are tight.
+        for (int64_t b0 = 0; b0 < batch; b0 += kRowBlock) {
+          const int64_t b1 = std::min(batch, b0 + kRowBlock);
+          for (const Item* item : mine) {
+            const ConcatGroup<T, Idx>& g = groups[item->piece->group];
+            T* d = d_rows[item->piece->group];
+            const Idx* inv = g.inverse + item->first;
+            const T* src = grad + item->piece->column;
+            DispatchDim(g.dim, [&](auto w) {
+              constexpr int D = decltype(w)::value;
+              for (int64_t b = b0; b < b1; ++b) {
+                AddRow<D>(d + static_cast<int64_t>(inv[b]) * g.dim, src + b * width, g.dim);
+              }
+            });
+          }
+        }
+        continue;
       }
       for (int64_t b = 0; b < batch; ++b) {
         const T* row = grad + b * width;
-        if (b + kPrefetchRows < batch) {  // rows are a page or more apart: fetch ahead
+        if (prefetch_grad && b + kPrefetchRows < batch) {
           const char* ahead = reinterpret_cast<const char*>(row + kPrefetchRows * width + col_lo);
           const char* ahead_end =
               reinterpret_cast<const char*>(row + kPrefetchRows * width + col_hi);
@@ -472,18 +532,30 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
           const ConcatPiece<T>& piece = *item->piece;
           const ConcatGroup<T, Idx>& g = groups[piece.group];
           T* d = d_rows[piece.group];
-          const Combiner combiner = g.layout->combiner(piece.field);
           const T* src = row + piece.column;
-          if (combiner == Combiner::kNone) {
+          if (item->one_hot) {
             const Idx* inv = g.inverse + item->first;
-            if (b + kPrefetchRows < batch) {  // the row this piece adds to a few rows later
+            if ((big_footprint || g.dim >= 4) && b + kPrefetchRows < batch) {
               __builtin_prefetch(d + static_cast<int64_t>(inv[b + kPrefetchRows]) * g.dim, 1);
             }
             const int64_t u = static_cast<int64_t>(inv[b]);
-            DispatchDim(g.dim,
-                        [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
+            switch (g.dim) {  // the common widths as compile-time loops
+              case 1:
+                d[u] += src[0];
+                break;
+              case 8:
+                AddRow<8>(d + u * 8, src, 8);
+                break;
+              case 16:
+                AddRow<16>(d + u * 16, src, 16);
+                break;
+              default:
+                DispatchDim(g.dim,
+                            [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
+            }
             continue;
           }
+          const Combiner combiner = g.layout->combiner(piece.field);
           int64_t pb = 0, pe = 0;
           g.layout->Positions(piece.field, g.layout->FirstRow(piece.field) + b, &pb, &pe);
           const T denom = Denominator(combiner, static_cast<const T*>(nullptr), pb, pe);

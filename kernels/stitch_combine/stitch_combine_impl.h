@@ -95,6 +95,7 @@ struct ConcatGroup {
   const T* rows;
   int64_t dim;
   const Idx* inverse;
+  int64_t num_rows;  // rows of the table rows[] (num_unique)
 };
 
 template <typename T>

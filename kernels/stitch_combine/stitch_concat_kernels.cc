@@ -200,7 +200,7 @@ class StitchConcatCpuOp : public StitchConcatOpBase {
     std::vector<ConcatGroup<T, Idx>> groups;
     for (int g = 0; g < ng; ++g) {
       groups.push_back({&layouts[g], ctx->input(g).flat<T>().data(), dims[g],
-                        ctx->input(ng + g).flat<Idx>().data()});
+                        ctx->input(ng + g).flat<Idx>().data(), ctx->input(g).dim_size(0)});
     }
     std::vector<ConcatPiece<T>> pieces;
     for (size_t k = 0; k < columns.size(); ++k) {
@@ -260,7 +260,7 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(g, TensorShape({num_unique[g], dims_[g]}), &out));
       d_rows[g] = out->flat<T>().data();
-      groups.push_back({&layouts[g], nullptr, dims_[g], inverse.flat<Idx>().data()});
+      groups.push_back({&layouts[g], nullptr, dims_[g], inverse.flat<Idx>().data(), num_unique[g]});
     }
     std::vector<ConcatPiece<T>> pieces;
     for (size_t k = 0; k < columns.size(); ++k) {
