@@ -316,6 +316,8 @@ class Report:
         communication: per-rank bytes sent per step by alltoall and
             allreduce under Horovod (``estimate_traffic``), or None.
         fused_concats: ``Concatenate`` layers computed by one StitchConcat op.
+        shared_uniques: packed tables that take their unique ids from
+            another packed table's chain (table -> source).
 
     Example:
         >>> r = report(optimized_model, (features, labels), baseline=plain_model)
@@ -333,6 +335,7 @@ class Report:
     tables: tuple[TableStats, ...]
     communication: dict | None = None
     fused_concats: tuple[str, ...] = ()
+    shared_uniques: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ops_ratio(self) -> float | None:
@@ -360,6 +363,7 @@ class Report:
             "table_totals": self.table_totals(),
             "communication": self.communication,
             "fused_concats": list(self.fused_concats),
+            "shared_uniques": dict(self.shared_uniques),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -380,6 +384,7 @@ class Report:
             tables=tuple(TableStats.from_dict(t) for t in d["tables"]),
             communication=d.get("communication"),
             fused_concats=tuple(d.get("fused_concats", ())),
+            shared_uniques=dict(d.get("shared_uniques", {})),
         )
 
     @classmethod
@@ -411,6 +416,8 @@ class Report:
         if self.optimized:
             fused = ", ".join(self.fused_concats) if self.fused_concats else "none"
             lines.append(f"Concatenate layers fused with the lookups (StitchConcat): {fused}")
+            shared = ", ".join(f"{t} <- {src}" for t, src in sorted(self.shared_uniques.items()))
+            lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
         if self.communication:
             c = self.communication
             lines += [
@@ -529,6 +536,7 @@ def report(
         tables=tuple(_table_stats(model, plan)),
         communication=_communication(model, sample_batch, num_ranks) if optimized else None,
         fused_concats=tuple(getattr(model, "_htf_fused_concats", ())),
+        shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
     )
 
 

@@ -161,6 +161,11 @@ class _HybridModelMixin:
         return list(self._htf_skipped)
 
     @property
+    def hybridtf_shared_uniques(self) -> dict[str, str]:
+        """Packed tables that reuse another packed table's unique ids (table -> source), as last traced."""
+        return dict(self._htf_runtime.shared_uniques)
+
+    @property
     def hybridtf_fused_concats(self) -> list[str]:
         """Names of the ``Concatenate`` layers that stitch packed lookups straight into their output."""
         return list(self._htf_fused_concats)
@@ -269,6 +274,7 @@ def optimize(
     shard_strategy: str = "mod",
     replicate_below_rows: int = 0,
     fuse_concat: bool = True,
+    share_unique: bool = True,
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
@@ -308,6 +314,12 @@ def optimize(
             with one StitchConcat op that writes every field straight into its
             columns (no per-field outputs, no concat, no split in the
             gradient; same values). ``False`` keeps Keras's concatenation.
+        share_unique: a packed table whose lookups all use ids that another
+            packed table's chain already deduplicates (Wide & Deep: each
+            feature's ids feed a wide and a deep table) takes its unique ids
+            and inverse index from that chain with one cheap UniqueSubset op
+            instead of its own PackIds + UniquePartition (same values, bit
+            for bit). ``False`` gives every packed table its own chain.
 
     Returns:
         The optimized model (the same object).
@@ -331,6 +343,7 @@ def optimize(
         shard_strategy=shard_strategy,
         replicate_below_rows=replicate_below_rows,
         fuse_concat=fuse_concat,
+        share_unique=share_unique,
     )
     if model is None:
         return functools.partial(optimize, **options)
@@ -387,7 +400,7 @@ def optimize(
         # The packed table holds these tables now: point each layer at its view
         # and drop every reference to its own variable, freeing it right away.
         if not runtime_box:
-            runtime_box.append(PackedRuntime(plan, storage))
+            runtime_box.append(PackedRuntime(plan, storage, share_unique=share_unique))
         for name in names:
             layer = tables[name].layer
             old = values.pop(name)

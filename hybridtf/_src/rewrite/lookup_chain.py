@@ -20,6 +20,7 @@ from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.run.pack_ids import pack_ids
 from hybridtf._src.run.stitch_combine import stitch_combine
 from hybridtf._src.run.unique_partition import unique_partition
+from hybridtf._src.run.unique_subset import unique_subset
 
 
 def _bag_parts(ids):
@@ -35,7 +36,7 @@ def _bag_parts(ids):
 class PackedRequests:
     """The lookups of one packed table with their ids packed (the first stage of the chain)."""
 
-    packed: tf.Tensor  # int64 ids in the packed table's row space
+    packed: tf.Tensor | None  # int64 ids in the packed table's row space (None: derived from another chain)
     sizes: tf.Tensor  # int64 [fields], ids per field
     invalid: tf.Tensor | None  # int64 [fields] out-of-vocabulary counts (on_invalid="count")
     combiners: list
@@ -45,34 +46,26 @@ class PackedRequests:
     vocabularies: list  # (table, num_rows) per request
 
 
-def pack_requests(
-    members: Mapping[str, tuple[int, int]], requests: Sequence[LookupRequest], on_invalid: str = "error"
-) -> PackedRequests:
-    """PackIds of ``requests`` (all of one packed table whose members are ``members``)."""
+def _request_parts(requests: Sequence[LookupRequest]):
+    """Per request: flat ids (the positions), output shape source, combiner, and the bags' lengths."""
     flat, shapes, combiners, bag_lengths, segments = [], [], [], [], []
     for req in requests:
-        if req.table not in members:
-            raise KeyError(f"table {req.table!r} is not a member of this packed table ({', '.join(members)}).")
         combiners.append(req.combiner)
         if req.combiner == "none":
             is_ragged = isinstance(req.ids, tf.RaggedTensor)
             flat.append(req.ids.flat_values if is_ragged else req.ids)
             shapes.append(req.ids)
-            segments.append(None)  # filled with the field's size below
+            segments.append(None)  # filled with the field's size
         else:
             values, row_lengths = _bag_parts(req.ids)
             flat.append(values)
             shapes.append(None)
             bag_lengths.append(row_lengths)
             segments.append(tf.size(row_lengths, out_type=tf.int64))
-    out = pack_ids(
-        flat,
-        [members[r.table][0] for r in requests],
-        [members[r.table][1] for r in requests],
-        [r.table for r in requests],
-        on_invalid=on_invalid,
-    )
-    packed, sizes = out[0], out[1]
+    return flat, shapes, combiners, bag_lengths, segments
+
+
+def _prepared(packed, sizes, invalid, members, requests, shapes, combiners, bag_lengths, segments) -> PackedRequests:
     if bag_lengths:
         field_segments = tf.stack([sizes[i] if s is None else s for i, s in enumerate(segments)])
         seg_lengths = tf.concat(bag_lengths, axis=0) if len(bag_lengths) > 1 else bag_lengths[0]
@@ -81,13 +74,88 @@ def pack_requests(
     return PackedRequests(
         packed,
         sizes,
-        out[2] if on_invalid == "count" else None,
+        invalid,
         combiners,
         shapes,
         field_segments,
         seg_lengths,
         [(r.table, members[r.table][1]) for r in requests],
     )
+
+
+def _check_members(members, requests) -> None:
+    for req in requests:
+        if req.table not in members:
+            raise KeyError(f"table {req.table!r} is not a member of this packed table ({', '.join(members)}).")
+
+
+def pack_requests(
+    members: Mapping[str, tuple[int, int]], requests: Sequence[LookupRequest], on_invalid: str = "error"
+) -> PackedRequests:
+    """PackIds of ``requests`` (all of one packed table whose members are ``members``)."""
+    _check_members(members, requests)
+    flat, shapes, combiners, bag_lengths, segments = _request_parts(requests)
+    out = pack_ids(
+        flat,
+        [members[r.table][0] for r in requests],
+        [members[r.table][1] for r in requests],
+        [r.table for r in requests],
+        on_invalid=on_invalid,
+    )
+    invalid = out[2] if on_invalid == "count" else None
+    return _prepared(out[0], out[1], invalid, members, requests, shapes, combiners, bag_lengths, segments)
+
+
+def positions_key(ids):
+    """What identifies a request's positions (its flat ids): the same key means the same ids, in the same order."""
+    if isinstance(ids, tf.RaggedTensor):
+        return ("flat", ids.flat_values.ref())
+    if isinstance(ids, tf.SparseTensor):
+        return ("sparse", ids.values.ref(), ids.indices.ref())
+    if isinstance(ids, tf.Tensor):
+        return ("flat", ids.ref())
+    return None
+
+
+@dataclasses.dataclass
+class UniqueSource:
+    """How a packed table's chain reuses another one's UniquePartition (``unique_subset``).
+
+    Attributes:
+        source: name of the packed table whose chain computes the unique ids.
+        fields: per request of this table, the index of the source request with the same ids.
+    """
+
+    source: str
+    fields: list[int]
+
+
+def derived_requests(
+    members: Mapping[str, tuple[int, int]],
+    requests: Sequence[LookupRequest],
+    source_members: Mapping[str, tuple[int, int]],
+    source_requests: Sequence[LookupRequest],
+    source_prepared: PackedRequests,
+    source_unique,
+    fields: Sequence[int],
+):
+    """(PackedRequests, unique result) of ``requests`` from the chain of the table they share ids with.
+
+    Equal to ``pack_requests`` + ``unique_partition(..., 1, sort_ids=True)``
+    of ``requests``, bit for bit, without reading the ids again: the source's
+    ids were validated against the same vocabularies.
+    """
+    _check_members(members, requests)
+    _, shapes, combiners, bag_lengths, segments = _request_parts(requests)
+    unique, sizes = unique_subset(
+        source_unique,
+        source_prepared.sizes,
+        list(fields),
+        [source_members[source_requests[a].table][0] for a in fields],
+        [members[r.table][0] for r in requests],
+        [members[r.table][1] for r in requests],
+    )
+    return _prepared(None, sizes, None, members, requests, shapes, combiners, bag_lengths, segments), unique
 
 
 def stitch_outputs(prepared: PackedRequests, rows: tf.Tensor, inverse: tf.Tensor, dim: int) -> list[tf.Tensor]:

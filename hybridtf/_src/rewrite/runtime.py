@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -9,7 +10,13 @@ import tensorflow as tf
 from hybridtf._src.capture.context import CaptureError, LookupRequest
 from hybridtf._src.distribute import exchange
 from hybridtf._src.plan.packing import PackingPlan
-from hybridtf._src.rewrite.lookup_chain import pack_requests, packed_lookup, stitch_outputs
+from hybridtf._src.rewrite.lookup_chain import (
+    UniqueSource,
+    derived_requests,
+    pack_requests,
+    positions_key,
+    stitch_outputs,
+)
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.run.unique_partition import unique_partition
 
@@ -28,10 +35,13 @@ class PackedRuntime:
         storage: the packed variables of that plan.
     """
 
-    def __init__(self, plan: PackingPlan, storage: PackedTables):
+    def __init__(self, plan: PackingPlan, storage: PackedTables, share_unique: bool = True):
         self.plan = plan
         self.storage = storage
+        self.share_unique = bool(share_unique)
         self._order = [pt.name for pt in plan.packed_tables]
+        # packed table -> the packed table whose UniquePartition it reused, at the last trace.
+        self.shared_uniques: dict[str, str] = {}
 
     def lookup(self, requests: Sequence[LookupRequest]) -> list[tf.Tensor]:
         """One output per request, computed with one chain per packed table."""
@@ -43,19 +53,77 @@ class PackedRuntime:
         if self.storage.world.distributed:
             self._distributed_lookup(requests, by_table, outputs)
             return outputs
-        for packed_name in self._order:
-            indices = by_table.get(packed_name)
-            if not indices:
-                continue
-            results = packed_lookup(
-                self.storage.packed[packed_name],
-                self.storage.members(packed_name),
-                [requests[i] for i in indices],
-                name=packed_name,
-            )
-            for i, out in zip(indices, results):
+        names = [n for n in self._order if by_table.get(n)]
+        table_requests = {n: [requests[i] for i in by_table[n]] for n in names}
+        sources = self._unique_sources(table_requests) if self.share_unique else {}
+        self.shared_uniques = {n: src.source for n, src in sources.items()}
+        chains = {}  # packed table -> (prepared requests, unique result), for the tables others reuse
+        for name in [n for n in names if n not in sources] + [n for n in names if n in sources]:
+            variable, members = self.storage.packed[name], self.storage.members(name)
+            with tf.name_scope(name):
+                if name in sources:
+                    src = sources[name]
+                    prepared, unique = derived_requests(
+                        members,
+                        table_requests[name],
+                        self.storage.members(src.source),
+                        table_requests[src.source],
+                        *chains[src.source],
+                        src.fields,
+                    )
+                else:
+                    prepared = pack_requests(members, table_requests[name])
+                    # ascending rows: sequential gathers and updates
+                    unique = unique_partition(prepared.packed, 1, sort_ids=True)
+                    chains[name] = (prepared, unique)
+                rows = tf.gather(variable, unique.unique_ids)
+                results = stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
+            for i, out in zip(by_table[name], results):
                 outputs[i] = out
         return outputs
+
+    def _unique_sources(self, table_requests: dict[str, list[LookupRequest]]) -> dict[str, UniqueSource]:
+        """Packed tables whose lookups all use ids another table's chain already deduplicates.
+
+        Wide & Deep looks up each feature's ids in a wide (dim 1) and a deep
+        table: the deep packed tables then take their unique ids and inverse
+        from the wide chain (``unique_subset``) instead of deduplicating the
+        same ids again. A table qualifies when each of its lookups names a
+        different member table and has the same ids (the same tensor) and
+        vocabulary size as a lookup of the source whose member table the
+        source looks up only once; a source computes its own chain.
+        """
+
+        def keys(name):
+            members = self.storage.members(name)
+            return [(positions_key(r.ids), members[r.table][1]) for r in table_requests[name]]
+
+        index = {}  # packed table -> {(positions key, rows): first request index}
+        for name, reqs in table_requests.items():
+            index[name] = {}
+            uses = collections.Counter(r.table for r in reqs)
+            for i, key in enumerate(keys(name)):
+                # a member table looked up twice shares its segment of unique ids: not a source
+                if key[0] is not None and uses[reqs[i].table] == 1:
+                    index[name].setdefault(key, i)
+        sources: dict[str, UniqueSource] = {}
+        by_size = sorted(table_requests, key=lambda n: -len(table_requests[n]))
+        for name in reversed(by_size):  # the largest tables are the likeliest sources
+            reqs = table_requests[name]
+            if len({r.table for r in reqs}) != len(reqs):
+                continue  # a member looked up twice: its rows would repeat in a derived unique list
+            wanted = keys(name)
+            for candidate in by_size:
+                if candidate == name or candidate in sources:
+                    continue
+                if all(key in index[candidate] for key in wanted):
+                    sources[name] = UniqueSource(candidate, [index[candidate][key] for key in wanted])
+                    break
+        # a source must compute its own chain: drop derivations from derived tables
+        for name in list(sources):
+            if sources[name].source in sources:
+                del sources[name]
+        return sources
 
     def _distributed_lookup(self, requests, by_table, outputs) -> None:
         world = self.storage.world
