@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <type_traits>
+#include <utility>
 
 namespace hybridtf {
 namespace stitch_combine {
@@ -396,9 +397,8 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
   // piece by piece in column order). Each d_rows[u] is therefore summed in a
   // fixed order whatever the number of threads, every gradient entry is read
   // once, and a task reads the contiguous columns of its pieces in each row.
-  for (size_t g = 0; g < groups.size(); ++g) {
-    std::fill(d_rows[g], d_rows[g] + num_unique[g] * groups[g].dim, T(0));
-  }
+  // d_rows are zeroed by the task that sums into them (its cluster's rows are
+  // then warm in that core's cache); rows no piece reaches are zeroed here.
   struct Item {
     const ConcatPiece<T>* piece;
     int64_t lo, hi;      // range of distinct-row indices the piece touches (lo > hi: none)
@@ -430,6 +430,24 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
       }
     }
   });
+  {
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> reached(groups.size());
+    for (const Item& item : items) {
+      if (item.lo <= item.hi) reached[item.piece->group].emplace_back(item.lo, item.hi);
+    }
+    for (size_t g = 0; g < groups.size(); ++g) {
+      std::sort(reached[g].begin(), reached[g].end());
+      const int64_t dim = groups[g].dim;
+      int64_t next = 0;  // rows below next are reached or zeroed
+      for (const auto& [lo, hi] : reached[g]) {
+        if (lo > next) std::fill(d_rows[g] + next * dim, d_rows[g] + lo * dim, T(0));
+        next = std::max(next, hi + 1);
+      }
+      if (num_unique[g] > next) {
+        std::fill(d_rows[g] + next * dim, d_rows[g] + num_unique[g] * dim, T(0));
+      }
+    }
+  }
   // Clusters: sweep the pieces of each group by range start, merging overlaps.
   std::vector<size_t> by_range(items.size());
   for (size_t k = 0; k < items.size(); ++k) by_range[k] = k;
@@ -491,6 +509,12 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
           footprint += (item->hi - item->lo + 1) * groups[item->piece->group].dim *
                        static_cast<int64_t>(sizeof(T));
         }
+      }
+      for (const Item* item : mine) {  // all of them before any sum: items of a cluster overlap
+        if (item->lo > item->hi) continue;
+        const int64_t dim = groups[item->piece->group].dim;
+        T* d = d_rows[item->piece->group];
+        std::fill(d + item->lo * dim, d + (item->hi + 1) * dim, T(0));
       }
       // Prefetching the rows added to pays, except for narrow rows that stay in cache.
       const bool big_footprint = footprint > (int64_t{512} << 10);
