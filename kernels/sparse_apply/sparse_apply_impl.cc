@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/dispatch_dim.h"
+
 namespace hybridtf {
 namespace sparse_apply {
 
@@ -52,28 +54,6 @@ ImplStatus ValidateIndices(const SparseGrad<Idx>& grad, int64_t rows) {
     seen[r] = true;
   }
   return ImplStatus::Ok();
-}
-
-// Calls fn(std::integral_constant<int, D>) with D == dim for the common
-// embedding widths (compile-time loops that vectorize), else D == 0 (use dim).
-template <typename Fn>
-void DispatchDim(int64_t dim, Fn&& fn) {
-  switch (dim) {
-    case 1:
-      return fn(std::integral_constant<int, 1>());
-    case 4:
-      return fn(std::integral_constant<int, 4>());
-    case 8:
-      return fn(std::integral_constant<int, 8>());
-    case 16:
-      return fn(std::integral_constant<int, 16>());
-    case 32:
-      return fn(std::integral_constant<int, 32>());
-    case 64:
-      return fn(std::integral_constant<int, 64>());
-    default:
-      return fn(std::integral_constant<int, 0>());
-  }
 }
 
 // Per-row updates; the rows of var, slots and gradient never overlap.

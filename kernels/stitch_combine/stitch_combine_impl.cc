@@ -10,6 +10,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/common/dispatch_dim.h"
+
 namespace hybridtf {
 namespace stitch_combine {
 
@@ -42,27 +44,6 @@ template <int D, typename T>
 inline void AddRow(T* acc, const T* src, int64_t dim) {
   const int64_t d = D ? D : dim;
   for (int64_t c = 0; c < d; ++c) acc[c] += src[c];
-}
-
-// Calls fn.template operator()<D>() with D == dim for the common dims, else D == 0.
-template <typename Fn>
-void DispatchDim(int64_t dim, Fn&& fn) {
-  switch (dim) {
-    case 1:
-      return fn(std::integral_constant<int, 1>());
-    case 4:
-      return fn(std::integral_constant<int, 4>());
-    case 8:
-      return fn(std::integral_constant<int, 8>());
-    case 16:
-      return fn(std::integral_constant<int, 16>());
-    case 32:
-      return fn(std::integral_constant<int, 32>());
-    case 64:
-      return fn(std::integral_constant<int, 64>());
-    default:
-      return fn(std::integral_constant<int, 0>());
-  }
 }
 
 // Writes one output row from positions [pb, pe) (one position for "none").

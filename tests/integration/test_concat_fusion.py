@@ -7,6 +7,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from benchmarks import ctr_data, ctr_models
+from tests.integration.step_ops import step_op_types
 
 BATCH, STEPS = 64, 30
 
@@ -23,14 +24,6 @@ def _fields():
 def _train(model, batches, optimizer=None):
     model.compile(optimizer=optimizer or tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     return np.array([model.train_on_batch(x, y) for x, y in batches])
-
-
-def _step_op_types(model, batches):
-    x, y = batches[0]
-    model.train_on_batch(x, y)  # builds train_function
-    fn = model.train_function
-    graph = fn.get_concrete_function(iter(tf.data.Dataset.from_tensors((x, y)).repeat())).graph
-    return [op.type for op in graph.get_operations()]
 
 
 def test_wdl_fused_is_bitwise_equal_to_unfused_and_exact_vs_plain():
@@ -61,7 +54,7 @@ def test_fused_step_has_stitch_concats_and_no_concat_or_split():
         model(batches[0][0])
         model = htf.keras.optimize(model, fuse_concat=fuse)
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
-        types = _step_op_types(model, batches)
+        types = step_op_types(model, batches)
         kinds = ("HybridTF>StitchConcat", "HybridTF>StitchConcatGrad", "ConcatV2", "Slice")
         counts[fuse] = {t: types.count(t) for t in kinds}
     # the deep MLP input and the wide sum's concatenation
@@ -112,7 +105,7 @@ def test_interleaved_dense_inputs_and_unfusable_concat():
         tf.keras.utils.set_random_seed(1)
         fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))
         fused.compile(optimizer="sgd", loss="binary_crossentropy")
-        types = _step_op_types(fused, batches[:1])
+        types = step_op_types(fused, batches[:1])
         assert types.count("HybridTF>StitchConcat") == (0 if rank3 else 1)
         tf.keras.utils.set_random_seed(1)
         fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))

@@ -8,6 +8,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from benchmarks import ctr_data, ctr_models
+from tests.integration.step_ops import step_op_types
 
 BATCH, STEPS = 64, 25
 
@@ -25,13 +26,6 @@ def _data(fields, n_dense):
 def _train(model, batches):
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     return np.array([model.train_on_batch(x, y) for x, y in batches])
-
-
-def _step_op_types(model, batches):
-    x, y = batches[0]
-    model.train_on_batch(x, y)  # builds train_function
-    graph = model.train_function.get_concrete_function(iter(tf.data.Dataset.from_tensors((x, y)).repeat())).graph
-    return [op.type for op in graph.get_operations()]
 
 
 @pytest.mark.parametrize("fuse_concat", [True, False])
@@ -67,7 +61,7 @@ def test_shared_step_runs_one_unique_partition():
         model(batches[0][0])
         model = htf.keras.optimize(model, share_unique=share)
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
-        types = _step_op_types(model, batches)
+        types = step_op_types(model, batches)
         counts[share] = {t: types.count(t) for t in ("HybridTF>UniquePartition", "HybridTF>UniqueSubset")}
         counts[share]["HybridTF>PackIds"] = types.count("HybridTF>PackIds")
     assert counts[False] == {"HybridTF>UniquePartition": 3, "HybridTF>UniqueSubset": 0, "HybridTF>PackIds": 3}
