@@ -35,13 +35,13 @@ T Denominator(Combiner combiner, const T* weights, int64_t begin, int64_t end) {
 // Row kernels with the width known at compile time for the common embedding
 // dims (the loops vectorize); D == 0 means "use dim".
 template <int D, typename T>
-inline void CopyRow(T* out, const T* src, int64_t dim) {
+inline void CopyRow(T* __restrict out, const T* __restrict src, int64_t dim) {
   const int64_t d = D ? D : dim;
   for (int64_t c = 0; c < d; ++c) out[c] = src[c];
 }
 
 template <int D, typename T>
-inline void AddRow(T* acc, const T* src, int64_t dim) {
+inline void AddRow(T* __restrict acc, const T* __restrict src, int64_t dim) {
   const int64_t d = D ? D : dim;
   for (int64_t c = 0; c < d; ++c) acc[c] += src[c];
 }
@@ -312,6 +312,7 @@ struct ConcatPlan {
 
 constexpr int64_t kRowBlock = 32;  // output rows per block: a block of a wide concat stays in L2
 constexpr int64_t kPrefetchRows = 4;
+constexpr int64_t kTaskBytes = 512;
 
 }  // namespace
 
@@ -462,11 +463,13 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
       order.push_back(items[k].cluster);
     }
   }
-  // About one task per 64 bytes of columns (at most 64 tasks): a task reads
-  // whole cache lines of every gradient row, and no line is read by many tasks.
-  const int64_t line_columns = std::max<int64_t>(1, 64 / static_cast<int64_t>(sizeof(T)));
+  // Every task walks all gradient rows, reading its columns of each: give a
+  // task at least kTaskBytes of every row (so it reads long contiguous runs
+  // and touches few pages per row, instead of one page per row for a few
+  // columns), but make at least two tasks where there are two clusters.
+  const int64_t task_columns = std::max<int64_t>(1, kTaskBytes / static_cast<int64_t>(sizeof(T)));
   const int64_t tasks =
-      std::min<int64_t>({clusters, int64_t{64}, std::max<int64_t>(1, width / line_columns)});
+      std::min<int64_t>({clusters, int64_t{64}, std::max<int64_t>(2, width / task_columns)});
   std::vector<int64_t> task_of_cluster(clusters, 0), cluster_size(clusters, 0);
   for (const Item& item : items) ++cluster_size[item.cluster];
   for (size_t i = 0; i < order.size(); ++i) {
