@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import hybridtf as htf
@@ -77,12 +78,16 @@ def test_embeddings_used_twice_deepfm_stays_exact():
     np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
 
 
-def _mixed_concat_model(fields, rank3: bool):
-    inputs = {f.name: tf.keras.Input((1,) if rank3 else (), dtype=tf.int64, name=f.name) for f in fields}
+def _mixed_concat_model(fields, kind: str):
+    column = kind in ("rank3", "flatten")  # ids [B, 1]: embeddings [B, 1, d]
+    inputs = {f.name: tf.keras.Input((1,) if column else (), dtype=tf.int64, name=f.name) for f in fields}
     dense = tf.keras.Input((3,), name="dense_in")
     embs = [tf.keras.layers.Embedding(f.vocab, f.dim, name=f"emb_{f.name}")(inputs[f.name]) for f in fields]
-    if rank3:  # [B, 1, d] pieces: not fusable, Keras concatenates
+    if kind == "rank3":  # [B, 1, d] pieces: not fusable, Keras concatenates
         x = tf.keras.layers.Flatten()(tf.keras.layers.Concatenate(name="cat3")(embs))
+    elif kind == "flatten":  # each [B, 1, d] flattened to [B, d] first: fused through the reshapes
+        flat = [tf.keras.layers.Flatten(name=f"flat_{f.name}")(e) for f, e in zip(fields, embs)]
+        x = tf.keras.layers.Concatenate(name="catf")([*flat, dense])
     else:  # embeddings interleaved with a computed tensor and the dense input
         mid = tf.keras.layers.Dense(2, name="mid")(dense)
         x = tf.keras.layers.Concatenate(name="cat2")([embs[1], dense, embs[0], mid, *embs[2:]])
@@ -91,25 +96,30 @@ def _mixed_concat_model(fields, rank3: bool):
     return tf.keras.Model({**inputs, "dense_in": dense}, out)
 
 
-def test_interleaved_dense_inputs_and_unfusable_concat():
+@pytest.mark.parametrize("kind", ["rank2", "rank3", "flatten"])
+def test_interleaved_dense_inputs_flattened_fields_and_unfusable_concat(kind):
     fields = _fields()[:5]
     rng = np.random.default_rng(0)
-    for rank3 in (False, True):
-        batches = []
-        for _ in range(STEPS):
-            x = {f.name: rng.integers(0, f.vocab, size=(BATCH, 1) if rank3 else BATCH) for f in fields}
-            x["dense_in"] = rng.standard_normal((BATCH, 3)).astype(np.float32)
-            batches.append(({k: tf.constant(v) for k, v in x.items()}, tf.constant(rng.integers(0, 2, BATCH))))
-        tf.keras.utils.set_random_seed(1)
-        plain = _mixed_concat_model(fields, rank3)
-        tf.keras.utils.set_random_seed(1)
-        fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))
-        fused.compile(optimizer="sgd", loss="binary_crossentropy")
-        types = step_op_types(fused, batches[:1])
-        assert types.count("HybridTF>StitchConcat") == (0 if rank3 else 1)
-        tf.keras.utils.set_random_seed(1)
-        fused = htf.keras.optimize(_mixed_concat_model(fields, rank3))
-        np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    column = kind in ("rank3", "flatten")
+    batches = []
+    for _ in range(STEPS):
+        x = {f.name: rng.integers(0, f.vocab, size=(BATCH, 1) if column else BATCH) for f in fields}
+        x["dense_in"] = rng.standard_normal((BATCH, 3)).astype(np.float32)
+        batches.append(({k: tf.constant(v) for k, v in x.items()}, tf.constant(rng.integers(0, 2, BATCH))))
+    tf.keras.utils.set_random_seed(1)
+    plain = _mixed_concat_model(fields, kind)
+    tf.keras.utils.set_random_seed(1)
+    fused = htf.keras.optimize(_mixed_concat_model(fields, kind))
+    fused.compile(optimizer="sgd", loss="binary_crossentropy")
+    types = step_op_types(fused, batches[:1])
+    assert types.count("HybridTF>StitchConcat") == (0 if kind == "rank3" else 1)
+    tf.keras.utils.set_random_seed(1)
+    fused = htf.keras.optimize(_mixed_concat_model(fields, kind))
+    tf.keras.utils.set_random_seed(1)
+    unfused = htf.keras.optimize(_mixed_concat_model(fields, kind), fuse_concat=False)
+    losses = _train(fused, batches)
+    np.testing.assert_array_equal(losses, _train(unfused, batches))
+    np.testing.assert_allclose(losses, _train(plain, batches), rtol=1e-5, atol=0)
 
 
 def test_saved_model_export_uses_plain_concat(tmp_path):

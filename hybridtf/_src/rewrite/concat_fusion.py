@@ -5,8 +5,9 @@ before the MLP. With hundreds of fields the concatenation and, backward, its
 split copy every embedding a second time in hundreds of narrow pieces, which
 can cost as much as the lookups themselves. When a captured
 ``tf.keras.layers.Concatenate`` (last axis) is called while tracing and some of
-its inputs are StitchCombine outputs, it returns one ``StitchConcat`` instead:
-the fields are stitched straight into their columns from the gathered rows.
+its inputs are StitchCombine outputs (possibly reshaped from ``[B, 1, d]``), it
+returns one ``StitchConcat`` instead: the fields are stitched straight into
+their columns from the gathered rows.
 The StitchCombine outputs it replaces are then unused, and TensorFlow prunes
 the op when none of its outputs is used elsewhere. The values are the same;
 gradients differ only when a field also feeds other layers (its gradient is
@@ -27,11 +28,23 @@ from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.run.stitch_combine import OP_NAME as STITCH_COMBINE
 from hybridtf._src.run.stitch_concat import StitchGroup, stitch_concat
 
+# Ops that only change a tensor's shape, never the row-major order of its values.
+_LAYOUT_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze")
+
 
 def _stitch_source(t):
-    """``(op, field)`` if the graph tensor ``t`` is an unweighted StitchCombine output, else None."""
+    """``(op, field)`` if the graph tensor ``t`` is an unweighted StitchCombine output, else None.
+
+    Shape-only ops in between are seen through when they keep the rows: a field
+    looked up with ids of shape ``[B, 1]`` gives ``[B, 1, d]``, which a
+    ``Flatten`` or ``Reshape`` turns back into ``[B, d]`` (the same values in the
+    same order as the StitchCombine output ``[B, d]``).
+    """
+    width = t.shape[-1] if t.shape.rank else None
+    while t.op.type in _LAYOUT_OPS and t.op.inputs:
+        t = t.op.inputs[0]
     op = t.op
-    if op.type != STITCH_COMBINE:
+    if op.type != STITCH_COMBINE or t.shape.rank != 2 or t.shape[1] is None or t.shape[1] != width:
         return None
     weights = op.inputs[5]
     if weights.shape.rank != 1 or weights.shape[0] != 0:
