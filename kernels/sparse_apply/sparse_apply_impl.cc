@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels/common/dispatch_dim.h"
+#include "kernels/common/multiversion.h"
 
 namespace hybridtf {
 namespace sparse_apply {
@@ -74,19 +75,34 @@ inline void AdagradRow(float* __restrict w, float* __restrict a, const float* __
   }
 }
 
+template <int D, typename Idx>
+HYBRIDTF_MULTIVERSION void SgdRows(float* var, const SparseGrad<Idx>& grad, int64_t begin,
+                                   int64_t end, float lr) {
+  const int64_t dim = grad.dim;
+  for (int64_t u = begin; u < end; ++u) {
+    PrefetchRow(grad, u, end, var, nullptr);
+    SgdRow<D>(var + static_cast<int64_t>(grad.indices[u]) * dim, grad.values + u * dim, lr, dim);
+  }
+}
+
 template <typename Idx>
 void Sgd(float* var, const SparseGrad<Idx>& grad, float lr, const ParallelFor& pf) {
-  const int64_t dim = grad.dim;
-  DispatchDim(dim, [&](auto width) {
+  DispatchDim(grad.dim, [&](auto width) {
     constexpr int D = decltype(width)::value;
-    pf(grad.num, 2 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        PrefetchRow(grad, u, end, var, nullptr);
-        SgdRow<D>(var + static_cast<int64_t>(grad.indices[u]) * dim, grad.values + u * dim, lr,
-                  dim);
-      }
-    });
+    pf(grad.num, 2 * grad.dim,
+       [&](int64_t begin, int64_t end) { SgdRows<D>(var, grad, begin, end, lr); });
   });
+}
+
+template <int D, typename Idx>
+HYBRIDTF_MULTIVERSION void AdagradRows(float* var, float* acc, const SparseGrad<Idx>& grad,
+                                       int64_t begin, int64_t end, float neg_lr, float eps) {
+  const int64_t dim = grad.dim;
+  for (int64_t u = begin; u < end; ++u) {
+    PrefetchRow(grad, u, end, var, acc);
+    const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+    AdagradRow<D>(var + row, acc + row, grad.values + u * dim, neg_lr, eps, dim);
+  }
 }
 
 template <typename Idx>
@@ -97,13 +113,25 @@ void Adagrad(float* var, float* acc, const SparseGrad<Idx>& grad, float lr, floa
   DispatchDim(dim, [&](auto width) {
     constexpr int D = decltype(width)::value;
     pf(grad.num, 8 * dim, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        PrefetchRow(grad, u, end, var, acc);
-        const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
-        AdagradRow<D>(var + row, acc + row, grad.values + u * dim, neg_lr, eps, dim);
-      }
+      AdagradRows<D>(var, acc, grad, begin, end, neg_lr, eps);
     });
   });
+}
+
+HYBRIDTF_MULTIVERSION void DecayMoments(float* __restrict m, float* __restrict v, int64_t begin,
+                                        int64_t end, float c1, float c2) {
+  for (int64_t i = begin; i < end; ++i) {
+    m[i] = m[i] + (-m[i]) * c1;
+    v[i] = v[i] + (-v[i]) * c2;
+  }
+}
+
+HYBRIDTF_MULTIVERSION void MoveAll(float* __restrict var, const float* __restrict m,
+                                   const float* __restrict v, int64_t begin, int64_t end,
+                                   float alpha, float eps) {
+  for (int64_t i = begin; i < end; ++i) {
+    var[i] = var[i] - (m[i] * alpha) / (std::sqrt(v[i]) + eps);
+  }
 }
 
 template <typename Idx>
@@ -112,10 +140,7 @@ void Adam(float* var, float* m, float* v, int64_t rows, const SparseGrad<Idx>& g
   const int64_t dim = grad.dim;
   const int64_t total = rows * dim;
   pf(total, 4, [&](int64_t begin, int64_t end) {  // moments of every row decay
-    for (int64_t i = begin; i < end; ++i) {
-      m[i] = m[i] + (-m[i]) * c1;
-      v[i] = v[i] + (-v[i]) * c2;
-    }
+    DecayMoments(m, v, begin, end, c1, c2);
   });
   pf(grad.num, 4 * dim, [&](int64_t begin, int64_t end) {  // touched rows get the gradient
     for (int64_t u = begin; u < end; ++u) {
@@ -129,35 +154,49 @@ void Adam(float* var, float* m, float* v, int64_t rows, const SparseGrad<Idx>& g
     }
   });
   pf(total, 8, [&](int64_t begin, int64_t end) {  // every row moves
-    for (int64_t i = begin; i < end; ++i) {
-      var[i] = var[i] - (m[i] * alpha) / (std::sqrt(v[i]) + eps);
-    }
+    MoveAll(var, m, v, begin, end, alpha, eps);
   });
+}
+
+template <int D>
+inline void LazyAdamRow(float* __restrict w, float* __restrict m, float* __restrict v,
+                        const float* __restrict g, float alpha, float c1, float c2, float eps,
+                        int64_t dim) {
+  const int64_t d = D ? D : dim;
+  for (int64_t c = 0; c < d; ++c) {
+    float mi = m[c];
+    float vi = v[c];
+    mi = (mi + (-mi) * c1) + g[c] * c1;
+    vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
+    m[c] = mi;
+    v[c] = vi;
+    w[c] = w[c] - (mi * alpha) / (std::sqrt(vi) + eps);
+  }
+}
+
+template <int D, typename Idx>
+HYBRIDTF_MULTIVERSION void LazyAdamRows(float* var, float* m, float* v, const SparseGrad<Idx>& grad,
+                                        int64_t begin, int64_t end, float alpha, float c1, float c2,
+                                        float eps) {
+  const int64_t dim = grad.dim;
+  for (int64_t u = begin; u < end; ++u) {
+    PrefetchRow(grad, u, end, m, v);
+    if (u + kPrefetchDistance < end) {
+      __builtin_prefetch(var + static_cast<int64_t>(grad.indices[u + kPrefetchDistance]) * dim, 1);
+    }
+    const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
+    LazyAdamRow<D>(var + row, m + row, v + row, grad.values + u * dim, alpha, c1, c2, eps, dim);
+  }
 }
 
 template <typename Idx>
 void LazyAdam(float* var, float* m, float* v, const SparseGrad<Idx>& grad, float alpha, float c1,
               float c2, float eps, const ParallelFor& pf) {
-  const int64_t dim = grad.dim;
-  pf(grad.num, 12 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      PrefetchRow(grad, u, end, m, v);
-      if (u + kPrefetchDistance < end) {
-        __builtin_prefetch(var + static_cast<int64_t>(grad.indices[u + kPrefetchDistance]) * dim,
-                           1);
-      }
-      const int64_t row = static_cast<int64_t>(grad.indices[u]) * dim;
-      const float* g = grad.values + u * dim;
-      for (int64_t c = 0; c < dim; ++c) {
-        float mi = m[row + c];
-        float vi = v[row + c];
-        mi = (mi + (-mi) * c1) + g[c] * c1;
-        vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
-        m[row + c] = mi;
-        v[row + c] = vi;
-        var[row + c] = var[row + c] - (mi * alpha) / (std::sqrt(vi) + eps);
-      }
-    }
+  DispatchDim(grad.dim, [&](auto width) {
+    constexpr int D = decltype(width)::value;
+    pf(grad.num, 12 * grad.dim, [&](int64_t begin, int64_t end) {
+      LazyAdamRows<D>(var, m, v, grad, begin, end, alpha, c1, c2, eps);
+    });
   });
 }
 

@@ -19,6 +19,8 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/common/multiversion.h"
+
 namespace hybridtf {
 namespace unique_subset {
 
@@ -35,13 +37,7 @@ ImplStatus Invalid(const Args&... args) {
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
 // x86-64's baseline SSE2 has no 32-bit (or 64-bit) vector min/max; compiled
-// for AVX2 too, the min/max pass runs about 4x faster where the CPU has it
-// (GCC picks the version at load time).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define HYBRIDTF_MULTIVERSION __attribute__((target_clones("avx2", "default")))
-#else
-#define HYBRIDTF_MULTIVERSION
-#endif
+// for AVX2 too, the min/max pass runs about 4x faster where the CPU has it.
 
 // Smallest and largest of v[0..n), n >= 1.
 template <typename Idx>
