@@ -547,20 +547,8 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
               __builtin_prefetch(d + static_cast<int64_t>(inv[b + kPrefetchRows]) * g.dim, 1);
             }
             const int64_t u = static_cast<int64_t>(inv[b]);
-            switch (g.dim) {  // the common widths as compile-time loops
-              case 1:
-                d[u] += src[0];
-                break;
-              case 8:
-                AddRow<8>(d + u * 8, src, 8);
-                break;
-              case 16:
-                AddRow<16>(d + u * 16, src, 16);
-                break;
-              default:
-                DispatchDim(g.dim,
-                            [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
-            }
+            DispatchDim(g.dim,
+                        [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
             continue;
           }
           const Combiner combiner = g.layout->combiner(piece.field);

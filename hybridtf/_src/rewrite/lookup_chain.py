@@ -194,9 +194,18 @@ def packed_lookup(
         return []
     with tf.name_scope(name or "packed_lookup"):
         prepared = pack_requests(members, requests)
-        unique = unique_partition(prepared.packed, 1, sort_ids=True)  # ascending rows: sequential gathers/updates
-        rows = tf.gather(variable, unique.unique_ids)
-        return stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
+        return gather_and_stitch(variable, prepared, own_unique(prepared))
+
+
+def own_unique(prepared: PackedRequests):
+    """The one-process UniquePartition of packed ids: ascending rows, so gathers and updates are sequential."""
+    return unique_partition(prepared.packed, 1, sort_ids=True)
+
+
+def gather_and_stitch(variable, prepared: PackedRequests, unique) -> list[tf.Tensor]:
+    """Gathers the unique ids' rows of ``variable`` and stitches them into one output per request."""
+    rows = tf.gather(variable, unique.unique_ids)
+    return stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
 
 
 def _reshape(out, ids, dim):

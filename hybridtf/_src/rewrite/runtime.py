@@ -13,12 +13,13 @@ from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite.lookup_chain import (
     UniqueSource,
     derived_requests,
+    gather_and_stitch,
+    own_unique,
     pack_requests,
     positions_key,
     stitch_outputs,
 )
 from hybridtf._src.rewrite.packed_storage import PackedTables
-from hybridtf._src.run.unique_partition import unique_partition
 
 
 class PackedRuntime:
@@ -73,11 +74,9 @@ class PackedRuntime:
                     )
                 else:
                     prepared = pack_requests(members, table_requests[name])
-                    # ascending rows: sequential gathers and updates
-                    unique = unique_partition(prepared.packed, 1, sort_ids=True)
+                    unique = own_unique(prepared)
                     chains[name] = (prepared, unique)
-                rows = tf.gather(variable, unique.unique_ids)
-                results = stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
+                results = gather_and_stitch(variable, prepared, unique)
             for i, out in zip(by_table[name], results):
                 outputs[i] = out
         return outputs
@@ -94,15 +93,15 @@ class PackedRuntime:
         source looks up only once; a source computes its own chain.
         """
 
-        def keys(name):
+        keys = {}  # packed table -> per request (positions key, rows of its member table)
+        for name, reqs in table_requests.items():
             members = self.storage.members(name)
-            return [(positions_key(r.ids), members[r.table][1]) for r in table_requests[name]]
-
+            keys[name] = [(positions_key(r.ids), members[r.table][1]) for r in reqs]
         index = {}  # packed table -> {(positions key, rows): first request index}
         for name, reqs in table_requests.items():
             index[name] = {}
             uses = collections.Counter(r.table for r in reqs)
-            for i, key in enumerate(keys(name)):
+            for i, key in enumerate(keys[name]):
                 # a member table looked up twice shares its segment of unique ids: not a source
                 if key[0] is not None and uses[reqs[i].table] == 1:
                     index[name].setdefault(key, i)
@@ -112,7 +111,7 @@ class PackedRuntime:
             reqs = table_requests[name]
             if len({r.table for r in reqs}) != len(reqs):
                 continue  # a member looked up twice: its rows would repeat in a derived unique list
-            wanted = keys(name)
+            wanted = keys[name]
             for candidate in by_size:
                 if candidate == name or candidate in sources:
                     continue
@@ -142,12 +141,11 @@ class PackedRuntime:
                 with tf.name_scope(name):
                     variable, layout = self.storage.packed[name], self.storage.layouts[name]
                     if layout is None:  # replicated: every row is here
-                        unique = unique_partition(prepared[name].packed, 1, sort_ids=True)
-                        rows = tf.gather(variable, unique.unique_ids)
+                        results = gather_and_stitch(variable, prepared[name], own_unique(prepared[name]))
                     else:
                         unique = exchange.partition_ids(prepared[name].packed, layout)
                         rows = exchange.exchange_rows(variable, unique, layout, world, f"hybridtf_{name}")
-                    results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
+                        results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
                 for i, out in zip(by_table[name], results):
                     outputs[i] = out
 
