@@ -316,6 +316,8 @@ class Report:
         communication: per-rank bytes sent per step by alltoall and
             allreduce under Horovod (``estimate_traffic``), or None.
         fused_concats: ``Concatenate`` layers computed by one StitchConcat op.
+        fused_dense: ``Dense`` layers multiplying a fused concatenation with
+            one StitchConcatMatMul op.
         shared_uniques: packed tables that take their unique ids from
             another packed table's chain (table -> source).
 
@@ -335,6 +337,7 @@ class Report:
     tables: tuple[TableStats, ...]
     communication: dict | None = None
     fused_concats: tuple[str, ...] = ()
+    fused_dense: tuple[str, ...] = ()
     shared_uniques: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -363,6 +366,7 @@ class Report:
             "table_totals": self.table_totals(),
             "communication": self.communication,
             "fused_concats": list(self.fused_concats),
+            "fused_dense": list(self.fused_dense),
             "shared_uniques": dict(self.shared_uniques),
         }
 
@@ -384,6 +388,7 @@ class Report:
             tables=tuple(TableStats.from_dict(t) for t in d["tables"]),
             communication=d.get("communication"),
             fused_concats=tuple(d.get("fused_concats", ())),
+            fused_dense=tuple(d.get("fused_dense", ())),
             shared_uniques=dict(d.get("shared_uniques", {})),
         )
 
@@ -416,6 +421,8 @@ class Report:
         if self.optimized:
             fused = ", ".join(self.fused_concats) if self.fused_concats else "none"
             lines.append(f"Concatenate layers fused with the lookups (StitchConcat): {fused}")
+            dense = ", ".join(self.fused_dense) if self.fused_dense else "none"
+            lines.append(f"Dense layers multiplying through the distinct rows (StitchConcatMatMul): {dense}")
             shared = ", ".join(f"{t} <- {src}" for t, src in sorted(self.shared_uniques.items()))
             lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
         if self.communication:
@@ -536,6 +543,7 @@ def report(
         tables=tuple(_table_stats(model, plan)),
         communication=_communication(model, sample_batch, num_ranks) if optimized else None,
         fused_concats=tuple(getattr(model, "_htf_fused_concats", ())),
+        fused_dense=tuple(model.hybridtf_fused_dense) if optimized else (),
         shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
     )
 

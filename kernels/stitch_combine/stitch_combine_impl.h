@@ -59,6 +59,11 @@ class Layout {
   int64_t FirstRow(int f) const { return row_offset_[f]; }
   // Positions [begin, end) of global output row r of field f.
   void Positions(int f, int64_t r, int64_t* begin, int64_t* end) const;
+  // All positions [begin, end) of field f.
+  void FieldPositions(int f, int64_t* begin, int64_t* end) const {
+    *begin = pos_offset_[f];
+    *end = pos_offset_[f + 1];
+  }
 
  private:
   std::vector<Combiner> combiners_;

@@ -34,7 +34,7 @@ def test_wdl_fused_is_bitwise_equal_to_unfused_and_exact_vs_plain():
     plain, fused, unfused = build(), build(), build()
     for m in (plain, fused, unfused):
         m(batches[0][0])
-    fused = htf.keras.optimize(fused)
+    fused = htf.keras.optimize(fused, fuse_dense=False)  # the dense fusion is not bitwise: test_dense_fusion.py
     unfused = htf.keras.optimize(unfused, fuse_concat=False)
     assert fused.hybridtf_fused_concats == ["deep_concat", "concat"]  # the deep MLP input and the wide sum
     assert unfused.hybridtf_fused_concats == []
@@ -53,7 +53,7 @@ def test_fused_step_has_stitch_concats_and_no_concat_or_split():
     for fuse in (True, False):
         model = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
         model(batches[0][0])
-        model = htf.keras.optimize(model, fuse_concat=fuse)
+        model = htf.keras.optimize(model, fuse_concat=fuse, fuse_dense=False)
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
         types = step_op_types(model, batches)
         kinds = ("HybridTF>StitchConcat", "HybridTF>StitchConcatGrad", "ConcatV2", "Slice")
@@ -109,12 +109,12 @@ def test_interleaved_dense_inputs_flattened_fields_and_unfusable_concat(kind):
     tf.keras.utils.set_random_seed(1)
     plain = _mixed_concat_model(fields, kind)
     tf.keras.utils.set_random_seed(1)
-    fused = htf.keras.optimize(_mixed_concat_model(fields, kind))
+    fused = htf.keras.optimize(_mixed_concat_model(fields, kind), fuse_dense=False)
     fused.compile(optimizer="sgd", loss="binary_crossentropy")
     types = step_op_types(fused, batches[:1])
     assert types.count("HybridTF>StitchConcat") == (0 if kind == "rank3" else 1)
     tf.keras.utils.set_random_seed(1)
-    fused = htf.keras.optimize(_mixed_concat_model(fields, kind))
+    fused = htf.keras.optimize(_mixed_concat_model(fields, kind), fuse_dense=False)
     tf.keras.utils.set_random_seed(1)
     unfused = htf.keras.optimize(_mixed_concat_model(fields, kind), fuse_concat=False)
     losses = _train(fused, batches)
@@ -156,7 +156,7 @@ def test_bitwise_equal_to_plain_without_grapplers_rsqrt_rewrite():
         fused = ctr_models.wide_and_deep(fields, 4, hidden=(16, 8), seed=7)
         plain(batches[0][0])
         fused(batches[0][0])
-        fused = htf.keras.optimize(fused)
+        fused = htf.keras.optimize(fused, fuse_dense=False)  # the dense fusion sums in another order
         np.testing.assert_array_equal(_train(fused, batches), _train(plain, batches))
         for a, b in zip(fused.get_weights(), plain.get_weights()):
             np.testing.assert_array_equal(a, b)

@@ -31,7 +31,7 @@ from hybridtf._src.integrations import horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
-from hybridtf._src.rewrite.concat_fusion import fuse_concatenates
+from hybridtf._src.rewrite.concat_fusion import fuse_concatenates, fuse_dense_layers
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -170,6 +170,11 @@ class _HybridModelMixin:
         """Names of the ``Concatenate`` layers that stitch packed lookups straight into their output."""
         return list(self._htf_fused_concats)
 
+    @property
+    def hybridtf_fused_dense(self) -> list[str]:
+        """Names of the ``Dense`` layers whose input is a fused concatenation (StitchConcatMatMul), as traced."""
+        return [layer.name for layer in self._htf_dense_layers if getattr(layer, "_htf_dense_fused", False)]
+
 
 @contextlib.contextmanager
 def _discarding_losses(model):
@@ -275,6 +280,7 @@ def optimize(
     replicate_below_rows: int = 0,
     fuse_concat: bool = True,
     share_unique: bool = True,
+    fuse_dense: bool = True,
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
@@ -344,6 +350,7 @@ def optimize(
         replicate_below_rows=replicate_below_rows,
         fuse_concat=fuse_concat,
         share_unique=share_unique,
+        fuse_dense=fuse_dense,
     )
     if model is None:
         return functools.partial(optimize, **options)
@@ -424,6 +431,7 @@ def optimize(
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
     object.__setattr__(model, "_htf_fused_concats", fuse_concatenates(model) if fuse_concat else [])
+    object.__setattr__(model, "_htf_dense_layers", fuse_dense_layers(model) if fuse_concat and fuse_dense else [])
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)

@@ -17,6 +17,14 @@ No global patching: each ``Concatenate`` instance of an optimized model gets a
 run-time subclass (same class name, same config) whose ``_merge_function``
 tries the fusion and otherwise concatenates as usual. Eager calls and
 SavedModel export always concatenate as usual.
+
+Dense fusion: a ``tf.keras.layers.Dense`` whose input is such a fused
+concatenation (the first layer of the MLP) computes ``concat @ kernel`` with one
+``StitchConcatMatMul`` through the distinct rows: every distinct embedding row is
+multiplied by its field's block of the kernel once per step instead of once per
+occurrence, the concatenated matrix is never written, and the embedding rows'
+gradients come out summed per distinct row. Same math; float rounding differs
+(sums in another order). Its bias and activation are applied as Dense does.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.run.stitch_combine import OP_NAME as STITCH_COMBINE
-from hybridtf._src.run.stitch_concat import StitchGroup, stitch_concat
+from hybridtf._src.run.stitch_concat import OP_NAME as STITCH_CONCAT
+from hybridtf._src.run.stitch_concat import StitchGroup, matmul_of_stitch_concat, stitch_concat
 
 # Ops that only change a tensor's shape, never the row-major order of its values.
 _LAYOUT_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze")
@@ -104,6 +113,63 @@ class _FusedConcatenateMixin:
     def _merge_function(self, inputs):
         out = fused_concat(list(inputs), self.axis)
         return out if out is not None else super()._merge_function(inputs)
+
+
+def fused_dense_matmul(inputs, kernel):
+    """``inputs @ kernel`` as one StitchConcatMatMul when ``inputs`` is a fused concatenation, else None.
+
+    Example:
+        >>> fused_dense_matmul(concat_output, dense_layer.kernel)  # inside a traced step
+    """
+    if tf.executing_eagerly() or save_context.in_save_context() or not isinstance(inputs, tf.Tensor):
+        return None
+    t = inputs
+    while t.op.type == "Identity" and t.op.inputs:
+        t = t.op.inputs[0]
+    if t.op.type != STITCH_CONCAT or t.shape.rank != 2 or kernel.dtype != t.dtype or kernel.shape.rank != 2:
+        return None
+    out = matmul_of_stitch_concat(t.op, kernel)
+    out.set_shape([inputs.shape[0], kernel.shape[1]])
+    return out
+
+
+class _FusedDenseMixin:
+    """Per-instance override of a ``tf.keras.layers.Dense`` in an optimized model."""
+
+    @tf.autograph.experimental.do_not_convert
+    def call(self, inputs):
+        outputs = None
+        if isinstance(inputs, tf.Tensor) and inputs.dtype == self._compute_dtype_object:
+            outputs = fused_dense_matmul(inputs, self.kernel)
+        if outputs is None:
+            return super().call(inputs)
+        object.__setattr__(self, "_htf_dense_fused", True)
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, self.bias)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+
+def fuse_dense_layers(model: tf.keras.Model) -> list:
+    """Gives every plain ``Dense`` layer of ``model`` the fusing subclass; returns the layers.
+
+    A subclass of Dense that overrides ``call`` is left alone (its own call must run).
+
+    Example:
+        >>> [layer.name for layer in fuse_dense_layers(model)]
+        ['dense', 'dense_1', 'dense_2']
+    """
+    layers = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if not isinstance(layer, tf.keras.layers.Dense) or isinstance(layer, _FusedDenseMixin):
+            continue
+        if type(layer).call is not tf.keras.layers.Dense.call:
+            continue
+        layer.__dict__.pop("call", None)
+        layer.__class__ = runtime_subclass(_FusedDenseMixin, type(layer))
+        layers.append(layer)
+    return layers
 
 
 def fuse_concatenates(model: tf.keras.Model) -> list[str]:

@@ -11,8 +11,11 @@ from hybridtf._src.run.loader import load_ops
 
 OP_NAME = "HybridTF>StitchConcat"
 GRAD_OP_NAME = "HybridTF>StitchConcatGrad"
+MATMUL_OP_NAME = "HybridTF>StitchConcatMatMul"
+MATMUL_GRAD_OP_NAME = "HybridTF>StitchConcatMatMulGrad"
 
 tf.no_gradient(GRAD_OP_NAME)  # second-order gradients are not provided
+tf.no_gradient(MATMUL_GRAD_OP_NAME)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,26 +79,98 @@ def stitch_concat(
         >>> g = StitchGroup(rows, inverse, sizes, sizes, tf.zeros([0], tf.int64), ("none", "none"))
         >>> stitch_concat([g], [dense], [(0, 1), (-1, 0), (0, 0)])  # == concat([field 1, dense, field 0])
     """
+    with tf.name_scope(name or "stitch_concat"):
+        args, attrs = _layout_args(groups, dense, pieces)
+        return load_ops().hybrid_tf_stitch_concat(*args, **attrs)
+
+
+def _layout_args(groups: Sequence[StitchGroup], dense: Sequence[tf.Tensor], pieces: Sequence[tuple[int, int]]):
+    """The op inputs and attributes shared by StitchConcat and StitchConcatMatMul."""
     if not groups:
         raise ValueError("stitch_concat needs at least one group.")
-    with tf.name_scope(name or "stitch_concat"):
-        for i, g in enumerate(groups):
-            _static_width(g.rows, f"rows of group {i}")
-        for m, d in enumerate(dense):
-            _static_width(d, f"dense input {m}")
-        index_dtype = tf.int64 if len({g.inverse.dtype for g in groups}) > 1 else groups[0].inverse.dtype
-        return load_ops().hybrid_tf_stitch_concat(
-            [g.rows for g in groups],
-            [tf.cast(g.inverse, index_dtype) for g in groups],
-            [g.field_sizes for g in groups],
-            [g.field_segments for g in groups],
-            [g.segment_lengths for g in groups],
-            list(dense),
-            group_fields=[len(g.combiners) for g in groups],
-            combiners=[c for g in groups for c in g.combiners],
-            piece_groups=[int(p[0]) for p in pieces],
-            piece_items=[int(p[1]) for p in pieces],
-        )
+    for i, g in enumerate(groups):
+        _static_width(g.rows, f"rows of group {i}")
+    for m, d in enumerate(dense):
+        _static_width(d, f"dense input {m}")
+    index_dtype = tf.int64 if len({g.inverse.dtype for g in groups}) > 1 else groups[0].inverse.dtype
+    args = (
+        [g.rows for g in groups],
+        [tf.cast(g.inverse, index_dtype) for g in groups],
+        [g.field_sizes for g in groups],
+        [g.field_segments for g in groups],
+        [g.segment_lengths for g in groups],
+        list(dense),
+    )
+    attrs = dict(
+        group_fields=[len(g.combiners) for g in groups],
+        combiners=[c for g in groups for c in g.combiners],
+        piece_groups=[int(p[0]) for p in pieces],
+        piece_items=[int(p[1]) for p in pieces],
+    )
+    return args, attrs
+
+
+def stitch_concat_matmul(
+    groups: Sequence[StitchGroup],
+    dense: Sequence[tf.Tensor],
+    pieces: Sequence[tuple[int, int]],
+    kernel: tf.Tensor,
+    name: str | None = None,
+) -> tf.Tensor:
+    """``stitch_concat(groups, dense, pieces) @ kernel`` without the concatenated matrix.
+
+    Every field's block of the product is computed through the distinct rows its
+    positions read: a distinct row is multiplied by the kernel's block once, however
+    often the batch repeats it (with Zipf ids a field reads far fewer distinct rows
+    than the batch has rows). Backward, each distinct row's gradient comes out
+    summed, and the kernel's gradient is ``sum_u rows[u]^T (summed output gradient
+    of u)``. Equal to ``tf.matmul(stitch_concat(...), kernel)`` up to float
+    rounding (the sums run in another order); the results do not depend on the
+    number of threads.
+
+    Args:
+        groups: as for ``stitch_concat``.
+        dense: as for ``stitch_concat``.
+        pieces: as for ``stitch_concat``.
+        kernel: ``[width, units]``, width being the concatenation's.
+        name: optional name scope.
+
+    Returns:
+        ``[batch, units]``.
+
+    Raises:
+        ValueError: as ``stitch_concat``.
+        tf.errors.InvalidArgumentError: the kernel's rows do not match the concatenated width.
+
+    Example:
+        >>> stitch_concat_matmul([g], [dense], [(0, 0), (-1, 0)], dense_layer.kernel)
+    """
+    with tf.name_scope(name or "stitch_concat_matmul"):
+        args, attrs = _layout_args(groups, dense, pieces)
+        return load_ops().hybrid_tf_stitch_concat_mat_mul(*args, kernel, **attrs)
+
+
+@tf.RegisterGradient(MATMUL_OP_NAME)
+def _stitch_concat_matmul_grad(op, grad):
+    ng = op.get_attr("num_groups")
+    inputs = list(op.inputs)
+    kernel = inputs[-1]
+    dense = inputs[5 * ng : -1]
+    d_rows, d_dense, d_kernel = load_ops().hybrid_tf_stitch_concat_mat_mul_grad(
+        grad,
+        kernel,
+        inputs[:ng],
+        inputs[ng : 2 * ng],
+        inputs[2 * ng : 3 * ng],
+        inputs[3 * ng : 4 * ng],
+        inputs[4 * ng : 5 * ng],
+        dense,
+        group_fields=op.get_attr("group_fields"),
+        combiners=op.get_attr("combiners"),
+        piece_groups=op.get_attr("piece_groups"),
+        piece_items=op.get_attr("piece_items"),
+    )
+    return [*d_rows, *([None] * (4 * ng)), *d_dense, d_kernel]
 
 
 @tf.RegisterGradient(OP_NAME)
@@ -123,3 +198,25 @@ def _stitch_concat_grad(op, grad):
         num_dense=len(dense),
     )
     return [*d_rows, *([None] * (4 * ng)), *d_dense]
+
+
+def matmul_of_stitch_concat(concat: tf.Operation, kernel) -> tf.Tensor:
+    """``StitchConcat op's output @ kernel`` as one StitchConcatMatMul on the same inputs.
+
+    Example:
+        >>> matmul_of_stitch_concat(x.op, dense_layer.kernel)  # x: a StitchConcat output
+    """
+    if concat.type != OP_NAME:
+        raise ValueError(f"matmul_of_stitch_concat needs a {OP_NAME} op, got {concat.type}.")
+    ng = concat.get_attr("num_groups")
+    inputs = list(concat.inputs)
+    return load_ops().hybrid_tf_stitch_concat_mat_mul(
+        inputs[:ng],
+        inputs[ng : 2 * ng],
+        inputs[2 * ng : 3 * ng],
+        inputs[3 * ng : 4 * ng],
+        inputs[4 * ng : 5 * ng],
+        inputs[5 * ng :],
+        kernel,
+        **{a: concat.get_attr(a) for a in ("group_fields", "combiners", "piece_groups", "piece_items")},
+    )
