@@ -90,7 +90,9 @@ def test_tables_are_sharded_only_with_several_ranks(runs):
 def test_checkpoint_of_one_process_restores_into_two_ranks(runs):
     single = np.array(runs["single"]["wdl_pred"])
     for r in runs["ranks"]:
-        np.testing.assert_array_equal(r["restored_pred"], single)
+        # same weights; the fused first Dense layer sums per distinct row, and a rank's distinct rows are
+        # ordered by owner, so the two layouts round differently (float rounding only)
+        np.testing.assert_allclose(r["restored_pred"], single, rtol=1e-6, atol=1e-7)
 
 
 def test_checkpoint_of_two_ranks_restores_into_one_process_and_plain_model(runs):
