@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/common/dispatch_dim.h"
@@ -20,11 +21,14 @@ namespace {
 // [batch, units] partial result), fixed by the layout and not by the threads.
 constexpr int64_t kMaxChunks = 8;
 
-// A field's distinct rows are projected once when the range it reads is at
-// most this fraction (num / den) of its positions; otherwise it is computed
-// position by position.
-constexpr int64_t kProjectNum = 3;
-constexpr int64_t kProjectDen = 4;
+// A field is computed either through its distinct rows ("projected": each
+// distinct row times the kernel block once, then the batch rows sum the
+// projections) or row by row ("pooled": each output row is combined from its
+// positions first, as StitchConcat would write it, then multiplied), whichever
+// costs fewer multiply-adds: projected ~ range * dim * units + positions * units,
+// pooled ~ rows * dim * units + positions * dim. Short distinct-row ranges of
+// one-hot fields are projected; long bags (more distinct rows than batch rows)
+// are pooled.
 
 // One piece of the concatenation: a field of a group, or a dense input.
 struct Job {
@@ -44,11 +48,34 @@ T BagDenominator(Combiner combiner, int64_t n) {
   return T(1);
 }
 
+// The row helpers are always inlined so that they are compiled inside each
+// HYBRIDTF_MULTIVERSION clone of their callers (a call would run baseline code).
+#define HYBRIDTF_ROW_INLINE inline __attribute__((always_inline))
+
+// Eight floats, loadable from any float address (GCC vector extension: one
+// 256-bit register in the AVX2 clone, two 128-bit ones in the baseline build).
+typedef float Float8 __attribute__((vector_size(32), aligned(4)));
+
 // acc[0:n] += e[0:dim] @ k, k being dim rows of n values (U == n when U > 0).
+// For float rows of a compile-time width that is a multiple of 8 the
+// accumulator lives in vector registers and each e[c] is broadcast: written
+// out with vector types because GCC's auto-vectorizer otherwise vectorizes
+// the outer loop (with shuffles). Same operations in the same order either way.
 template <int U, typename T>
-inline void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k, int64_t n,
-                       T* __restrict acc) {
-  if constexpr (U > 0) {
+HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k,
+                                    int64_t n, T* __restrict acc) {
+  if constexpr (U > 0 && U % 8 == 0 && U <= 64 && std::is_same<T, float>::value) {
+    constexpr int kVecs = U / 8;
+    Float8 a[kVecs];
+    for (int v = 0; v < kVecs; ++v) a[v] = *reinterpret_cast<const Float8*>(acc + 8 * v);
+    for (int64_t c = 0; c < dim; ++c) {
+      const float x = e[c];
+      const Float8 xb = {x, x, x, x, x, x, x, x};
+      const Float8* kc = reinterpret_cast<const Float8*>(k + c * U);
+      for (int v = 0; v < kVecs; ++v) a[v] += xb * kc[v];
+    }
+    for (int v = 0; v < kVecs; ++v) *reinterpret_cast<Float8*>(acc + 8 * v) = a[v];
+  } else if constexpr (U > 0) {
     T a[U];
     for (int j = 0; j < U; ++j) a[j] = acc[j];
     for (int64_t c = 0; c < dim; ++c) {
@@ -68,22 +95,22 @@ inline void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k
 
 // acc[0:n] += src[0:n].
 template <int U, typename T>
-inline void AddRow(T* __restrict acc, const T* __restrict src, int64_t n) {
+HYBRIDTF_ROW_INLINE void AddRow(T* __restrict acc, const T* __restrict src, int64_t n) {
   const int64_t m = U > 0 ? U : n;
   for (int64_t j = 0; j < m; ++j) acc[j] += src[j];
 }
 
 // acc[0:n] += x * src[0:n].
 template <int U, typename T>
-inline void AxpyRow(T* __restrict acc, T x, const T* __restrict src, int64_t n) {
+HYBRIDTF_ROW_INLINE void AxpyRow(T* __restrict acc, T x, const T* __restrict src, int64_t n) {
   const int64_t m = U > 0 ? U : n;
   for (int64_t j = 0; j < m; ++j) acc[j] += x * src[j];
 }
 
 // The [positions) and scale of output row r of job's field; false for an empty bag.
 template <typename T, typename Idx>
-inline bool RowPositions(const ConcatGroup<T, Idx>& g, const Job& job, int64_t r, int64_t* b,
-                         int64_t* e, T* denom) {
+HYBRIDTF_ROW_INLINE bool RowPositions(const ConcatGroup<T, Idx>& g, const Job& job, int64_t r,
+                                      int64_t* b, int64_t* e, T* denom) {
   const Layout& layout = *g.layout;
   layout.Positions(job.field, layout.FirstRow(job.field) + r, b, e);
   if (*e == *b) return false;
@@ -122,12 +149,26 @@ std::vector<Job> MakeJobs(const std::vector<ConcatGroup<T, Idx>>& groups,
         job.hi = static_cast<int64_t>(hi) + 1;
       }
       const int64_t positions = job.pe - job.pb;
-      job.project = (job.hi - job.lo) * kProjectDen <= positions * kProjectNum;
-      job.cost = (job.project ? (job.hi - job.lo) * g.dim : positions * g.dim) * units +
-                 (positions + batch) * units;
+      const int64_t projected = (job.hi - job.lo) * g.dim * units + positions * units;
+      const int64_t pooled = batch * g.dim * units + positions * g.dim;
+      job.project = projected < pooled;
+      job.cost = std::min(projected, pooled) + batch * units;
     }
   });
   return jobs;
+}
+
+// out[0:dim] = combined rows of positions [b, e): their sum, divided by denom when `divide`.
+template <typename T, typename Idx>
+HYBRIDTF_ROW_INLINE void PoolRow(const ConcatGroup<T, Idx>& g, int64_t b, int64_t e, T denom,
+                                 bool divide, T* __restrict out) {
+  const int64_t dim = g.dim;
+  std::fill(out, out + dim, T(0));
+  for (int64_t i = b; i < e; ++i)
+    AddRow<0>(out, g.rows + static_cast<int64_t>(g.inverse[i]) * dim, dim);
+  if (divide) {
+    for (int64_t c = 0; c < dim; ++c) out[c] /= denom;
+  }
 }
 
 // Adds the job's piece @ its kernel block to y ([batch, n]).
@@ -146,9 +187,9 @@ HYBRIDTF_MULTIVERSION void ForwardJob(const std::vector<ConcatGroup<T, Idx>>& gr
   const int64_t dim = g.dim;
   const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
-  scratch->assign(n + (job.project ? (job.hi - job.lo) * n : 0), T(0));
-  T* tmp = scratch->data();
-  T* proj = tmp + n;
+  scratch->assign(n + dim + (job.project ? (job.hi - job.lo) * n : 0), T(0));
+  T* tmp = scratch->data();  // n values (projected) or dim values (pooled)
+  T* proj = tmp + n + dim;
   if (job.project) {
     for (int64_t u = job.lo; u < job.hi; ++u) {
       ProjectAdd<U>(g.rows + u * dim, dim, kb, n, proj + (u - job.lo) * n);
@@ -165,23 +206,24 @@ HYBRIDTF_MULTIVERSION void ForwardJob(const std::vector<ConcatGroup<T, Idx>>& gr
     int64_t b = 0, e = 0;
     T denom = T(1);
     if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
-    if (one_hot) {  // direct one-hot: one position
+    if (job.project) {  // a bag: sum of its positions' projections, then combined
+      std::fill(tmp, tmp + n, T(0));
+      for (int64_t i = b; i < e; ++i) {
+        AddRow<U>(tmp, proj + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, n);
+      }
+      if (!sum) {
+        for (int64_t j = 0; j < n; ++j) tmp[j] /= denom;
+      }
+      AddRow<U>(y + r * n, tmp, n);
+      continue;
+    }
+    if (one_hot) {  // pooled one-hot: the row itself
       ProjectAdd<U>(g.rows + static_cast<int64_t>(g.inverse[b]) * dim, dim, kb, n, y + r * n);
       continue;
     }
-    std::fill(tmp, tmp + n, T(0));
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t u = static_cast<int64_t>(g.inverse[i]);
-      if (job.project) {
-        AddRow<U>(tmp, proj + (u - job.lo) * n, n);
-      } else {
-        ProjectAdd<U>(g.rows + u * dim, dim, kb, n, tmp);
-      }
-    }
-    if (!sum) {
-      for (int64_t j = 0; j < n; ++j) tmp[j] /= denom;
-    }
-    AddRow<U>(y + r * n, tmp, n);
+    PoolRow(g, b, e, denom, !sum,
+            tmp);  // pooled bag: combined as StitchConcat does, then multiplied
+    ProjectAdd<U>(tmp, dim, kb, n, y + r * n);
   }
 }
 
@@ -196,12 +238,16 @@ void TransposeBlock(const T* kernel, int64_t column, int64_t w, int64_t n, std::
 
 // Gradient of one job: its kernel rows (overwritten), d_rows of the rows it
 // reads (added to; zeroed by the caller) or its dense input (overwritten).
-template <int U, typename T, typename Idx>
+// D is the piece's width when > 0 (the short loops); units are long loops.
+template <int D, typename T, typename Idx>
 HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& groups,
                                        const ConcatPiece<T>& piece, const Job& job, const T* kernel,
                                        int64_t n, int64_t batch, const T* grad, T* d_rows,
                                        T* d_piece, T* d_kernel, std::vector<T>* scratch) {
-  const int64_t w = job.group < 0 ? piece.width : groups[job.group].dim;
+  // width at run time for the kernel-gradient loops (long rows of n values each;
+  // a compile-time width there makes GCC vectorize across rows, with shuffles)
+  const int64_t width = job.group < 0 ? piece.width : groups[job.group].dim;
+  const int64_t w = D > 0 ? D : width;
   T* dk = d_kernel + piece.column * n;
   std::fill(dk, dk + w * n, T(0));
   std::vector<T> kt;
@@ -211,9 +257,9 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
       const T* gb = grad + b * n;
       T* out = d_piece + b * w;
       std::fill(out, out + w, T(0));
-      ProjectAdd<0>(gb, n, kt.data(), w, out);
+      ProjectAdd<D>(gb, n, kt.data(), w, out);
       const T* db = piece.dense + b * w;
-      for (int64_t c = 0; c < w; ++c) AxpyRow<U>(dk + c * n, db[c], gb, n);
+      for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, db[c], gb, n);
     }
     return;
   }
@@ -221,40 +267,50 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
   const int64_t range = job.project ? job.hi - job.lo : 0;
-  scratch->assign(n + w + range * n, T(0));
-  T* tmp = scratch->data();  // the row's scaled gradient
-  T* t = tmp + n;            // its product with the kernel block's transpose
-  T* s = t + w;              // projected: per distinct row, its summed gradient
+  const bool divide = !one_hot && !sum;
+  scratch->assign(n + 2 * w + range * n, T(0));
+  T* tmp = scratch->data();  // projected: the row's scaled gradient
+  T* t = tmp + n;            // pooled: the row's gradient times the kernel block's transpose
+  T* pooled = t + w;         // pooled: the combined row
+  T* s = pooled + w;         // projected: per distinct row, its summed gradient
   for (int64_t r = 0; r < batch; ++r) {
     int64_t b = 0, e = 0;
     T denom = T(1);
     if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
     const T* gr = grad + r * n;
-    if (!one_hot && !sum) {
-      for (int64_t j = 0; j < n; ++j) tmp[j] = gr[j] / denom;
-      gr = tmp;
-    }
     if (job.project) {
+      if (divide) {
+        for (int64_t j = 0; j < n; ++j) tmp[j] = gr[j] / denom;
+        gr = tmp;
+      }
       for (int64_t i = b; i < e; ++i) {
-        AddRow<U>(s + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, gr, n);
+        AddRow<0>(s + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, gr, n);
       }
       continue;
     }
+    // pooled: d kernel += combined row (as forward) x gradient row; each position's
+    // distinct row gets the gradient row times the kernel block's transpose, combined
+    const T* row = g.rows + static_cast<int64_t>(g.inverse[b]) * w;
+    if (!one_hot) {
+      PoolRow(g, b, e, denom, divide, pooled);
+      row = pooled;
+    }
+    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, row[c], gr, n);
     std::fill(t, t + w, T(0));
-    ProjectAdd<0>(gr, n, kt.data(), w, t);
+    ProjectAdd<D>(gr, n, kt.data(), w, t);
+    if (divide) {
+      for (int64_t c = 0; c < w; ++c) t[c] /= denom;
+    }
     for (int64_t i = b; i < e; ++i) {
-      const int64_t u = static_cast<int64_t>(g.inverse[i]);
-      const T* row = g.rows + u * w;
-      T* du = d_rows + u * w;
+      T* du = d_rows + static_cast<int64_t>(g.inverse[i]) * w;
       for (int64_t c = 0; c < w; ++c) du[c] += t[c];
-      for (int64_t c = 0; c < w; ++c) AxpyRow<U>(dk + c * n, row[c], gr, n);
     }
   }
   for (int64_t u = job.lo; u < job.lo + range; ++u) {
     const T* su = s + (u - job.lo) * n;
     const T* row = g.rows + u * w;
-    ProjectAdd<0>(su, n, kt.data(), w, d_rows + u * w);
-    for (int64_t c = 0; c < w; ++c) AxpyRow<U>(dk + c * n, row[c], su, n);
+    ProjectAdd<D>(su, n, kt.data(), w, d_rows + u * w);
+    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, row[c], su, n);
   }
 }
 
@@ -387,8 +443,9 @@ void BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
                                d_rows[group] + task_rows[t].second * dim, T(0));
                    }
                    for (const int64_t k : members) {
-                     DispatchDim(units, [&](auto u) {
-                       BackwardJob<decltype(u)::value>(
+                     const int64_t width = group >= 0 ? groups[group].dim : pieces[k].width;
+                     DispatchDim(width, [&](auto d) {
+                       BackwardJob<decltype(d)::value>(
                            groups, pieces[k], jobs[k], kernel, units, batch, grad,
                            group >= 0 ? d_rows[group] : nullptr, d_pieces[k], d_kernel, &scratch);
                      });
