@@ -65,16 +65,31 @@ template <int U, typename T>
 HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k,
                                     int64_t n, T* __restrict acc) {
   if constexpr (U > 0 && U % 8 == 0 && U <= 64 && std::is_same<T, float>::value) {
+    // kChains independent accumulators per vector (c interleaved) so that at
+    // least four additions are in flight; summed in a fixed order at the end.
     constexpr int kVecs = U / 8;
-    Float8 a[kVecs];
-    for (int v = 0; v < kVecs; ++v) a[v] = *reinterpret_cast<const Float8*>(acc + 8 * v);
-    for (int64_t c = 0; c < dim; ++c) {
+    constexpr int kChains = kVecs >= 4 ? 1 : 4 / kVecs;
+    Float8 a[kChains][kVecs] = {};
+    int64_t c = 0;
+    for (; c + kChains <= dim; c += kChains) {
+      for (int h = 0; h < kChains; ++h) {
+        const float x = e[c + h];
+        const Float8 xb = {x, x, x, x, x, x, x, x};
+        const Float8* kc = reinterpret_cast<const Float8*>(k + (c + h) * U);
+        for (int v = 0; v < kVecs; ++v) a[h][v] += xb * kc[v];
+      }
+    }
+    for (; c < dim; ++c) {
       const float x = e[c];
       const Float8 xb = {x, x, x, x, x, x, x, x};
       const Float8* kc = reinterpret_cast<const Float8*>(k + c * U);
-      for (int v = 0; v < kVecs; ++v) a[v] += xb * kc[v];
+      for (int v = 0; v < kVecs; ++v) a[0][v] += xb * kc[v];
     }
-    for (int v = 0; v < kVecs; ++v) *reinterpret_cast<Float8*>(acc + 8 * v) = a[v];
+    for (int v = 0; v < kVecs; ++v) {
+      Float8 total = *reinterpret_cast<const Float8*>(acc + 8 * v);
+      for (int h = 0; h < kChains; ++h) total += a[h][v];
+      *reinterpret_cast<Float8*>(acc + 8 * v) = total;
+    }
   } else if constexpr (U > 0) {
     T a[U];
     for (int j = 0; j < U; ++j) a[j] = acc[j];
@@ -236,6 +251,75 @@ void TransposeBlock(const T* kernel, int64_t column, int64_t w, int64_t n, std::
   }
 }
 
+// Per-thread scratch buffers of the gradient tasks.
+template <typename T>
+struct Scratch {
+  std::vector<T> values;
+  std::vector<int64_t> count;   // per distinct row: first slot in `sorted`
+  std::vector<int64_t> sorted;  // positions grouped by distinct row, ascending inside a row
+  std::vector<int64_t> row_of;  // bags: position -> output row
+  std::vector<T> denom;         // bags: output row -> combiner denominator
+};
+
+// Gradient of a projected field: per distinct row u, S[u] = sum of the
+// (combiner-scaled) gradient rows of the positions that read u, in ascending
+// position order (a stable counting sort groups the positions by row, so S[u]
+// is summed in a small buffer instead of scattered over all rows); then
+// d_rows[u] += S[u] @ K_f^T and dK_f += rows[u]^T S[u].
+template <int D, typename T, typename Idx>
+HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const Job& job,
+                                           const T* kt, int64_t n, int64_t batch, const T* grad,
+                                           bool divide, int64_t width, T* d_rows, T* dk,
+                                           Scratch<T>* scratch) {
+  const int64_t w = D > 0 ? D : width;
+  const int64_t range = job.hi - job.lo, positions = job.pe - job.pb;
+  const Idx* inv = g.inverse + job.pb;
+  const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
+  if (!one_hot) {
+    scratch->row_of.resize(positions);
+    scratch->denom.resize(batch);
+    for (int64_t r = 0; r < batch; ++r) {
+      int64_t b = 0, e = 0;
+      T denom = T(1);
+      if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
+      scratch->denom[r] = denom;
+      for (int64_t i = b; i < e; ++i) scratch->row_of[i - job.pb] = r;
+    }
+  }
+  std::vector<int64_t>& count = scratch->count;
+  count.assign(range + 1, 0);
+  for (int64_t i = 0; i < positions; ++i) ++count[static_cast<int64_t>(inv[i]) - job.lo + 1];
+  for (int64_t u = 0; u < range; ++u) count[u + 1] += count[u];
+  std::vector<int64_t>& sorted = scratch->sorted;
+  sorted.resize(positions);
+  for (int64_t i = 0; i < positions; ++i)
+    sorted[count[static_cast<int64_t>(inv[i]) - job.lo]++] = i;
+  // count[u] is now the end of u's slots (and count[u - 1] its start)
+  scratch->values.resize(n);
+  T* acc = scratch->values.data();
+  int64_t at = 0;
+  for (int64_t u = 0; u < range; ++u) {
+    const int64_t end = count[u];
+    if (at == end) continue;
+    std::fill(acc, acc + n, T(0));
+    for (; at < end; ++at) {
+      const int64_t i = sorted[at];
+      const int64_t r = one_hot ? i : scratch->row_of[i];
+      const T* gr = grad + r * n;
+      if (divide) {
+        const T denom = scratch->denom[r];
+        for (int64_t j = 0; j < n; ++j) acc[j] += gr[j] / denom;
+      } else {
+        AddRow<0>(acc, gr, n);
+      }
+    }
+    const int64_t row = job.lo + u;
+    ProjectAdd<D>(acc, n, kt, w, d_rows + row * w);
+    const T* values = g.rows + row * w;
+    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, values[c], acc, n);
+  }
+}
+
 // Gradient of one job: its kernel rows (overwritten), d_rows of the rows it
 // reads (added to; zeroed by the caller) or its dense input (overwritten).
 // D is the piece's width when > 0 (the short loops); units are long loops.
@@ -243,7 +327,7 @@ template <int D, typename T, typename Idx>
 HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& groups,
                                        const ConcatPiece<T>& piece, const Job& job, const T* kernel,
                                        int64_t n, int64_t batch, const T* grad, T* d_rows,
-                                       T* d_piece, T* d_kernel, std::vector<T>* scratch) {
+                                       T* d_piece, T* d_kernel, Scratch<T>* scratch) {
   // width at run time for the kernel-gradient loops (long rows of n values each;
   // a compile-time width there makes GCC vectorize across rows, with shuffles)
   const int64_t width = job.group < 0 ? piece.width : groups[job.group].dim;
@@ -266,29 +350,20 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   const ConcatGroup<T, Idx>& g = groups[job.group];
   const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
-  const int64_t range = job.project ? job.hi - job.lo : 0;
   const bool divide = !one_hot && !sum;
-  scratch->assign(n + 2 * w + range * n, T(0));
-  T* tmp = scratch->data();  // projected: the row's scaled gradient
-  T* t = tmp + n;            // pooled: the row's gradient times the kernel block's transpose
-  T* pooled = t + w;         // pooled: the combined row
-  T* s = pooled + w;         // projected: per distinct row, its summed gradient
+  if (job.project) {
+    BackwardProjected<D>(g, job, kt.data(), n, batch, grad, divide, width, d_rows, dk, scratch);
+    return;
+  }
+  scratch->values.assign(2 * w, T(0));
+  T* t = scratch->values.data();  // the row's gradient times the kernel block's transpose
+  T* pooled = t + w;              // the combined row
   for (int64_t r = 0; r < batch; ++r) {
     int64_t b = 0, e = 0;
     T denom = T(1);
     if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
     const T* gr = grad + r * n;
-    if (job.project) {
-      if (divide) {
-        for (int64_t j = 0; j < n; ++j) tmp[j] = gr[j] / denom;
-        gr = tmp;
-      }
-      for (int64_t i = b; i < e; ++i) {
-        AddRow<0>(s + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, gr, n);
-      }
-      continue;
-    }
-    // pooled: d kernel += combined row (as forward) x gradient row; each position's
+    // d kernel += combined row (as forward) x gradient row; each position's
     // distinct row gets the gradient row times the kernel block's transpose, combined
     const T* row = g.rows + static_cast<int64_t>(g.inverse[b]) * w;
     if (!one_hot) {
@@ -305,12 +380,6 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
       T* du = d_rows + static_cast<int64_t>(g.inverse[i]) * w;
       for (int64_t c = 0; c < w; ++c) du[c] += t[c];
     }
-  }
-  for (int64_t u = job.lo; u < job.lo + range; ++u) {
-    const T* su = s + (u - job.lo) * n;
-    const T* row = g.rows + u * w;
-    ProjectAdd<D>(su, n, kt.data(), w, d_rows + u * w);
-    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, row[c], su, n);
   }
 }
 
@@ -432,7 +501,7 @@ void BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   parallel_for(num_tasks, std::max<int64_t>(1, total / std::max<int64_t>(num_tasks, 1)),
                [&](int64_t begin, int64_t end) {
-                 std::vector<T> scratch;
+                 Scratch<T> scratch;
                  for (int64_t t = begin; t < end; ++t) {
                    std::vector<int64_t> members = tasks[t];
                    std::sort(members.begin(), members.end());
