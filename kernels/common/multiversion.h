@@ -10,8 +10,12 @@
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
 #define HYBRIDTF_MULTIVERSION __attribute__((target_clones("avx2", "default")))
+// Integer bit counting: the POPCNT instruction where the CPU has it (the
+// baseline build calls libgcc's software popcount for __builtin_popcountll).
+#define HYBRIDTF_MULTIVERSION_POPCNT __attribute__((target_clones("popcnt", "default")))
 #else
 #define HYBRIDTF_MULTIVERSION
+#define HYBRIDTF_MULTIVERSION_POPCNT
 #endif
 
 #endif  // HYBRIDTF_KERNELS_COMMON_MULTIVERSION_H_

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -383,6 +384,25 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   }
 }
 
+// Every placed field's inverse indices must lie in its group's rows (MakeJobs
+// found each field's smallest and largest one).
+template <typename T, typename Idx>
+ImplStatus CheckRanges(const std::vector<ConcatGroup<T, Idx>>& groups,
+                       const std::vector<Job>& jobs) {
+  for (const Job& job : jobs) {
+    if (job.group < 0 || job.pe == job.pb) continue;
+    const int64_t rows = groups[job.group].num_rows;
+    if (job.lo < 0 || job.hi > rows) {
+      return ImplStatus::InvalidArgument(
+          "group " + std::to_string(job.group) + ", field " + std::to_string(job.field) +
+          ": an inverse index is outside [0, " + std::to_string(rows) + ") (smallest " +
+          std::to_string(job.lo) + ", largest " + std::to_string(job.hi - 1) +
+          "); the inverse must index the group's gathered rows.");
+    }
+  }
+  return ImplStatus::Ok();
+}
+
 // Splits jobs [0, size) into at most kMaxChunks runs of about equal cost.
 std::vector<int64_t> ChunkBounds(const std::vector<Job>& jobs) {
   int64_t total = 0;
@@ -405,14 +425,17 @@ std::vector<int64_t> ChunkBounds(const std::vector<Job>& jobs) {
 }  // namespace
 
 template <typename T, typename Idx>
-void ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
-                         const std::vector<ConcatPiece<T>>& pieces, int64_t batch, const T* kernel,
-                         int64_t units, T* out, const ParallelFor& parallel_for) {
+ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                               const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                               const T* kernel, int64_t units, T* out,
+                               const ParallelFor& parallel_for) {
   if (pieces.empty() || batch == 0 || units == 0) {
     std::fill(out, out + batch * units, T(0));
-    return;
+    return ImplStatus::Ok();
   }
   const std::vector<Job> jobs = MakeJobs(groups, pieces, batch, units, parallel_for);
+  const ImplStatus ranges = CheckRanges(groups, jobs);
+  if (!ranges.ok()) return ranges;
   const std::vector<int64_t> bounds = ChunkBounds(jobs);
   const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
   // Chunk 0 adds into out; chunk c > 0 into partial[c - 1].
@@ -432,22 +455,25 @@ void ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
       }
     }
   });
-  if (chunks == 1) return;
+  if (chunks == 1) return ImplStatus::Ok();
   parallel_for(batch, chunks * units, [&](int64_t begin, int64_t end) {
     for (int64_t c = 1; c < chunks; ++c) {
       const T* p = partial.get() + (c - 1) * batch * units;
       for (int64_t i = begin * units; i < end * units; ++i) out[i] += p[i];
     }
   });
+  return ImplStatus::Ok();
 }
 
 template <typename T, typename Idx>
-void BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
-                          const std::vector<ConcatPiece<T>>& pieces, int64_t batch, const T* kernel,
-                          int64_t units, const T* grad, const std::vector<T*>& d_rows,
-                          const std::vector<T*>& d_pieces, T* d_kernel,
-                          const ParallelFor& parallel_for) {
+ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                                const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                                const T* kernel, int64_t units, const T* grad,
+                                const std::vector<T*>& d_rows, const std::vector<T*>& d_pieces,
+                                T* d_kernel, const ParallelFor& parallel_for) {
   const std::vector<Job> jobs = MakeJobs(groups, pieces, batch, units, parallel_for);
+  const ImplStatus ranges = CheckRanges(groups, jobs);
+  if (!ranges.ok()) return ranges;
   // Tasks: fields whose distinct-row ranges overlap (in one group) share one
   // task, so that every d_rows row is summed by one task; a dense piece is a
   // task of its own. Rows no field reads are zeroed here.
@@ -521,16 +547,17 @@ void BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
                    }
                  }
                });
+  return ImplStatus::Ok();
 }
 
-#define HYBRIDTF_INSTANTIATE(T, Idx)                                                               \
-  template void ForwardConcatMatMul<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,               \
-                                            const std::vector<ConcatPiece<T>>&, int64_t, const T*, \
-                                            int64_t, T*, const ParallelFor&);                      \
-  template void BackwardConcatMatMul<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,              \
-                                             const std::vector<ConcatPiece<T>>&, int64_t,          \
-                                             const T*, int64_t, const T*, const std::vector<T*>&,  \
-                                             const std::vector<T*>&, T*, const ParallelFor&);
+#define HYBRIDTF_INSTANTIATE(T, Idx)                                                           \
+  template ImplStatus ForwardConcatMatMul<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,     \
+                                                  const std::vector<ConcatPiece<T>>&, int64_t, \
+                                                  const T*, int64_t, T*, const ParallelFor&);  \
+  template ImplStatus BackwardConcatMatMul<T, Idx>(                                            \
+      const std::vector<ConcatGroup<T, Idx>>&, const std::vector<ConcatPiece<T>>&, int64_t,    \
+      const T*, int64_t, const T*, const std::vector<T*>&, const std::vector<T*>&, T*,         \
+      const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)
 HYBRIDTF_INSTANTIATE(float, int64_t)

@@ -38,28 +38,33 @@
 #include <vector>
 
 #include "kernels/common/parallel_for.h"
+#include "kernels/common/status.h"
 #include "kernels/stitch_combine/stitch_combine_impl.h"
 
 namespace hybridtf {
 namespace stitch_combine {
 
 // out[batch, units] = ForwardConcat(groups, pieces) @ kernel[width, units].
-// Every piece's field has `batch` output rows (checked by the caller).
+// Every piece's field has `batch` output rows (checked by the caller). The
+// inverse indices of the placed fields are checked here (InvalidArgument when
+// one is outside its group's rows; the outputs are then undefined).
 template <typename T, typename Idx>
-void ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
-                         const std::vector<ConcatPiece<T>>& pieces, int64_t batch, const T* kernel,
-                         int64_t units, T* out, const ParallelFor& parallel_for);
+ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                               const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                               const T* kernel, int64_t units, T* out,
+                               const ParallelFor& parallel_for);
 
 // Gradients of ForwardConcatMatMul for grad = d out ([batch, units]):
 // d_rows[g] ([groups[g].num_rows, dim_g], every row written), d_pieces[k]
 // ([batch, width_k] for dense pieces; ignored for field pieces) and d_kernel
-// ([width, units], every row written). groups[g].rows must be set.
+// ([width, units], every row written). groups[g].rows must be set. Checks
+// the inverse indices as ForwardConcatMatMul does.
 template <typename T, typename Idx>
-void BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
-                          const std::vector<ConcatPiece<T>>& pieces, int64_t batch, const T* kernel,
-                          int64_t units, const T* grad, const std::vector<T*>& d_rows,
-                          const std::vector<T*>& d_pieces, T* d_kernel,
-                          const ParallelFor& parallel_for);
+ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                                const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                                const T* kernel, int64_t units, const T* grad,
+                                const std::vector<T*>& d_rows, const std::vector<T*>& d_pieces,
+                                T* d_kernel, const ParallelFor& parallel_for);
 
 }  // namespace stitch_combine
 }  // namespace hybridtf

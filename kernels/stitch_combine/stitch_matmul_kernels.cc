@@ -42,10 +42,7 @@ class StitchMatMulOpBase : public StitchConcatOpBase {
         return errors::InvalidArgument("rows[", g, "] must be a matrix [num_unique, dim], got ",
                                        rows.shape().DebugString(), ".");
       }
-      dims[g] = rows.dim_size(1);
-      const Tensor& inverse = ctx->input(first_rows + ng + g);
-      TF_RETURN_IF_ERROR(ToTfStatus(
-          ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(), rows.dim_size(0))));
+      dims[g] = rows.dim_size(1);  // inverse indices: checked by the implementation layer
     }
     for (int64_t m = 0; m < num_dense_; ++m) {
       const Tensor& d = ctx->input(first_rows + 5 * ng + m);
@@ -93,8 +90,9 @@ class StitchConcatMatMulCpuOp : public StitchMatMulOpBase<T, Idx> {
     OP_REQUIRES_OK(ctx, this->Read(ctx, 0, kernel, &in));
     Tensor* output = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.batch, in.units}), &output));
-    ForwardConcatMatMul<T, Idx>(in.groups, in.pieces, in.batch, kernel.flat<T>().data(), in.units,
-                                output->flat<T>().data(), CpuParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, ToTfStatus(ForwardConcatMatMul<T, Idx>(
+                            in.groups, in.pieces, in.batch, kernel.flat<T>().data(), in.units,
+                            output->flat<T>().data(), CpuParallelFor(ctx))));
   }
 };
 
@@ -132,9 +130,10 @@ class StitchConcatMatMulGradCpuOp : public StitchMatMulOpBase<T, Idx> {
     Tensor* d_kernel = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(ng + static_cast<int>(this->num_dense_),
                                              kernel.shape(), &d_kernel));
-    BackwardConcatMatMul<T, Idx>(in.groups, in.pieces, in.batch, kernel.flat<T>().data(), in.units,
-                                 grad.flat<T>().data(), d_rows, d_pieces,
-                                 d_kernel->flat<T>().data(), CpuParallelFor(ctx));
+    OP_REQUIRES_OK(ctx, ToTfStatus(BackwardConcatMatMul<T, Idx>(
+                            in.groups, in.pieces, in.batch, kernel.flat<T>().data(), in.units,
+                            grad.flat<T>().data(), d_rows, d_pieces, d_kernel->flat<T>().data(),
+                            CpuParallelFor(ctx))));
   }
 };
 

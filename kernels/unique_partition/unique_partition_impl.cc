@@ -15,10 +15,25 @@
 #include <limits>
 #include <string>
 
+#include "kernels/common/multiversion.h"
+
 namespace hybridtf {
 namespace unique_partition {
 
 namespace {
+
+// inverse[i] = rank of ids[i] among the bitmap's set bits, for i in [first, last).
+template <typename Id, typename Idx>
+HYBRIDTF_MULTIVERSION_POPCNT void DenseInverse(const Id* ids, int64_t first, int64_t last,
+                                               uint64_t base, const int64_t* rank,
+                                               const uint64_t* bits, Idx* inverse) {
+  for (int64_t i = first; i < last; ++i) {
+    const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - base;
+    const uint64_t below = (uint64_t{1} << (offset & 63)) - 1;
+    inverse[i] =
+        static_cast<Idx>(rank[offset >> 6] + __builtin_popcountll(bits[offset >> 6] & below));
+  }
+}
 
 constexpr uint64_t kFibonacci = 0x9E3779B97F4A7C15ull;
 constexpr int64_t kMinCapacity = 1024;
@@ -350,12 +365,7 @@ void UniquePartitionCpu<Id>::Finish(Id* unique_ids, int32_t* partition_sizes, Id
     const Id* ids = ids_;
     const uint64_t ubase = static_cast<uint64_t>(base);
     parallel_for_(n_, 8, [&](int64_t first, int64_t last) {
-      for (int64_t i = first; i < last; ++i) {
-        const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - ubase;
-        const uint64_t below = (uint64_t{1} << (offset & 63)) - 1;
-        inverse[i] =
-            static_cast<Idx>(rank[offset >> 6] + __builtin_popcountll(bits[offset >> 6] & below));
-      }
+      DenseInverse(ids, first, last, ubase, rank, bits, inverse);
     });
     return;
   }

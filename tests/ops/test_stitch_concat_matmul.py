@@ -120,11 +120,30 @@ def test_kernel_rows_must_match_width():
         stitch_concat_matmul([group], [dense], [(0, 0), (-1, 0)], tf.ones([4, 8]))
 
 
-def test_inverse_out_of_range_is_invalid_argument():
+@pytest.mark.parametrize("bad_index", [9, 5, -1])
+def test_inverse_out_of_range_is_invalid_argument(bad_index):
     group = _one_group()
-    bad = StitchGroup(group.rows, tf.constant([0, 9, 2, 1], tf.int32), *list(vars(group).values())[2:])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="inverse"):
+    bad = StitchGroup(group.rows, tf.constant([0, bad_index, 2, 1], tf.int64), *list(vars(group).values())[2:])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"field 0: an inverse index is outside \[0, 5\)"):
         stitch_concat_matmul([bad], [], [(0, 0)], tf.ones([3, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="inverse index is outside"):
+        with tf.GradientTape() as tape:
+            tape.watch(group.rows)
+            out = stitch_concat_matmul([group], [], [(0, 0)], tf.ones([3, 2]))
+        load_ops().hybrid_tf_stitch_concat_mat_mul_grad(
+            tf.ones_like(out),
+            tf.ones([3, 2]),
+            [bad.rows],
+            [bad.inverse],
+            [bad.field_sizes],
+            [bad.field_segments],
+            [bad.segment_lengths],
+            [],
+            group_fields=[1],
+            combiners=["none"],
+            piece_groups=[0],
+            piece_items=[0],
+        )
 
 
 def test_grad_op_rejects_wrong_grad_shape():
