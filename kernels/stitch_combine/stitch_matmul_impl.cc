@@ -57,12 +57,13 @@ T BagDenominator(Combiner combiner, int64_t n) {
 // 256-bit register in the AVX2 clone, two 128-bit ones in the baseline build).
 typedef float Float8 __attribute__((vector_size(32), aligned(4)));
 
-// acc[0:n] += e[0:dim] @ k, k being dim rows of n values (U == n when U > 0).
+// acc[0:n] += e[0:dim] @ k, k being dim rows of n values (U == n when U > 0);
+// with Add == false, acc[0:n] = e[0:dim] @ k (acc's old values are not read).
 // For float rows of a compile-time width that is a multiple of 8 the
 // accumulator lives in vector registers and each e[c] is broadcast: written
 // out with vector types because GCC's auto-vectorizer otherwise vectorizes
 // the outer loop (with shuffles). Same operations in the same order either way.
-template <int U, typename T>
+template <int U, typename T, bool Add = true>
 HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k,
                                     int64_t n, T* __restrict acc) {
   if constexpr (U > 0 && U % 8 == 0 && U <= 64 && std::is_same<T, float>::value) {
@@ -87,13 +88,14 @@ HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T*
       for (int v = 0; v < kVecs; ++v) a[0][v] += xb * kc[v];
     }
     for (int v = 0; v < kVecs; ++v) {
-      Float8 total = *reinterpret_cast<const Float8*>(acc + 8 * v);
-      for (int h = 0; h < kChains; ++h) total += a[h][v];
+      Float8 total = a[0][v];
+      if constexpr (Add) total = *reinterpret_cast<const Float8*>(acc + 8 * v) + a[0][v];
+      for (int h = 1; h < kChains; ++h) total += a[h][v];
       *reinterpret_cast<Float8*>(acc + 8 * v) = total;
     }
   } else if constexpr (U > 0) {
     T a[U];
-    for (int j = 0; j < U; ++j) a[j] = acc[j];
+    for (int j = 0; j < U; ++j) a[j] = Add ? acc[j] : T(0);
     for (int64_t c = 0; c < dim; ++c) {
       const T x = e[c];
       const T* kc = k + c * U;
@@ -101,6 +103,7 @@ HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T*
     }
     for (int j = 0; j < U; ++j) acc[j] = a[j];
   } else {
+    if (!Add) std::fill(acc, acc + n, T(0));
     for (int64_t c = 0; c < dim; ++c) {
       const T x = e[c];
       const T* kc = k + c * n;
@@ -114,6 +117,14 @@ template <int U, typename T>
 HYBRIDTF_ROW_INLINE void AddRow(T* __restrict acc, const T* __restrict src, int64_t n) {
   const int64_t m = U > 0 ? U : n;
   for (int64_t j = 0; j < m; ++j) acc[j] += src[j];
+}
+
+// acc[0:n] += (x0 * s0 + x1 * s1) + (x2 * s2 + x3 * s3), elementwise.
+template <typename T>
+HYBRIDTF_ROW_INLINE void AxpyRows4(T* __restrict acc, T x0, T x1, T x2, T x3,
+                                   const T* __restrict s0, const T* __restrict s1,
+                                   const T* __restrict s2, const T* __restrict s3, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) acc[j] += (x0 * s0[j] + x1 * s1[j]) + (x2 * s2[j] + x3 * s3[j]);
 }
 
 // acc[0:n] += x * src[0:n].
@@ -203,12 +214,13 @@ HYBRIDTF_MULTIVERSION void ForwardJob(const std::vector<ConcatGroup<T, Idx>>& gr
   const int64_t dim = g.dim;
   const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
-  scratch->assign(n + dim + (job.project ? (job.hi - job.lo) * n : 0), T(0));
+  scratch->resize(n + dim +
+                  (job.project ? (job.hi - job.lo) * n : 0));  // every value is written first
   T* tmp = scratch->data();  // n values (projected) or dim values (pooled)
   T* proj = tmp + n + dim;
   if (job.project) {
     for (int64_t u = job.lo; u < job.hi; ++u) {
-      ProjectAdd<U>(g.rows + u * dim, dim, kb, n, proj + (u - job.lo) * n);
+      ProjectAdd<U, T, false>(g.rows + u * dim, dim, kb, n, proj + (u - job.lo) * n);
     }
     if (one_hot) {
       const Idx* inv = g.inverse + job.pb;
@@ -296,12 +308,34 @@ HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const J
   for (int64_t i = 0; i < positions; ++i)
     sorted[count[static_cast<int64_t>(inv[i]) - job.lo]++] = i;
   // count[u] is now the end of u's slots (and count[u - 1] its start)
-  scratch->values.resize(n);
-  T* acc = scratch->values.data();
+  // dK_f += rows[u]^T S[u] four distinct rows at a time (one pass over dK_f's rows each)
+  constexpr int kBlock = 4;
+  scratch->values.resize(kBlock * n);
+  int64_t block_rows[kBlock];
+  int filled = 0;
+  auto flush = [&]() {
+    const T* s0 = scratch->values.data();
+    if (filled == kBlock) {
+      const T* r0 = g.rows + block_rows[0] * w;
+      const T* r1 = g.rows + block_rows[1] * w;
+      const T* r2 = g.rows + block_rows[2] * w;
+      const T* r3 = g.rows + block_rows[3] * w;
+      for (int64_t c = 0; c < width; ++c) {
+        AxpyRows4(dk + c * n, r0[c], r1[c], r2[c], r3[c], s0, s0 + n, s0 + 2 * n, s0 + 3 * n, n);
+      }
+    } else {
+      for (int b = 0; b < filled; ++b) {
+        const T* values = g.rows + block_rows[b] * w;
+        for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, values[c], s0 + b * n, n);
+      }
+    }
+    filled = 0;
+  };
   int64_t at = 0;
   for (int64_t u = 0; u < range; ++u) {
     const int64_t end = count[u];
     if (at == end) continue;
+    T* acc = scratch->values.data() + filled * n;
     std::fill(acc, acc + n, T(0));
     for (; at < end; ++at) {
       const int64_t i = sorted[at];
@@ -316,9 +350,10 @@ HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const J
     }
     const int64_t row = job.lo + u;
     ProjectAdd<D>(acc, n, kt, w, d_rows + row * w);
-    const T* values = g.rows + row * w;
-    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, values[c], acc, n);
+    block_rows[filled++] = row;
+    if (filled == kBlock) flush();
   }
+  flush();
 }
 
 // Gradient of one job: its kernel rows (overwritten), d_rows of the rows it
