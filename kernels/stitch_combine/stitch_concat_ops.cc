@@ -33,6 +33,32 @@ Status ConcatWidth(InferenceContext* c, const std::vector<DimensionHandle>& grou
   return Status();
 }
 
+// Batch and width of StitchConcat's output from its inputs (rows, index lists
+// and dense matrices as StitchConcat and StitchConcatMatMul take them).
+Status ConcatShape(InferenceContext* c, DimensionHandle* batch, DimensionHandle* width) {
+  int64_t num_groups = 0, num_dense = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &num_groups));
+  TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
+  std::vector<DimensionHandle> group_dims, dense_dims;
+  for (int64_t g = 0; g < num_groups; ++g) {
+    ShapeHandle rows;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(g), 2, &rows));
+    group_dims.push_back(c->Dim(rows, 1));
+  }
+  ShapeHandle unused;
+  for (int64_t i = num_groups; i < 5 * num_groups; ++i) {
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
+  }
+  *batch = c->UnknownDim();
+  for (int64_t m = 0; m < num_dense; ++m) {
+    ShapeHandle d;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(5 * num_groups + m), 2, &d));
+    TF_RETURN_IF_ERROR(c->Merge(*batch, c->Dim(d, 0), batch));
+    dense_dims.push_back(c->Dim(d, 1));
+  }
+  return ConcatWidth(c, group_dims, dense_dims, width);
+}
+
 }  // namespace
 
 REGISTER_OP(HYBRIDTF_OP("StitchConcat"))
@@ -52,28 +78,8 @@ REGISTER_OP(HYBRIDTF_OP("StitchConcat"))
     .Attr("piece_groups: list(int)")
     .Attr("piece_items: list(int)")
     .SetShapeFn([](InferenceContext* c) -> Status {
-      int64_t num_groups = 0, num_dense = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &num_groups));
-      TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
-      std::vector<DimensionHandle> group_dims, dense_dims;
-      for (int64_t g = 0; g < num_groups; ++g) {
-        ShapeHandle rows;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(g), 2, &rows));
-        group_dims.push_back(c->Dim(rows, 1));
-      }
-      ShapeHandle unused;
-      for (int64_t i = num_groups; i < 5 * num_groups; ++i) {
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
-      }
-      DimensionHandle batch = c->UnknownDim();
-      for (int64_t m = 0; m < num_dense; ++m) {
-        ShapeHandle d;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(5 * num_groups + m), 2, &d));
-        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(d, 0), &batch));
-        dense_dims.push_back(c->Dim(d, 1));
-      }
-      DimensionHandle width;
-      TF_RETURN_IF_ERROR(ConcatWidth(c, group_dims, dense_dims, &width));
+      DimensionHandle batch, width;
+      TF_RETURN_IF_ERROR(ConcatShape(c, &batch, &width));
       c->set_output(0, c->Matrix(batch, width));
       return Status();
     })
@@ -154,21 +160,8 @@ REGISTER_OP(HYBRIDTF_OP("StitchConcatMatMul"))
       int64_t num_groups = 0, num_dense = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("num_groups", &num_groups));
       TF_RETURN_IF_ERROR(c->GetAttr("num_dense", &num_dense));
-      std::vector<DimensionHandle> group_dims, dense_dims;
-      for (int64_t g = 0; g < num_groups; ++g) {
-        ShapeHandle rows;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(g), 2, &rows));
-        group_dims.push_back(c->Dim(rows, 1));
-      }
-      DimensionHandle batch = c->UnknownDim();
-      for (int64_t m = 0; m < num_dense; ++m) {
-        ShapeHandle d;
-        TF_RETURN_IF_ERROR(c->WithRank(c->input(5 * num_groups + m), 2, &d));
-        TF_RETURN_IF_ERROR(c->Merge(batch, c->Dim(d, 0), &batch));
-        dense_dims.push_back(c->Dim(d, 1));
-      }
-      DimensionHandle width, unused;
-      TF_RETURN_IF_ERROR(ConcatWidth(c, group_dims, dense_dims, &width));
+      DimensionHandle batch, width, unused;
+      TF_RETURN_IF_ERROR(ConcatShape(c, &batch, &width));
       ShapeHandle kernel;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(5 * num_groups + num_dense), 2, &kernel));
       TF_RETURN_IF_ERROR(c->Merge(c->Dim(kernel, 0), width, &unused));
