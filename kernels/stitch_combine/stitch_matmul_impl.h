@@ -22,9 +22,11 @@
 //
 // Which distinct rows a field reads: a packed chain with sorted unique ids gives
 // every member table one contiguous range of distinct rows, so a field reads a
-// range [lo, hi) no longer than its positions. A field whose range is not short
-// (unsorted chains, a table shared by many fields) is computed position by
-// position instead ("direct"): same math.
+// range [lo, hi) no longer than its positions. A field for which that is not
+// cheaper (a long range: unsorted chains, a table shared by many fields; bags
+// with more distinct rows than the batch has rows) is "pooled" instead: each
+// output row is combined from its positions as StitchConcat writes it, then
+// multiplied by the block. Same math.
 //
 // The results equal the unfused matmul up to float rounding (the sums run in a
 // different order). They do not depend on the number of threads: forward, the
