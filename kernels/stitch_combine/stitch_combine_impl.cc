@@ -19,19 +19,6 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// Denominator of a bag's combiner over positions [begin, end); 0 means the
-// bag's output (and gradient) is zero.
-template <typename T>
-T Denominator(Combiner combiner, const T* weights, int64_t begin, int64_t end) {
-  if (combiner == Combiner::kNone || combiner == Combiner::kSum) return T(1);
-  T total = T(0);
-  for (int64_t i = begin; i < end; ++i) {
-    const T w = weights ? weights[i] : T(1);
-    total += combiner == Combiner::kMean ? w : w * w;
-  }
-  return combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
-}
-
 // Row kernels with the width known at compile time for the common embedding
 // dims (the loops vectorize); D == 0 means "use dim".
 template <int D, typename T>

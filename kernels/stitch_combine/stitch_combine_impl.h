@@ -25,6 +25,7 @@
 #ifndef HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_
 #define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_COMBINE_IMPL_H_
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,6 +37,19 @@ namespace hybridtf {
 namespace stitch_combine {
 
 enum class Combiner { kNone = 0, kSum = 1, kMean = 2, kSqrtn = 3 };
+
+// Denominator of a bag's combiner over positions [begin, end) (weights may be
+// null: all 1); 0 means the bag's output (and gradient) is zero.
+template <typename T>
+T Denominator(Combiner combiner, const T* weights, int64_t begin, int64_t end) {
+  if (combiner == Combiner::kNone || combiner == Combiner::kSum) return T(1);
+  T total = T(0);
+  for (int64_t i = begin; i < end; ++i) {
+    const T w = weights ? weights[i] : T(1);
+    total += combiner == Combiner::kMean ? w : w * w;
+  }
+  return combiner == Combiner::kSqrtn ? std::sqrt(total) : total;
+}
 
 // Parses "none" / "sum" / "mean" / "sqrtn"; returns false otherwise.
 bool ParseCombiner(const std::string& name, Combiner* combiner);

@@ -33,47 +33,11 @@ class StitchConcatCpuOp : public StitchConcatOpBase {
   explicit StitchConcatCpuOp(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
-    const int ng = static_cast<int>(num_groups_);
-    std::vector<Layout> layouts;
-    OP_REQUIRES_OK(ctx, BuildLayouts(ctx, ng, &layouts));
-    std::vector<int64_t> dims(ng), dense_rows(num_dense_), dense_widths(num_dense_);
-    for (int g = 0; g < ng; ++g) {
-      const Tensor& rows = ctx->input(g);
-      OP_REQUIRES(ctx, rows.dims() == 2,
-                  errors::InvalidArgument("rows[", g, "] must be a matrix [num_unique, dim], got ",
-                                          rows.shape().DebugString(), "."));
-      dims[g] = rows.dim_size(1);
-      const Tensor& inverse = ctx->input(ng + g);
-      OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
-                                                     inverse.NumElements(), rows.dim_size(0))));
-    }
-    for (int64_t m = 0; m < num_dense_; ++m) {
-      const Tensor& d = ctx->input(5 * ng + m);
-      OP_REQUIRES(ctx, d.dims() == 2,
-                  errors::InvalidArgument("dense[", m, "] must be a matrix [batch, width], got ",
-                                          d.shape().DebugString(), "."));
-      dense_rows[m] = d.dim_size(0);
-      dense_widths[m] = d.dim_size(1);
-    }
-    std::vector<int64_t> columns;
-    int64_t width = 0, batch = 0;
-    OP_REQUIRES_OK(ctx,
-                   PlacePieces(layouts, dims, dense_rows, dense_widths, &columns, &width, &batch));
+    ConcatInputs<T, Idx> in;
+    OP_REQUIRES_OK(ctx, ReadInputs(ctx, 0, /*validate_inverse=*/true, &in));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({batch, width}), &output));
-    std::vector<ConcatGroup<T, Idx>> groups;
-    for (int g = 0; g < ng; ++g) {
-      groups.push_back({&layouts[g], ctx->input(g).flat<T>().data(), dims[g],
-                        ctx->input(ng + g).flat<Idx>().data(), ctx->input(g).dim_size(0)});
-    }
-    std::vector<ConcatPiece<T>> pieces;
-    for (size_t k = 0; k < columns.size(); ++k) {
-      const int64_t g = piece_groups_[k], item = piece_items_[k];
-      pieces.push_back({static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item),
-                        g < 0 ? ctx->input(5 * ng + item).flat<T>().data() : nullptr,
-                        g < 0 ? dense_widths[item] : dims[g], columns[k]});
-    }
-    ForwardConcat<T, Idx>(groups, pieces, batch, width, output->flat<T>().data(),
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.batch, in.width}), &output));
+    ForwardConcat<T, Idx>(in.groups, in.pieces, in.batch, in.width, output->flat<T>().data(),
                           CpuParallelFor(ctx));
   }
 };

@@ -25,6 +25,16 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
+// The inputs of a StitchConcat-layout op as the implementation layer takes them.
+template <typename T, typename Idx>
+struct ConcatInputs {
+  std::vector<Layout> layouts;
+  std::vector<ConcatGroup<T, Idx>> groups;
+  std::vector<ConcatPiece<T>> pieces;
+  int64_t batch = 0;
+  int64_t width = 0;
+};
+
 // Attribute parsing, layouts and the column of every piece, shared by both kernels.
 class StitchConcatOpBase : public OpKernel {
  public:
@@ -141,6 +151,56 @@ class StitchConcatOpBase : public OpKernel {
       }
       columns->push_back(*width);
       *width += g < 0 ? dense_widths[item] : dims[g];
+    }
+    return Status();
+  }
+
+  // Reads rows, inverses, field lists and dense matrices starting at input
+  // `first_rows` (in StitchConcat's order): layouts, groups and pieces with their
+  // columns. Checks every inverse index against its group's rows when
+  // `validate_inverse` (StitchConcatMatMul checks them from its per-field ranges).
+  template <typename T, typename Idx>
+  Status ReadInputs(OpKernelContext* ctx, int first_rows, bool validate_inverse,
+                    ConcatInputs<T, Idx>* in) const {
+    const int ng = static_cast<int>(num_groups_);
+    TF_RETURN_IF_ERROR(BuildLayouts(ctx, first_rows + ng, &in->layouts));
+    std::vector<int64_t> dims(ng), dense_rows(num_dense_), dense_widths(num_dense_);
+    for (int g = 0; g < ng; ++g) {
+      const Tensor& rows = ctx->input(first_rows + g);
+      if (rows.dims() != 2) {
+        return errors::InvalidArgument("rows[", g, "] must be a matrix [num_unique, dim], got ",
+                                       rows.shape().DebugString(), ".");
+      }
+      dims[g] = rows.dim_size(1);
+      if (validate_inverse) {
+        const Tensor& inverse = ctx->input(first_rows + ng + g);
+        TF_RETURN_IF_ERROR(ToTfStatus(
+            ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(), rows.dim_size(0))));
+      }
+    }
+    for (int64_t m = 0; m < num_dense_; ++m) {
+      const Tensor& d = ctx->input(first_rows + 5 * ng + m);
+      if (d.dims() != 2) {
+        return errors::InvalidArgument("dense[", m, "] must be a matrix [batch, width], got ",
+                                       d.shape().DebugString(), ".");
+      }
+      dense_rows[m] = d.dim_size(0);
+      dense_widths[m] = d.dim_size(1);
+    }
+    std::vector<int64_t> columns;
+    TF_RETURN_IF_ERROR(
+        PlacePieces(in->layouts, dims, dense_rows, dense_widths, &columns, &in->width, &in->batch));
+    for (int g = 0; g < ng; ++g) {
+      const Tensor& rows = ctx->input(first_rows + g);
+      in->groups.push_back({&in->layouts[g], rows.flat<T>().data(), dims[g],
+                            ctx->input(first_rows + ng + g).flat<Idx>().data(), rows.dim_size(0)});
+    }
+    for (size_t k = 0; k < columns.size(); ++k) {
+      const int64_t g = piece_groups_[k], item = piece_items_[k];
+      in->pieces.push_back(
+          {static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item),
+           g < 0 ? ctx->input(first_rows + 5 * ng + item).flat<T>().data() : nullptr,
+           g < 0 ? dense_widths[item] : dims[g], columns[k]});
     }
     return Status();
   }

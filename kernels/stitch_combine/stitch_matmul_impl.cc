@@ -42,13 +42,6 @@ struct Job {
   int64_t cost = 0;
 };
 
-template <typename T>
-T BagDenominator(Combiner combiner, int64_t n) {
-  if (combiner == Combiner::kMean) return static_cast<T>(n);
-  if (combiner == Combiner::kSqrtn) return std::sqrt(static_cast<T>(n));
-  return T(1);
-}
-
 // The row helpers are always inlined so that they are compiled inside each
 // HYBRIDTF_MULTIVERSION clone of their callers (a call would run baseline code).
 #define HYBRIDTF_ROW_INLINE inline __attribute__((always_inline))
@@ -141,7 +134,7 @@ HYBRIDTF_ROW_INLINE bool RowPositions(const ConcatGroup<T, Idx>& g, const Job& j
   const Layout& layout = *g.layout;
   layout.Positions(job.field, layout.FirstRow(job.field) + r, b, e);
   if (*e == *b) return false;
-  *denom = BagDenominator<T>(layout.combiner(job.field), *e - *b);
+  *denom = Denominator(layout.combiner(job.field), static_cast<const T*>(nullptr), *b, *e);
   return true;
 }
 
@@ -267,6 +260,7 @@ void TransposeBlock(const T* kernel, int64_t column, int64_t w, int64_t n, std::
 // Per-thread scratch buffers of the gradient tasks.
 template <typename T>
 struct Scratch {
+  std::vector<T> kt;  // the job's kernel block, transposed
   std::vector<T> values;
   std::vector<int64_t> count;   // per distinct row: first slot in `sorted`
   std::vector<int64_t> sorted;  // positions grouped by distinct row, ascending inside a row
@@ -370,14 +364,14 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   const int64_t w = D > 0 ? D : width;
   T* dk = d_kernel + piece.column * n;
   std::fill(dk, dk + w * n, T(0));
-  std::vector<T> kt;
-  TransposeBlock(kernel, piece.column, w, n, &kt);
+  TransposeBlock(kernel, piece.column, w, n, &scratch->kt);
+  const T* kt = scratch->kt.data();
   if (job.group < 0) {
     for (int64_t b = 0; b < batch; ++b) {
       const T* gb = grad + b * n;
       T* out = d_piece + b * w;
       std::fill(out, out + w, T(0));
-      ProjectAdd<D>(gb, n, kt.data(), w, out);
+      ProjectAdd<D>(gb, n, kt, w, out);
       const T* db = piece.dense + b * w;
       for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, db[c], gb, n);
     }
@@ -388,7 +382,7 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
   const bool divide = !one_hot && !sum;
   if (job.project) {
-    BackwardProjected<D>(g, job, kt.data(), n, batch, grad, divide, width, d_rows, dk, scratch);
+    BackwardProjected<D>(g, job, kt, n, batch, grad, divide, width, d_rows, dk, scratch);
     return;
   }
   scratch->values.assign(2 * w, T(0));
@@ -408,7 +402,7 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
     }
     for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, row[c], gr, n);
     std::fill(t, t + w, T(0));
-    ProjectAdd<D>(gr, n, kt.data(), w, t);
+    ProjectAdd<D>(gr, n, kt, w, t);
     if (divide) {
       for (int64_t c = 0; c < w; ++c) t[c] /= denom;
     }

@@ -14,48 +14,20 @@
 namespace hybridtf {
 namespace stitch_combine {
 
-// Shared input checks: the layouts, rows, inverses and dense inputs starting at
-// input `first_rows` (rows, inverses, sizes, segments, lengths, dense), the
-// pieces' columns and the kernel's shape.
+// StitchConcat's inputs (starting at input `first_rows`; inverse indices are
+// checked by the implementation layer) and the kernel's shape.
 template <typename T, typename Idx>
 class StitchMatMulOpBase : public StitchConcatOpBase {
  public:
   explicit StitchMatMulOpBase(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {}
 
  protected:
-  struct Inputs {
-    std::vector<Layout> layouts;
-    std::vector<ConcatGroup<T, Idx>> groups;
-    std::vector<ConcatPiece<T>> pieces;
-    int64_t batch = 0;
-    int64_t width = 0;
+  struct Inputs : ConcatInputs<T, Idx> {
     int64_t units = 0;
   };
 
   Status Read(OpKernelContext* ctx, int first_rows, const Tensor& kernel, Inputs* in) const {
-    const int ng = static_cast<int>(num_groups_);
-    TF_RETURN_IF_ERROR(BuildLayouts(ctx, first_rows + ng, &in->layouts));
-    std::vector<int64_t> dims(ng), dense_rows(num_dense_), dense_widths(num_dense_);
-    for (int g = 0; g < ng; ++g) {
-      const Tensor& rows = ctx->input(first_rows + g);
-      if (rows.dims() != 2) {
-        return errors::InvalidArgument("rows[", g, "] must be a matrix [num_unique, dim], got ",
-                                       rows.shape().DebugString(), ".");
-      }
-      dims[g] = rows.dim_size(1);  // inverse indices: checked by the implementation layer
-    }
-    for (int64_t m = 0; m < num_dense_; ++m) {
-      const Tensor& d = ctx->input(first_rows + 5 * ng + m);
-      if (d.dims() != 2) {
-        return errors::InvalidArgument("dense[", m, "] must be a matrix [batch, width], got ",
-                                       d.shape().DebugString(), ".");
-      }
-      dense_rows[m] = d.dim_size(0);
-      dense_widths[m] = d.dim_size(1);
-    }
-    std::vector<int64_t> columns;
-    TF_RETURN_IF_ERROR(
-        PlacePieces(in->layouts, dims, dense_rows, dense_widths, &columns, &in->width, &in->batch));
+    TF_RETURN_IF_ERROR(this->ReadInputs(ctx, first_rows, /*validate_inverse=*/false, in));
     if (kernel.dims() != 2 || kernel.dim_size(0) != in->width) {
       return errors::InvalidArgument(
           "StitchConcatMatMul: kernel must be a matrix [", in->width,
@@ -63,18 +35,6 @@ class StitchMatMulOpBase : public StitchConcatOpBase {
           "; the dense layer's input width must equal the concatenated width.");
     }
     in->units = kernel.dim_size(1);
-    for (int g = 0; g < ng; ++g) {
-      const Tensor& rows = ctx->input(first_rows + g);
-      in->groups.push_back({&in->layouts[g], rows.flat<T>().data(), dims[g],
-                            ctx->input(first_rows + ng + g).flat<Idx>().data(), rows.dim_size(0)});
-    }
-    for (size_t k = 0; k < columns.size(); ++k) {
-      const int64_t g = piece_groups_[k], item = piece_items_[k];
-      in->pieces.push_back(
-          {static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item),
-           g < 0 ? ctx->input(first_rows + 5 * ng + item).flat<T>().data() : nullptr,
-           g < 0 ? dense_widths[item] : dims[g], columns[k]});
-    }
     return Status();
   }
 };

@@ -110,6 +110,15 @@ def _layout_args(groups: Sequence[StitchGroup], dense: Sequence[tf.Tensor], piec
     return args, attrs
 
 
+def _op_layout(op: tf.Operation):
+    """A StitchConcat(-MatMul) op's six input lists (rows, inverses, sizes, segments, lengths, dense) and attrs."""
+    ng, nd = op.get_attr("num_groups"), op.get_attr("num_dense")
+    inputs = list(op.inputs)
+    lists = (*(inputs[i * ng : (i + 1) * ng] for i in range(5)), inputs[5 * ng : 5 * ng + nd])
+    attrs = {a: op.get_attr(a) for a in ("group_fields", "combiners", "piece_groups", "piece_items")}
+    return lists, attrs
+
+
 def stitch_concat_matmul(
     groups: Sequence[StitchGroup],
     dense: Sequence[tf.Tensor],
@@ -152,36 +161,15 @@ def stitch_concat_matmul(
 
 @tf.RegisterGradient(MATMUL_OP_NAME)
 def _stitch_concat_matmul_grad(op, grad):
-    ng = op.get_attr("num_groups")
-    inputs = list(op.inputs)
-    kernel = inputs[-1]
-    dense = inputs[5 * ng : -1]
-    d_rows, d_dense, d_kernel = load_ops().hybrid_tf_stitch_concat_mat_mul_grad(
-        grad,
-        kernel,
-        inputs[:ng],
-        inputs[ng : 2 * ng],
-        inputs[2 * ng : 3 * ng],
-        inputs[3 * ng : 4 * ng],
-        inputs[4 * ng : 5 * ng],
-        dense,
-        group_fields=op.get_attr("group_fields"),
-        combiners=op.get_attr("combiners"),
-        piece_groups=op.get_attr("piece_groups"),
-        piece_items=op.get_attr("piece_items"),
-    )
-    return [*d_rows, *([None] * (4 * ng)), *d_dense, d_kernel]
+    lists, attrs = _op_layout(op)
+    kernel = op.inputs[-1]
+    d_rows, d_dense, d_kernel = load_ops().hybrid_tf_stitch_concat_mat_mul_grad(grad, kernel, *lists, **attrs)
+    return [*d_rows, *([None] * (4 * len(lists[0]))), *d_dense, d_kernel]
 
 
 @tf.RegisterGradient(OP_NAME)
 def _stitch_concat_grad(op, grad):
-    ng = op.get_attr("num_groups")
-    rows = op.inputs[:ng]
-    inverses = op.inputs[ng : 2 * ng]
-    sizes = op.inputs[2 * ng : 3 * ng]
-    segments = op.inputs[3 * ng : 4 * ng]
-    lengths = op.inputs[4 * ng : 5 * ng]
-    dense = op.inputs[5 * ng :]
+    (rows, inverses, sizes, segments, lengths, dense), attrs = _op_layout(op)
     d_rows, d_dense = load_ops().hybrid_tf_stitch_concat_grad(
         grad,
         inverses,
@@ -189,15 +177,12 @@ def _stitch_concat_grad(op, grad):
         segments,
         lengths,
         [tf.shape(r, out_type=tf.int64)[0] for r in rows],
-        group_fields=op.get_attr("group_fields"),
-        combiners=op.get_attr("combiners"),
-        piece_groups=op.get_attr("piece_groups"),
-        piece_items=op.get_attr("piece_items"),
         dims=[_static_width(r, "rows") for r in rows],
         dense_widths=[_static_width(d, "dense") for d in dense],
         num_dense=len(dense),
+        **attrs,
     )
-    return [*d_rows, *([None] * (4 * ng)), *d_dense]
+    return [*d_rows, *([None] * (4 * len(rows))), *d_dense]
 
 
 def matmul_of_stitch_concat(concat: tf.Operation, kernel) -> tf.Tensor:
@@ -208,15 +193,5 @@ def matmul_of_stitch_concat(concat: tf.Operation, kernel) -> tf.Tensor:
     """
     if concat.type != OP_NAME:
         raise ValueError(f"matmul_of_stitch_concat needs a {OP_NAME} op, got {concat.type}.")
-    ng = concat.get_attr("num_groups")
-    inputs = list(concat.inputs)
-    return load_ops().hybrid_tf_stitch_concat_mat_mul(
-        inputs[:ng],
-        inputs[ng : 2 * ng],
-        inputs[2 * ng : 3 * ng],
-        inputs[3 * ng : 4 * ng],
-        inputs[4 * ng : 5 * ng],
-        inputs[5 * ng :],
-        kernel,
-        **{a: concat.get_attr(a) for a in ("group_fields", "combiners", "piece_groups", "piece_items")},
-    )
+    lists, attrs = _op_layout(concat)
+    return load_ops().hybrid_tf_stitch_concat_mat_mul(*lists, kernel, **attrs)
