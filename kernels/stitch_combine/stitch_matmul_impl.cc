@@ -60,10 +60,11 @@ template <int U, typename T, bool Add = true>
 HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T* __restrict k,
                                     int64_t n, T* __restrict acc) {
   if constexpr (U > 0 && U % 8 == 0 && U <= 64 && std::is_same<T, float>::value) {
-    // kChains independent accumulators per vector (c interleaved) so that at
-    // least four additions are in flight; summed in a fixed order at the end.
+    // kChains independent accumulators per vector (c interleaved) so that
+    // eight vector additions are in flight (two adders of latency three or
+    // four); summed in a fixed order at the end.
     constexpr int kVecs = U / 8;
-    constexpr int kChains = kVecs >= 4 ? 1 : 4 / kVecs;
+    constexpr int kChains = kVecs >= 8 ? 1 : 8 / kVecs;
     Float8 a[kChains][kVecs] = {};
     int64_t c = 0;
     for (; c + kChains <= dim; c += kChains) {
@@ -262,16 +263,17 @@ template <typename T>
 struct Scratch {
   std::vector<T> kt;  // the job's kernel block, transposed
   std::vector<T> values;
-  std::vector<int64_t> count;   // per distinct row: first slot in `sorted`
-  std::vector<int64_t> sorted;  // positions grouped by distinct row, ascending inside a row
+  std::vector<T> sums;          // projected fields: per distinct row, its summed gradient row
+  std::vector<char> touched;    // per distinct row: read by some position
   std::vector<int64_t> row_of;  // bags: position -> output row
   std::vector<T> denom;         // bags: output row -> combiner denominator
 };
 
 // Gradient of a projected field: per distinct row u, S[u] = sum of the
 // (combiner-scaled) gradient rows of the positions that read u, in ascending
-// position order (a stable counting sort groups the positions by row, so S[u]
-// is summed in a small buffer instead of scattered over all rows); then
+// position order (the positions are visited in order and each adds its
+// gradient row into its row's S, a buffer of the field's distinct-row range
+// that stays in cache while the gradient is read front to back); then
 // d_rows[u] += S[u] @ K_f^T and dK_f += rows[u]^T S[u].
 template <int D, typename T, typename Idx>
 HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const Job& job,
@@ -293,57 +295,57 @@ HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const J
       for (int64_t i = b; i < e; ++i) scratch->row_of[i - job.pb] = r;
     }
   }
-  std::vector<int64_t>& count = scratch->count;
-  count.assign(range + 1, 0);
-  for (int64_t i = 0; i < positions; ++i) ++count[static_cast<int64_t>(inv[i]) - job.lo + 1];
-  for (int64_t u = 0; u < range; ++u) count[u + 1] += count[u];
-  std::vector<int64_t>& sorted = scratch->sorted;
-  sorted.resize(positions);
-  for (int64_t i = 0; i < positions; ++i)
-    sorted[count[static_cast<int64_t>(inv[i]) - job.lo]++] = i;
-  // count[u] is now the end of u's slots (and count[u - 1] its start)
+  // S[u] starts as its first position's gradient row (0 + x == x), the others add.
+  scratch->sums.resize(range * n);
+  scratch->touched.assign(range, 0);
+  T* sums = scratch->sums.data();
+  char* touched = scratch->touched.data();
+  for (int64_t i = 0; i < positions; ++i) {
+    const int64_t u = static_cast<int64_t>(inv[i]) - job.lo;
+    const int64_t r = one_hot ? i : scratch->row_of[i];
+    const T* gr = grad + r * n;
+    T* acc = sums + u * n;
+    if (divide) {
+      const T denom = scratch->denom[r];
+      if (touched[u]) {
+        for (int64_t j = 0; j < n; ++j) acc[j] += gr[j] / denom;
+      } else {
+        for (int64_t j = 0; j < n; ++j) acc[j] = gr[j] / denom;
+      }
+    } else if (touched[u]) {
+      AddRow<0>(acc, gr, n);
+    } else {
+      std::memcpy(acc, gr, sizeof(T) * n);
+    }
+    touched[u] = 1;
+  }
   // dK_f += rows[u]^T S[u] four distinct rows at a time (one pass over dK_f's rows each)
   constexpr int kBlock = 4;
-  scratch->values.resize(kBlock * n);
   int64_t block_rows[kBlock];
   int filled = 0;
   auto flush = [&]() {
-    const T* s0 = scratch->values.data();
+    const T* s[kBlock];
+    for (int b = 0; b < filled; ++b) s[b] = sums + (block_rows[b] - job.lo) * n;
     if (filled == kBlock) {
       const T* r0 = g.rows + block_rows[0] * w;
       const T* r1 = g.rows + block_rows[1] * w;
       const T* r2 = g.rows + block_rows[2] * w;
       const T* r3 = g.rows + block_rows[3] * w;
       for (int64_t c = 0; c < width; ++c) {
-        AxpyRows4(dk + c * n, r0[c], r1[c], r2[c], r3[c], s0, s0 + n, s0 + 2 * n, s0 + 3 * n, n);
+        AxpyRows4(dk + c * n, r0[c], r1[c], r2[c], r3[c], s[0], s[1], s[2], s[3], n);
       }
     } else {
       for (int b = 0; b < filled; ++b) {
         const T* values = g.rows + block_rows[b] * w;
-        for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, values[c], s0 + b * n, n);
+        for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, values[c], s[b], n);
       }
     }
     filled = 0;
   };
-  int64_t at = 0;
   for (int64_t u = 0; u < range; ++u) {
-    const int64_t end = count[u];
-    if (at == end) continue;
-    T* acc = scratch->values.data() + filled * n;
-    std::fill(acc, acc + n, T(0));
-    for (; at < end; ++at) {
-      const int64_t i = sorted[at];
-      const int64_t r = one_hot ? i : scratch->row_of[i];
-      const T* gr = grad + r * n;
-      if (divide) {
-        const T denom = scratch->denom[r];
-        for (int64_t j = 0; j < n; ++j) acc[j] += gr[j] / denom;
-      } else {
-        AddRow<0>(acc, gr, n);
-      }
-    }
+    if (!touched[u]) continue;
     const int64_t row = job.lo + u;
-    ProjectAdd<D>(acc, n, kt, w, d_rows + row * w);
+    ProjectAdd<D>(sums + u * n, n, kt, w, d_rows + row * w);
     block_rows[filled++] = row;
     if (filled == kBlock) flush();
   }

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import World
+from hybridtf._src.run.gather_rows import gather_variable_rows
 from hybridtf._src.run.unique_partition import unique_partition
 
 
@@ -61,7 +62,7 @@ def exchange_rows(shard: tf.Variable, unique, layout: ShardLayout, world: World,
     with tf.name_scope("exchange"):
         owned, received_splits = hvd.alltoall(unique.unique_ids, splits=unique.partition_sizes, name=f"{name}_ids")
         local = unique_partition(_to_local(owned, layout, world.rank), 1, sort_ids=True)
-        rows = tf.gather(tf.gather(shard, local.unique_ids), local.inverse)
+        rows = tf.gather(gather_variable_rows(shard, local.unique_ids), local.inverse)
         back, _ = hvd.alltoall(rows, splits=received_splits, name=f"{name}_rows")
         return back
 

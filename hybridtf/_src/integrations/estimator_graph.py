@@ -9,7 +9,9 @@ from tensorflow.python.util import object_identity
 from hybridtf._src.capture.context import CaptureError
 
 # Ops whose copy into the real graph would not compute the same values.
-_RESOURCE_OPS = frozenset({"VarHandleOp", "ReadVariableOp", "ResourceGather", "HashTableV2", "MutableHashTableV2"})
+_RESOURCE_OPS = frozenset(
+    {"VarHandleOp", "ReadVariableOp", "ResourceGather", "HybridTF>GatherRows", "HashTableV2", "MutableHashTableV2"}
+)
 
 
 def stand_in_inputs(structure, prefix: str):

@@ -48,6 +48,7 @@ _READ_ONLY_OPS = frozenset(
         "ReadVariableOp",
         "ResourceGather",
         "ResourceGatherNd",
+        "HybridTF>GatherRows",
         "VariableShape",
         "VarIsInitializedOp",
         "LookupTableFindV2",
@@ -164,7 +165,7 @@ def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIde
             if op in seen or op not in chain_ops:
                 continue
             seen.add(op)
-            if op.type in ("ResourceGather", "ResourceGatherNd"):
+            if op.type in ("ResourceGather", "ResourceGatherNd", "HybridTF>GatherRows"):
                 handles.add(op.inputs[0])
             stack.extend(t.op for t in op.inputs)
         result.append(handles)

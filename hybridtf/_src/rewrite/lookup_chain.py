@@ -1,7 +1,7 @@
 """The packed lookup chain that replaces N lookups of one packed table.
 
     ids of N fields --PackIds--> packed ids --UniquePartition--> unique ids, inverse
-        --gather(packed variable)--> rows --StitchCombine--> N outputs
+        --GatherRows(packed variable)--> rows --StitchCombine--> N outputs
 
 Backward, TensorFlow's gradient of the gather gives one IndexedSlices per
 packed table whose indices are already distinct (one row per unique id), and
@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import tensorflow as tf
 
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.run.gather_rows import gather_variable_rows
 from hybridtf._src.run.pack_ids import pack_ids
 from hybridtf._src.run.stitch_combine import stitch_combine
 from hybridtf._src.run.unique_partition import unique_partition
@@ -204,7 +205,7 @@ def own_unique(prepared: PackedRequests):
 
 def gather_and_stitch(variable, prepared: PackedRequests, unique) -> list[tf.Tensor]:
     """Gathers the unique ids' rows of ``variable`` and stitches them into one output per request."""
-    rows = tf.gather(variable, unique.unique_ids)
+    rows = gather_variable_rows(variable, unique.unique_ids)
     return stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
 
 
