@@ -40,6 +40,13 @@ int64_t CopyRows(const T* table, int64_t num_rows, int64_t dim, const Idx* indic
   return bad;
 }
 
+ImplStatus OutOfRange(int64_t position, int64_t index, int64_t num_rows) {
+  return ImplStatus::InvalidArgument(
+      "indices[" + std::to_string(position) + "] = " + std::to_string(index) +
+      " is outside the table's rows [0, " + std::to_string(num_rows) +
+      "); gather only ids of the table (e.g. unique_partition's).");
+}
+
 }  // namespace
 
 template <typename T, typename Idx>
@@ -48,11 +55,7 @@ ImplStatus GatherRows(const T* table, int64_t num_rows, int64_t dim, const Idx* 
   if (n == 0 || dim == 0) {
     for (int64_t i = 0; i < n; ++i) {  // nothing to copy, but the indices must still be valid
       const int64_t r = static_cast<int64_t>(indices[i]);
-      if (r < 0 || r >= num_rows) {
-        return ImplStatus::InvalidArgument(
-            "indices[" + std::to_string(i) + "] = " + std::to_string(r) +
-            " is outside the table's rows [0, " + std::to_string(num_rows) + ").");
-      }
+      if (r < 0 || r >= num_rows) return OutOfRange(i, r, num_rows);
     }
     return ImplStatus::Ok();
   }
@@ -68,13 +71,7 @@ ImplStatus GatherRows(const T* table, int64_t num_rows, int64_t dim, const Idx* 
     }
   });
   const int64_t bad = first_bad.load();
-  if (bad < n) {
-    return ImplStatus::InvalidArgument(
-        "indices[" + std::to_string(bad) + "] = " +
-        std::to_string(static_cast<int64_t>(indices[bad])) + " is outside the table's rows [0, " +
-        std::to_string(num_rows) + "); gather only ids of the table (e.g. unique_partition's).");
-  }
-  return ImplStatus::Ok();
+  return bad < n ? OutOfRange(bad, static_cast<int64_t>(indices[bad]), num_rows) : ImplStatus::Ok();
 }
 
 #define HYBRIDTF_INSTANTIATE(T, Idx)                                                          \

@@ -7,10 +7,11 @@ from tensorflow.python.framework import ops
 from tensorflow.python.util import object_identity
 
 from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
 
 # Ops whose copy into the real graph would not compute the same values.
 _RESOURCE_OPS = frozenset(
-    {"VarHandleOp", "ReadVariableOp", "ResourceGather", "HybridTF>GatherRows", "HashTableV2", "MutableHashTableV2"}
+    {"VarHandleOp", "ReadVariableOp", "ResourceGather", GATHER_ROWS, "HashTableV2", "MutableHashTableV2"}
 )
 
 

@@ -40,15 +40,16 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.context import CaptureError, LookupRequest
 from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
+from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
+
+# Op types that gather rows of a resource variable (input 0 is its handle).
+_GATHER_OPS = frozenset({"ResourceGather", "ResourceGatherNd", GATHER_ROWS})
 
 # Stateful op types that only read: allowed where ids are computed, and not
 # counted as writes to a table.
-_READ_ONLY_OPS = frozenset(
+_READ_ONLY_OPS = _GATHER_OPS | frozenset(
     {
         "ReadVariableOp",
-        "ResourceGather",
-        "ResourceGatherNd",
-        "HybridTF>GatherRows",
         "VariableShape",
         "VarIsInitializedOp",
         "LookupTableFindV2",
@@ -165,7 +166,7 @@ def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIde
             if op in seen or op not in chain_ops:
                 continue
             seen.add(op)
-            if op.type in ("ResourceGather", "ResourceGatherNd", "HybridTF>GatherRows"):
+            if op.type in _GATHER_OPS:
                 handles.add(op.inputs[0])
             stack.extend(t.op for t in op.inputs)
         result.append(handles)
