@@ -33,6 +33,13 @@ inline void AddRow(T* __restrict acc, const T* __restrict src, int64_t dim) {
   for (int64_t c = 0; c < d; ++c) acc[c] += src[c];
 }
 
+// acc[0:dim] += v (D == 0: dim from the argument).
+template <int D, typename T>
+inline void AddScalar(T* __restrict acc, T v, int64_t dim) {
+  const int64_t d = D > 0 ? D : dim;
+  for (int64_t c = 0; c < d; ++c) acc[c] += v;
+}
+
 // Writes one output row from positions [pb, pe) (one position for "none").
 template <int D, typename T, typename Idx>
 inline void WriteRow(Combiner combiner, const T* rows, int64_t dim, const Idx* inverse,
@@ -166,14 +173,24 @@ void Layout::Positions(int f, int64_t r, int64_t* begin, int64_t* end) const {
 }
 
 template <typename Idx>
-ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique) {
-  // A branch-free pass (it vectorizes); the first bad position only on failure.
+ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique,
+                           const ParallelFor& parallel_for) {
+  // Branch-free passes over fixed chunks in parallel (they vectorize); the
+  // first bad position is searched for only on failure.
   const uint64_t limit = static_cast<uint64_t>(std::max<int64_t>(num_unique, 0));
-  bool bad = false;
-  for (int64_t i = 0; i < n; ++i) {
-    bad |= static_cast<uint64_t>(static_cast<int64_t>(inverse[i])) >= limit;
-  }
-  if (!bad) return ImplStatus::Ok();
+  constexpr int64_t kChunk = 1 << 16;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<char> bad(static_cast<size_t>(chunks), 0);
+  parallel_for(chunks, kChunk, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c) {
+      bool any = false;
+      for (int64_t i = c * kChunk, end = std::min(n, (c + 1) * kChunk); i < end; ++i) {
+        any |= static_cast<uint64_t>(static_cast<int64_t>(inverse[i])) >= limit;
+      }
+      bad[c] = any;
+    }
+  });
+  if (std::find(bad.begin(), bad.end(), 1) == bad.end()) return ImplStatus::Ok();
   for (int64_t i = 0; i < n; ++i) {
     if (inverse[i] < 0 || static_cast<int64_t>(inverse[i]) >= num_unique) {
       return ImplStatus::InvalidArgument(
@@ -359,7 +376,8 @@ template <typename T, typename Idx>
 void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                     const std::vector<ConcatPiece<T>>& pieces,
                     const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
-                    const T* grad, const std::vector<T*>& d_rows, const ParallelFor& parallel_for) {
+                    const T* grad, bool broadcast, const std::vector<T*>& d_rows,
+                    const ParallelFor& parallel_for) {
   // Pieces whose rows can meet (overlapping ranges of distinct-row indices in
   // the same group: fields that look up the same table) form a cluster, and a
   // cluster is handled by one task, which walks the gradient row by row (then
@@ -467,7 +485,17 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
   for (const Item& item : items) task_items[task_of_cluster[item.cluster]].push_back(&item);
   const int64_t per_task = tasks ? (batch * width) / tasks + 1 : 1;
   // Gradient rows a page or more apart defeat the hardware prefetcher.
-  const bool prefetch_grad = width * static_cast<int64_t>(sizeof(T)) >= 4096;
+  const bool prefetch_grad = !broadcast && width * static_cast<int64_t>(sizeof(T)) >= 4096;
+  // The gradient of row b, column `column`: a run of the [batch, width] matrix,
+  // or (broadcast) the one value grad[b] for every column.
+  auto add_row = [&](auto d_tag, T* acc, int64_t b, int64_t column, int64_t dim) {
+    constexpr int D = decltype(d_tag)::value;
+    if (broadcast) {
+      AddScalar<D>(acc, grad[b], dim);
+    } else {
+      AddRow<D>(acc, grad + b * width + column, dim);
+    }
+  };
   parallel_for(tasks, per_task, [&](int64_t first_task, int64_t end_task) {
     for (int64_t t = first_task; t < end_task; ++t) {
       const auto& mine = task_items[t];
@@ -504,11 +532,10 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
             const ConcatGroup<T, Idx>& g = groups[item->piece->group];
             T* d = d_rows[item->piece->group];
             const Idx* inv = g.inverse + item->first;
-            const T* src = grad + item->piece->column;
+            const int64_t column = item->piece->column;
             DispatchDim(g.dim, [&](auto w) {
-              constexpr int D = decltype(w)::value;
               for (int64_t b = b0; b < b1; ++b) {
-                AddRow<D>(d + static_cast<int64_t>(inv[b]) * g.dim, src + b * width, g.dim);
+                add_row(w, d + static_cast<int64_t>(inv[b]) * g.dim, b, column, g.dim);
               }
             });
           }
@@ -516,7 +543,7 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
         continue;
       }
       for (int64_t b = 0; b < batch; ++b) {
-        const T* row = grad + b * width;
+        const T* row = grad + (broadcast ? b : b * width);
         if (prefetch_grad && b + kPrefetchRows < batch) {
           const char* ahead = reinterpret_cast<const char*>(row + kPrefetchRows * width + col_lo);
           const char* ahead_end =
@@ -527,15 +554,14 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
           const ConcatPiece<T>& piece = *item->piece;
           const ConcatGroup<T, Idx>& g = groups[piece.group];
           T* d = d_rows[piece.group];
-          const T* src = row + piece.column;
+          const T* src = broadcast ? nullptr : row + piece.column;
           if (item->one_hot) {
             const Idx* inv = g.inverse + item->first;
             if ((big_footprint || g.dim >= 4) && b + kPrefetchRows < batch) {
               __builtin_prefetch(d + static_cast<int64_t>(inv[b + kPrefetchRows]) * g.dim, 1);
             }
             const int64_t u = static_cast<int64_t>(inv[b]);
-            DispatchDim(g.dim,
-                        [&](auto w) { AddRow<decltype(w)::value>(d + u * g.dim, src, g.dim); });
+            DispatchDim(g.dim, [&](auto w) { add_row(w, d + u * g.dim, b, piece.column, g.dim); });
             continue;
           }
           const Combiner combiner = g.layout->combiner(piece.field);
@@ -546,9 +572,9 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
           for (int64_t i = pb; i < pe; ++i) {
             T* acc = d + static_cast<int64_t>(g.inverse[i]) * g.dim;
             if (denom == T(1)) {
-              AddRow<0>(acc, src, g.dim);
+              add_row(std::integral_constant<int, 0>(), acc, b, piece.column, g.dim);
             } else {
-              for (int64_t c = 0; c < g.dim; ++c) acc[c] += src[c] / denom;
+              for (int64_t c = 0; c < g.dim; ++c) acc[c] += (broadcast ? grad[b] : src[c]) / denom;
             }
           }
         }
@@ -568,7 +594,7 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
   template void BackwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                    \
                                        const std::vector<ConcatPiece<T>>&,                         \
                                        const std::vector<int64_t>&, int64_t, int64_t, const T*,    \
-                                       const std::vector<T*>&, const ParallelFor&);
+                                       bool, const std::vector<T*>&, const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)
 HYBRIDTF_INSTANTIATE(float, int64_t)
@@ -576,8 +602,8 @@ HYBRIDTF_INSTANTIATE(double, int32_t)
 HYBRIDTF_INSTANTIATE(double, int64_t)
 #undef HYBRIDTF_INSTANTIATE
 
-template ImplStatus ValidateInverse<int32_t>(const int32_t*, int64_t, int64_t);
-template ImplStatus ValidateInverse<int64_t>(const int64_t*, int64_t, int64_t);
+template ImplStatus ValidateInverse<int32_t>(const int32_t*, int64_t, int64_t, const ParallelFor&);
+template ImplStatus ValidateInverse<int64_t>(const int64_t*, int64_t, int64_t, const ParallelFor&);
 
 }  // namespace stitch_combine
 }  // namespace hybridtf

@@ -89,9 +89,10 @@ class Layout {
   int64_t num_positions_ = 0;
 };
 
-// Checks every inverse index is in [0, num_unique).
+// Checks every inverse index is in [0, num_unique) (names the first bad one).
 template <typename Idx>
-ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique);
+ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique,
+                           const ParallelFor& parallel_for);
 
 // outputs[f] points to output_rows(f) * dim values. weights may be null.
 template <typename T, typename Idx>
@@ -136,12 +137,16 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
 // (output row, then piece in column order); for a row that only one field
 // reaches (one field per table, the usual case) that is StitchCombine's
 // ascending-position order. Dense pieces are ignored (their gradient is a
-// column slice).
+// column slice). grad is the [batch, width] gradient of the concatenation,
+// or, when `broadcast`, [batch] values: every column of row b has gradient
+// grad[b] (the concatenation was summed over its columns), summed in the same
+// order.
 template <typename T, typename Idx>
 void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
                     const std::vector<ConcatPiece<T>>& pieces,
                     const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
-                    const T* grad, const std::vector<T*>& d_rows, const ParallelFor& parallel_for);
+                    const T* grad, bool broadcast, const std::vector<T*>& d_rows,
+                    const ParallelFor& parallel_for);
 
 }  // namespace stitch_combine
 }  // namespace hybridtf

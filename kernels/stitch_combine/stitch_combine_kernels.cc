@@ -30,8 +30,9 @@ class StitchCombineCpuOp : public StitchCombineOpBase {
     OP_REQUIRES_OK(ctx, BuildLayout<T>(ctx, 1, &layout));
     const Tensor& inverse = ctx->input(1);
     const int64_t dim = rows.dim_size(1);
-    OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
-                                                   inverse.NumElements(), rows.dim_size(0))));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(),
+                                              rows.dim_size(0), CpuParallelFor(ctx))));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("outputs", &outputs));
     std::vector<T*> out(num_fields_);
@@ -64,8 +65,9 @@ class StitchCombineGradCpuOp : public StitchCombineOpBase {
     OP_REQUIRES(
         ctx, num_unique >= 0,
         ::tensorflow::errors::InvalidArgument("num_unique must be >= 0, got ", num_unique, "."));
-    OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
-                                                   inverse.NumElements(), num_unique)));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(),
+                                              num_unique, CpuParallelFor(ctx))));
     int64_t dim = -1;
     std::vector<const T*> grads(nf);
     for (int f = 0; f < nf; ++f) {

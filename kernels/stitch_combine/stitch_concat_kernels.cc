@@ -3,6 +3,7 @@
 // ranges of one concatenated matrix instead of per-field outputs.
 #include "kernels/stitch_combine/stitch_concat_kernels.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,7 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
   explicit StitchConcatGradCpuOp(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dims", &dims_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dense_widths", &dense_widths_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("broadcast_grad", &broadcast_));
     OP_REQUIRES(
         ctx,
         static_cast<int64_t>(dims_.size()) == num_groups_ &&
@@ -68,9 +70,12 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
     int64_t width = 0, batch = 0;
     OP_REQUIRES_OK(
         ctx, PlacePieces(layouts, dims_, dense_rows, dense_widths_, &columns, &width, &batch));
-    OP_REQUIRES(ctx, grad.dim_size(0) == batch && grad.dim_size(1) == width,
-                errors::InvalidArgument("grad must have shape [", batch, ", ", width, "], got ",
-                                        grad.shape().DebugString(), "."));
+    // broadcast_grad: grad is [batch, 1], the gradient of every column of its row.
+    OP_REQUIRES(
+        ctx, grad.dim_size(0) == batch && grad.dim_size(1) == (broadcast_ ? 1 : width),
+        errors::InvalidArgument("grad must have shape [", batch, ", ", broadcast_ ? 1 : width, "]",
+                                broadcast_ ? " (broadcast_grad)" : "", ", got ",
+                                grad.shape().DebugString(), "."));
     const T* g_all = grad.flat<T>().data();
     std::vector<ConcatGroup<T, Idx>> groups;
     std::vector<int64_t> num_unique(ng);
@@ -83,8 +88,9 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       OP_REQUIRES(ctx, num_unique[g] >= 0,
                   errors::InvalidArgument("num_unique must be >= 0, got ", num_unique[g]));
       const Tensor& inverse = ctx->input(1 + g);
-      OP_REQUIRES_OK(ctx, ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(),
-                                                     inverse.NumElements(), num_unique[g])));
+      OP_REQUIRES_OK(ctx,
+                     ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(),
+                                                num_unique[g], CpuParallelFor(ctx))));
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(g, TensorShape({num_unique[g], dims_[g]}), &out));
       d_rows[g] = out->flat<T>().data();
@@ -96,7 +102,7 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       pieces.push_back({static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item), nullptr,
                         g < 0 ? dense_widths_[item] : dims_[g], columns[k]});
     }
-    BackwardConcat<T, Idx>(groups, pieces, num_unique, batch, width, g_all, d_rows,
+    BackwardConcat<T, Idx>(groups, pieces, num_unique, batch, width, g_all, broadcast_, d_rows,
                            CpuParallelFor(ctx));
     for (size_t k = 0; k < columns.size(); ++k) {
       if (piece_groups_[k] >= 0) continue;
@@ -104,14 +110,22 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       Tensor* d_dense = nullptr;
       OP_REQUIRES_OK(
           ctx, ctx->allocate_output(ng + m, TensorShape({batch, dense_widths_[m]}), &d_dense));
-      CopyColumns<T>(ctx, g_all + columns[k], width, d_dense->flat<T>().data(), dense_widths_[m],
-                     batch, dense_widths_[m]);
+      T* dst = d_dense->flat<T>().data();
+      const int64_t w = dense_widths_[m];
+      if (broadcast_) {  // every column of row b is grad[b]
+        CpuParallelFor(ctx)(batch, w, [&](int64_t begin, int64_t end) {
+          for (int64_t b = begin; b < end; ++b) std::fill(dst + b * w, dst + (b + 1) * w, g_all[b]);
+        });
+        continue;
+      }
+      CopyColumns<T>(ctx, g_all + columns[k], width, dst, w, batch, w);
     }
   }
 
  private:
   std::vector<int64_t> dims_;
   std::vector<int64_t> dense_widths_;
+  bool broadcast_ = false;
 };
 
 #define HYBRIDTF_REGISTER_CPU(T, Idx)                           \

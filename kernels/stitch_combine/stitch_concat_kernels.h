@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
 #include "kernels/stitch_combine/stitch_combine_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -174,8 +175,9 @@ class StitchConcatOpBase : public OpKernel {
       dims[g] = rows.dim_size(1);
       if (validate_inverse) {
         const Tensor& inverse = ctx->input(first_rows + ng + g);
-        TF_RETURN_IF_ERROR(ToTfStatus(
-            ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(), rows.dim_size(0))));
+        TF_RETURN_IF_ERROR(
+            ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(),
+                                       rows.dim_size(0), CpuParallelFor(ctx))));
       }
     }
     for (int64_t m = 0; m < num_dense_; ++m) {

@@ -115,6 +115,7 @@ REGISTER_OP(HYBRIDTF_OP("StitchConcatGrad"))
     .Attr("piece_items: list(int)")
     .Attr("dims: list(int)")
     .Attr("dense_widths: list(int)")
+    .Attr("broadcast_grad: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t num_groups = 0, num_dense = 0;
       std::vector<int64_t> dims, dense_widths;

@@ -138,6 +138,63 @@ def test_gradient_order_equals_stitch_combine_grad_bitwise(dims):
         np.testing.assert_array_equal(fused, ref)
 
 
+@SETTINGS
+@given(concat_cases(), st.booleans())
+def test_gradient_of_a_summed_concat_reads_one_column(case, static_batch):
+    """reduce_sum over the columns: the gradient op reads the [B, 1] column (Tile / BroadcastTo skipped).
+
+    Bit for bit what it gives for the same gradient given as a full [B, W] matrix. With the dense
+    inputs as arguments of unknown batch, the sum's gradient is a BroadcastTo, else a Tile.
+    """
+    batch, groups, dense_np, pieces = case
+    sg = _stitch_groups(groups, batch)
+    weight = tf.reshape(tf.sin(tf.range(batch, dtype=tf.float32)), [batch, 1])
+
+    def grads(dense, summed: bool):
+        sources = [g.rows for g in sg] + list(dense)
+        with tf.GradientTape() as tape:
+            tape.watch(sources)
+            out = stitch_concat(sg, dense, pieces)
+            if summed:
+                loss = tf.reduce_sum(tf.reduce_sum(out, axis=-1, keepdims=True) * weight)
+            else:  # the same gradient values, as a [B, W] matrix (a Mul, not a broadcast)
+                loss = tf.reduce_sum(out * tf.tile(weight, [1, out.shape[1]]))
+        return tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    spec = [tf.TensorSpec([batch if static_batch else None, d.shape[1]], tf.float32) for d in dense_np]
+    fns = {summed: tf.function(lambda *d, summed=summed: grads(d, summed), input_signature=spec) for summed in (1, 0)}
+    flags = [
+        op.get_attr("broadcast_grad")
+        for op in fns[1].get_concrete_function().graph.get_operations()
+        if op.type == "HybridTF>StitchConcatGrad"
+    ]
+    assert flags == [True]
+    dense = [tf.constant(d) for d in dense_np]
+    for got, ref in zip(fns[1](*dense), fns[0](*dense)):
+        np.testing.assert_array_equal(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(ref).numpy())
+
+
+def test_broadcast_gradient_must_be_one_column():
+    inverse, sizes = tf.constant([0, 1]), tf.constant([2], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="broadcast_grad"):
+        load_ops().hybrid_tf_stitch_concat_grad(
+            tf.ones([2, 2]),
+            [inverse],
+            [sizes],
+            [sizes],
+            [tf.zeros([0], tf.int64)],
+            [tf.constant(3, tf.int64)],
+            group_fields=[1],
+            combiners=["none"],
+            piece_groups=[0],
+            piece_items=[0],
+            dims=[2],
+            dense_widths=[],
+            num_dense=0,
+            broadcast_grad=True,
+        )
+
+
 def test_graph_mode_static_width_and_dynamic_batch():
     rows = tf.constant(np.arange(12, dtype=np.float32).reshape(4, 3))
     group_sizes = tf.constant([2, 2], tf.int64)

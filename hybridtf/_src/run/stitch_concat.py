@@ -167,9 +167,44 @@ def _stitch_concat_matmul_grad(op, grad):
     return [*d_rows, *([None] * (4 * len(lists[0]))), *d_dense, d_kernel]
 
 
+def _column_broadcast_source(grad: tf.Tensor) -> tf.Tensor | None:
+    """``[batch, 1]`` values whose broadcast over the columns is ``grad``, or None.
+
+    The gradient of ``tf.reduce_sum(concat, axis=-1, keepdims=True)`` (the usual
+    linear / first-order part of a CTR model) is its output gradient tiled over
+    the concatenation's columns: ``Tile([B, 1], [1, W])`` when the batch size is
+    static, ``BroadcastTo([B, 1], shape)`` otherwise. StitchConcatGrad then reads
+    the ``[B, 1]`` column instead of the ``[B, W]`` matrix (which TensorFlow no
+    longer computes): the same values, summed in the same order.
+    """
+    if not isinstance(grad, tf.Tensor) or grad.shape.rank != 2 or tf.executing_eagerly():
+        return None
+    op = grad.op
+    if op.type not in ("Tile", "BroadcastTo"):
+        return None
+    src = op.inputs[0]
+    if src.shape.rank != 2 or src.shape[1] != 1 or src.dtype != grad.dtype:
+        return None
+    if op.type == "Tile":
+        multiples = tf.get_static_value(op.inputs[1])
+        if multiples is None or len(multiples) != 2:
+            return None
+        # [B, 1] tiled once over the rows (an empty batch gives multiples [0, W] for [0, 1])
+        if int(multiples[0]) == 1 or (int(multiples[0]) == 0 and src.shape[0] == 0):
+            return src
+        return None
+    target = op.inputs[1]  # BroadcastTo: src may also be [1, 1]; give it the batch of the target shape
+    if target.shape.rank != 1 or target.shape[0] != 2:
+        return None
+    return tf.broadcast_to(src, tf.concat([target[:1], tf.ones([1], target.dtype)], 0))
+
+
 @tf.RegisterGradient(OP_NAME)
 def _stitch_concat_grad(op, grad):
     (rows, inverses, sizes, segments, lengths, dense), attrs = _op_layout(op)
+    column = _column_broadcast_source(grad)
+    if column is not None:
+        grad, attrs = column, {**attrs, "broadcast_grad": True}
     d_rows, d_dense = load_ops().hybrid_tf_stitch_concat_grad(
         grad,
         inverses,
