@@ -45,6 +45,8 @@ struct Job {
 // The row helpers are always inlined so that they are compiled inside each
 // HYBRIDTF_MULTIVERSION clone of their callers (a call would run baseline code).
 #define HYBRIDTF_ROW_INLINE inline __attribute__((always_inline))
+// The same for lambdas inside those helpers (otherwise compiled for the baseline target).
+#define HYBRIDTF_LAMBDA_INLINE __attribute__((always_inline))
 
 // Eight floats, loadable from any float address (GCC vector extension: one
 // 256-bit register in the AVX2 clone, two 128-bit ones in the baseline build).
@@ -102,6 +104,48 @@ HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T*
       const T x = e[c];
       const T* kc = k + c * n;
       for (int64_t j = 0; j < n; ++j) acc[j] += x * kc[j];
+    }
+  }
+}
+
+// d[r][0:D] += s[r][0:n] @ kt for four rows r, kt being n rows of D floats
+// (D = 8 or 16): each kt row is loaded once for the four rows, and the four
+// rows' accumulators (two interleaved ones per row when D = 8) keep eight
+// vector additions in flight. Summed in a fixed order.
+template <int D>
+HYBRIDTF_ROW_INLINE void ProjectRows4(const float* const* s, int64_t n, const float* __restrict kt,
+                                      float* const* d) {
+  static_assert(D == 8 || D == 16, "ProjectRows4 takes rows of 8 or 16 floats");
+  constexpr int kVecs = D / 8;
+  constexpr int kChains = kVecs == 1 ? 2 : 1;
+  Float8 a[4][kChains][kVecs] = {};
+  int64_t j = 0;
+  for (; j + kChains <= n; j += kChains) {
+    for (int h = 0; h < kChains; ++h) {
+      const Float8* kj = reinterpret_cast<const Float8*>(kt + (j + h) * D);
+      Float8 kv[kVecs];
+      for (int v = 0; v < kVecs; ++v) kv[v] = kj[v];
+      for (int r = 0; r < 4; ++r) {
+        const float x = s[r][j + h];
+        const Float8 xb = {x, x, x, x, x, x, x, x};
+        for (int v = 0; v < kVecs; ++v) a[r][h][v] += xb * kv[v];
+      }
+    }
+  }
+  for (; j < n; ++j) {
+    const Float8* kj = reinterpret_cast<const Float8*>(kt + j * D);
+    for (int r = 0; r < 4; ++r) {
+      const float x = s[r][j];
+      const Float8 xb = {x, x, x, x, x, x, x, x};
+      for (int v = 0; v < kVecs; ++v) a[r][0][v] += xb * kj[v];
+    }
+  }
+  for (int r = 0; r < 4; ++r) {
+    for (int v = 0; v < kVecs; ++v) {
+      Float8 total = a[r][0][v];
+      for (int h = 1; h < kChains; ++h) total += a[r][h][v];
+      Float8* out = reinterpret_cast<Float8*>(d[r] + 8 * v);
+      *out = *out + total;
     }
   }
 }
@@ -323,9 +367,20 @@ HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const J
   constexpr int kBlock = 4;
   int64_t block_rows[kBlock];
   int filled = 0;
-  auto flush = [&]() {
+  auto flush = [&]() HYBRIDTF_LAMBDA_INLINE {
     const T* s[kBlock];
     for (int b = 0; b < filled; ++b) s[b] = sums + (block_rows[b] - job.lo) * n;
+    // d_rows[row] += S[u] @ K_f^T
+    constexpr bool kFour = (D == 8 || D == 16) && std::is_same<T, float>::value;
+    if (kFour && filled == kBlock) {
+      if constexpr (kFour) {
+        float* d[kBlock];
+        for (int b = 0; b < kBlock; ++b) d[b] = d_rows + block_rows[b] * w;
+        ProjectRows4<D>(s, n, kt, d);
+      }
+    } else {
+      for (int b = 0; b < filled; ++b) ProjectAdd<D>(s[b], n, kt, w, d_rows + block_rows[b] * w);
+    }
     if (filled == kBlock) {
       const T* r0 = g.rows + block_rows[0] * w;
       const T* r1 = g.rows + block_rows[1] * w;
@@ -344,9 +399,7 @@ HYBRIDTF_ROW_INLINE void BackwardProjected(const ConcatGroup<T, Idx>& g, const J
   };
   for (int64_t u = 0; u < range; ++u) {
     if (!touched[u]) continue;
-    const int64_t row = job.lo + u;
-    ProjectAdd<D>(sums + u * n, n, kt, w, d_rows + row * w);
-    block_rows[filled++] = row;
+    block_rows[filled++] = job.lo + u;
     if (filled == kBlock) flush();
   }
   flush();
