@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <string>
 
 #include "kernels/common/multiversion.h"
@@ -225,16 +226,50 @@ ImplStatus UniquePartitionCpu<Id>::PrepareDense(const Id* ids, int64_t n, bool* 
   bitmap_.assign(static_cast<size_t>(words), 0);
   uint64_t* bits = bitmap_.data();
   const uint64_t base = static_cast<uint64_t>(base_);
-  parallel_for_(n, 6, [&](int64_t first, int64_t last) {
-    for (int64_t i = first; i < last; ++i) {
-      const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - base;
-      const uint64_t mask = uint64_t{1} << (offset & 63);
-      uint64_t* word = bits + (offset >> 6);
-      if ((__atomic_load_n(word, __ATOMIC_RELAXED) & mask) == 0) {
-        __atomic_fetch_or(word, mask, __ATOMIC_RELAXED);
+  // Each chunk of positions spans only the words between its smallest and
+  // largest id. When those spans hardly overlap (packed ids are field after
+  // field, so a chunk covers a few fields' rows), every chunk marks its ids in
+  // a private bitmap of its span with plain stores, and the spans are then
+  // ORed into the shared bitmap: no atomic read-modify-writes. Otherwise the
+  // chunks mark the shared bitmap atomically. The same set of bits either way.
+  std::vector<int64_t> span_first(static_cast<size_t>(chunks)), span_offset(chunks + 1, 0);
+  for (int64_t c = 0; c < chunks; ++c) {
+    span_first[c] = (lo[c] - min_id) >> 6;
+    span_offset[c + 1] = span_offset[c] + ((hi[c] - min_id) >> 6) - span_first[c] + 1;
+  }
+  if (chunks > 1 && span_offset[chunks] <= 2 * words + chunks) {
+    std::unique_ptr<uint64_t[]> private_bits(new uint64_t[span_offset[chunks]]);
+    parallel_for_(chunks, 4 * (n / chunks), [&](int64_t first, int64_t last) {
+      for (int64_t c = first; c < last; ++c) {
+        uint64_t* mine = private_bits.get() + span_offset[c];
+        std::fill(mine, mine + (span_offset[c + 1] - span_offset[c]), uint64_t{0});
+        const uint64_t origin = base + 64 * static_cast<uint64_t>(span_first[c]);
+        for (int64_t i = n * c / chunks, end = n * (c + 1) / chunks; i < end; ++i) {
+          const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - origin;
+          mine[offset >> 6] |= uint64_t{1} << (offset & 63);
+        }
       }
-    }
-  });
+    });
+    parallel_for_(words, 2 * chunks, [&](int64_t first, int64_t last) {
+      for (int64_t c = 0; c < chunks; ++c) {
+        const int64_t len = span_offset[c + 1] - span_offset[c];
+        const int64_t a = std::max(first, span_first[c]), b = std::min(last, span_first[c] + len);
+        const uint64_t* mine = private_bits.get() + span_offset[c];
+        for (int64_t w = a; w < b; ++w) bits[w] |= mine[w - span_first[c]];
+      }
+    });
+  } else {
+    parallel_for_(n, 6, [&](int64_t first, int64_t last) {
+      for (int64_t i = first; i < last; ++i) {
+        const uint64_t offset = static_cast<uint64_t>(static_cast<int64_t>(ids[i])) - base;
+        const uint64_t mask = uint64_t{1} << (offset & 63);
+        uint64_t* word = bits + (offset >> 6);
+        if ((__atomic_load_n(word, __ATOMIC_RELAXED) & mask) == 0) {
+          __atomic_fetch_or(word, mask, __ATOMIC_RELAXED);
+        }
+      }
+    });
+  }
   word_rank_.resize(static_cast<size_t>(words) + 1);
   int64_t total = 0;
   for (int64_t w = 0; w < words; ++w) {

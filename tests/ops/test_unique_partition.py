@@ -223,6 +223,26 @@ def test_sorted_dense_and_hash_paths_agree_with_reference(dtype, span, strategy,
     assert_matches_reference(native, ids, p, strategy, bounds, sort_ids=True)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sorted_dense_path_field_major_ids(dtype):
+    """Packed ids (field after field, as PackIds gives them): each chunk of positions spans a few
+    fields' rows, so the chunks mark private bitmaps that are merged; chunk boundaries fall inside
+    fields and field ranges are not word-aligned, so neighbouring chunks share words."""
+    rng = np.random.default_rng(7)
+    vocab = rng.integers(50, 5_000, size=20)
+    offsets = np.concatenate([[0], np.cumsum(vocab)[:-1]])
+    ids = np.concatenate(
+        [
+            off + zipf_ids(20_000, int(v), alpha=1.1, seed=f, dtype=dtype)
+            for f, (off, v) in enumerate(zip(offsets, vocab))
+        ]
+    ).astype(dtype)
+    op = htf.ops.unique_partition(tf.constant(ids), 1, "mod", sort_ids=True)
+    native = htf.native.unique_partition(ids, 1, "mod", sort_ids=True)
+    assert_matches_reference(op, ids, 1, "mod", None, sort_ids=True)
+    assert_matches_reference(native, ids, 1, "mod", None, sort_ids=True)
+
+
 def test_sorted_dense_path_negative_ids_and_bad_range_ids():
     ids = np.array([5, -3, 5, 0, -3, 2], np.int64)  # mod with one partition: negative ids are fine
     assert_matches_reference(htf.ops.unique_partition(ids, 1, sort_ids=True), ids, 1, "mod", None, sort_ids=True)
