@@ -373,11 +373,11 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
 }
 
 template <typename T, typename Idx>
-void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
-                    const std::vector<ConcatPiece<T>>& pieces,
-                    const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
-                    const T* grad, bool broadcast, const std::vector<T*>& d_rows,
-                    const ParallelFor& parallel_for) {
+ImplStatus BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                          const std::vector<ConcatPiece<T>>& pieces,
+                          const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
+                          const T* grad, bool broadcast, const std::vector<T*>& d_rows,
+                          const ParallelFor& parallel_for) {
   // Pieces whose rows can meet (overlapping ranges of distinct-row indices in
   // the same group: fields that look up the same table) form a cluster, and a
   // cluster is handled by one task, which walks the gradient row by row (then
@@ -417,6 +417,16 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
       }
     }
   });
+  // The ranges validate the inverse indices the pieces read (before any is used).
+  for (const Item& item : items) {
+    const ConcatGroup<T, Idx>& g = groups[item.piece->group];
+    if (item.lo <= item.hi && (item.lo < 0 || item.hi >= num_unique[item.piece->group])) {
+      ImplStatus bad = ValidateInverse(g.inverse, g.layout->num_positions(),
+                                       num_unique[item.piece->group], parallel_for);
+      if (bad.ok()) bad = ImplStatus::InvalidArgument("an inverse index is out of range");
+      return bad;  // names the first bad position
+    }
+  }
   {
     std::vector<std::vector<std::pair<int64_t, int64_t>>> reached(groups.size());
     for (const Item& item : items) {
@@ -581,6 +591,7 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
       }
     }
   });
+  return ImplStatus::Ok();
 }
 
 #define HYBRIDTF_INSTANTIATE(T, Idx)                                                               \
@@ -591,10 +602,10 @@ void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
   template void ForwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                     \
                                       const std::vector<ConcatPiece<T>>&, int64_t, int64_t, T*,    \
                                       const ParallelFor&);                                         \
-  template void BackwardConcat<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                    \
-                                       const std::vector<ConcatPiece<T>>&,                         \
-                                       const std::vector<int64_t>&, int64_t, int64_t, const T*,    \
-                                       bool, const std::vector<T*>&, const ParallelFor&);
+  template ImplStatus BackwardConcat<T, Idx>(                                                      \
+      const std::vector<ConcatGroup<T, Idx>>&, const std::vector<ConcatPiece<T>>&,                 \
+      const std::vector<int64_t>&, int64_t, int64_t, const T*, bool, const std::vector<T*>&,       \
+      const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)
 HYBRIDTF_INSTANTIATE(float, int64_t)

@@ -140,13 +140,14 @@ void ForwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
 // column slice). grad is the [batch, width] gradient of the concatenation,
 // or, when `broadcast`, [batch] values: every column of row b has gradient
 // grad[b] (the concatenation was summed over its columns), summed in the same
-// order.
+// order. InvalidArgument when a placed field's inverse index is outside
+// [0, num_unique[g]) (checked before any is used).
 template <typename T, typename Idx>
-void BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
-                    const std::vector<ConcatPiece<T>>& pieces,
-                    const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
-                    const T* grad, bool broadcast, const std::vector<T*>& d_rows,
-                    const ParallelFor& parallel_for);
+ImplStatus BackwardConcat(const std::vector<ConcatGroup<T, Idx>>& groups,
+                          const std::vector<ConcatPiece<T>>& pieces,
+                          const std::vector<int64_t>& num_unique, int64_t batch, int64_t width,
+                          const T* grad, bool broadcast, const std::vector<T*>& d_rows,
+                          const ParallelFor& parallel_for);
 
 }  // namespace stitch_combine
 }  // namespace hybridtf

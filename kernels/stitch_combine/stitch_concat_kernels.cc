@@ -87,10 +87,7 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       num_unique[g] = num_unique_t.scalar<int64_t>()();
       OP_REQUIRES(ctx, num_unique[g] >= 0,
                   errors::InvalidArgument("num_unique must be >= 0, got ", num_unique[g]));
-      const Tensor& inverse = ctx->input(1 + g);
-      OP_REQUIRES_OK(ctx,
-                     ToTfStatus(ValidateInverse(inverse.flat<Idx>().data(), inverse.NumElements(),
-                                                num_unique[g], CpuParallelFor(ctx))));
+      const Tensor& inverse = ctx->input(1 + g);  // validated by BackwardConcat
       Tensor* out = nullptr;
       OP_REQUIRES_OK(ctx, ctx->allocate_output(g, TensorShape({num_unique[g], dims_[g]}), &out));
       d_rows[g] = out->flat<T>().data();
@@ -102,8 +99,9 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       pieces.push_back({static_cast<int>(g), g < 0 ? -1 : static_cast<int>(item), nullptr,
                         g < 0 ? dense_widths_[item] : dims_[g], columns[k]});
     }
-    BackwardConcat<T, Idx>(groups, pieces, num_unique, batch, width, g_all, broadcast_, d_rows,
-                           CpuParallelFor(ctx));
+    OP_REQUIRES_OK(
+        ctx, ToTfStatus(BackwardConcat<T, Idx>(groups, pieces, num_unique, batch, width, g_all,
+                                               broadcast_, d_rows, CpuParallelFor(ctx))));
     for (size_t k = 0; k < columns.size(); ++k) {
       if (piece_groups_[k] >= 0) continue;
       const int64_t m = piece_items_[k];

@@ -174,25 +174,37 @@ def test_gradient_of_a_summed_concat_reads_one_column(case, static_batch):
         np.testing.assert_array_equal(tf.convert_to_tensor(got).numpy(), tf.convert_to_tensor(ref).numpy())
 
 
+def _raw_grad(grad, inverse, num_unique, broadcast=False):
+    sizes = tf.constant([int(inverse.shape[0])], tf.int64)
+    return load_ops().hybrid_tf_stitch_concat_grad(
+        grad,
+        [inverse],
+        [sizes],
+        [sizes],
+        [tf.zeros([0], tf.int64)],
+        [tf.constant(num_unique, tf.int64)],
+        group_fields=[1],
+        combiners=["none"],
+        piece_groups=[0],
+        piece_items=[0],
+        dims=[2],
+        dense_widths=[],
+        num_dense=0,
+        broadcast_grad=broadcast,
+    )
+
+
 def test_broadcast_gradient_must_be_one_column():
-    inverse, sizes = tf.constant([0, 1]), tf.constant([2], tf.int64)
     with pytest.raises(tf.errors.InvalidArgumentError, match="broadcast_grad"):
-        load_ops().hybrid_tf_stitch_concat_grad(
-            tf.ones([2, 2]),
-            [inverse],
-            [sizes],
-            [sizes],
-            [tf.zeros([0], tf.int64)],
-            [tf.constant(3, tf.int64)],
-            group_fields=[1],
-            combiners=["none"],
-            piece_groups=[0],
-            piece_items=[0],
-            dims=[2],
-            dense_widths=[],
-            num_dense=0,
-            broadcast_grad=True,
-        )
+        _raw_grad(tf.ones([2, 2]), tf.constant([0, 1]), 3, broadcast=True)
+    d_rows, *_ = _raw_grad(tf.constant([[1.0], [2.0]]), tf.constant([0, 0]), 3, broadcast=True)
+    np.testing.assert_array_equal(d_rows[0].numpy(), [[3, 3], [0, 0], [0, 0]])
+
+
+@pytest.mark.parametrize("bad", [7, -1])
+def test_gradient_inverse_out_of_range(bad):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"inverse\[1\] = {bad} is out of range \[0, 3\)"):
+        _raw_grad(tf.ones([2, 2]), tf.constant([0, bad]), 3)
 
 
 def test_graph_mode_static_width_and_dynamic_batch():
