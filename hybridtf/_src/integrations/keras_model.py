@@ -61,7 +61,9 @@ class _HybridModelMixin:
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
-        hybridize_optimizer(self.optimizer, self._htf_runtime.storage, self._htf_fused_updates)
+        hybridize_optimizer(
+            self.optimizer, self._htf_runtime.storage, self._htf_fused_updates, self._htf_plain_trainable
+        )
 
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage
@@ -127,6 +129,7 @@ class _HybridModelMixin:
         storage = self._htf_runtime.storage
         if not storage.sharded:
             return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+        self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
         with storage.gathered():
             if storage.world.rank == 0:
                 super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
@@ -136,7 +139,20 @@ class _HybridModelMixin:
 
     def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
         _refuse_legacy_hdf5(filepath, None)
+        if str(filepath).endswith((".keras", ".weights.h5")):
+            self._htf_build_optimizer()  # Keras files hold the optimizer's state by position: build it first
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
+
+    def _htf_build_optimizer(self) -> None:
+        optimizer = getattr(self, "optimizer", None)
+        if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
+            with tf.init_scope():
+                optimizer.build(self.trainable_variables)
+
+    def _htf_optimizer_plain_variables(self) -> None:
+        optimizer = getattr(self, "optimizer", None)
+        if hasattr(optimizer, "_htf_plain_variables"):
+            optimizer._htf_plain_variables()
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
         _refuse_legacy_hdf5(filepath, save_format)
@@ -400,6 +416,7 @@ def optimize(
     weighted_layers = {id(layer) for layer in model.layers if layer.weights}
     table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
     plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
+    plain_trainable = [table_of_var.get(id(w), w) for w in model.trainable_weights]  # the optimizer's order
     values = {name: t.layer.embeddings for name, t in tables.items()}
     runtime_box: list = []
 
@@ -435,8 +452,11 @@ def optimize(
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
+    object.__setattr__(model, "_htf_plain_trainable", plain_trainable)
     if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
-        hybridize_optimizer(model.optimizer, runtime.storage, fused_updates)
+        hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, plain_trainable)
+        if "_htf_pending_values" in model.optimizer.__dict__:  # built: its state moves to the packed layout now
+            model.optimizer.build(model.trainable_variables)
     model.train_function = model.test_function = model.predict_function = None
     return model
 

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
+from hybridtf._src.integrations import keras_slots
 from hybridtf._src.run import sparse_apply
 
 
@@ -124,10 +125,73 @@ class _HybridOptimizerMixin:
 
     def add_variable_from_reference(self, model_variable, variable_name, shape=None, initial_value=None):
         slot = super().add_variable_from_reference(model_variable, variable_name, shape, initial_value)
+        self._htf_slot_of[id(slot)] = (model_variable, variable_name)
         storage = self._htf_storage
         if storage is not None and id(model_variable) in self._htf_sharded:
             storage.register_sharded_slot(slot, model_variable)
         return slot
+
+    def build(self, var_list):
+        if not getattr(self, "_built", False):
+            object.__setattr__(self, "_htf_var_list", list(var_list))
+            if self._htf_plain_order is not None:
+                # A checkpoint read before the build restores slots through ``_variables`` in the
+                # plain layout only, never by position in the slot lists build creates (_accumulators, ...).
+                self._maybe_initialize_trackable()
+                deferred = self._deferred_dependencies
+                for name in [n for n in deferred if n != "_variables"]:
+                    del deferred[name]
+        super().build(var_list)
+        items = self._htf_plain_variables()  # restores state a checkpoint read before the build left deferred
+        pending = self.__dict__.pop("_htf_pending_values", None)
+        if pending is not None:  # state of the plain model's optimizer (hybridize_optimizer)
+            if len(items) != len(pending):
+                raise keras_slots.OptimizerLayoutError(
+                    f"optimizer '{self.name}' ({type(self).__name__}) had {len(pending)} variables for the plain "
+                    f"model and has {len(items)} in its layout for the optimized one: its state cannot be carried "
+                    "over. Compile the optimized model with a new optimizer to start afresh on purpose."
+                )
+            for item, value in zip(items, pending):
+                item.assign(value)
+
+    # Checkpoints and Keras files hold the optimizer's variables in the plain
+    # model's positions (keras_slots): both layouts read and write the same state.
+
+    def _htf_plain_variables(self) -> list:
+        storage = self._htf_storage
+        if storage is None or self._htf_plain_order is None:
+            return list(self.variables)
+        items = keras_slots.plain_variables(self, storage, self._htf_plain_order)
+        self._htf_plain.update(items)
+        return items
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        if save_type == "checkpoint" and self._htf_plain_order is not None:
+            self._htf_plain_variables()
+            children["_variables"] = self._htf_plain
+            for name, child in list(children.items()):  # slot lists (_accumulators, _momentums, ...)
+                if name != "_variables" and isinstance(child, list) and any(id(v) in self._htf_slot_of for v in child):
+                    del children[name]
+        return children
+
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self._htf_plain_variables()):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store):
+        items = self._htf_plain_variables()
+        if len(store.keys()) != len(items):
+            raise keras_slots.OptimizerLayoutError(
+                f"the file holds {len(store.keys())} variables of optimizer '{self.name}' "
+                f"({type(self).__name__}), which has {len(items)} in the plain model's layout"
+                + (" (it is not built yet)" if not getattr(self, "_built", False) else "")
+                + ": loading would leave its slots at their initial values. Load the file into a model "
+                "compiled with the same optimizer class (model.load_weights builds it first), or compile "
+                "after loading to start the optimizer afresh on purpose."
+            )
+        for i, variable in enumerate(items):
+            variable.assign(store[str(i)])
 
     def _htf_apply(self, kind, grad, var):
         dtype = var.dtype
@@ -169,7 +233,7 @@ def _horovod_hybrid_class(cls: type) -> type:
     return _HOROVOD_CLASSES[cls]
 
 
-def hybridize_optimizer(optimizer, storage, fused_updates: bool = True) -> None:
+def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_order: list | None = None) -> None:
     """Hooks ``optimizer`` (in place, this instance only) into training of ``storage``'s packed tables.
 
     * Fused updates (``fused_updates``): one fused op per packed table whose
@@ -181,6 +245,12 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True) -> None:
       ``optimizer`` is a ``hvd.DistributedOptimizer`` (the shards are
       registered as its local variables), else by hybridtf. The slots of the
       shards are checkpointed as whole tables.
+    * Checkpoints (``plain_order``: the plain model's trained variables, a
+      table's name in place of its variable): the optimizer's variables are
+      saved and restored at the plain model's positions, each packed slot as
+      one slot per table (``keras_slots``). An optimizer already built for
+      the plain model keeps its state: it is rebuilt for the packed
+      variables and its slots are copied in per table.
 
     Raises:
         TypeError: in a Horovod job, an optimizer that is not a
@@ -196,6 +266,9 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True) -> None:
                 "keep the shards' gradients out of the allreduce."
             )
         return
+    pending = None
+    if not isinstance(optimizer, _HybridOptimizerMixin) and getattr(optimizer, "_built", False):
+        pending = _take_plain_state(optimizer)
     if not isinstance(optimizer, _HybridOptimizerMixin):
         cls = type(optimizer)
         optimizer.__class__ = (
@@ -206,6 +279,25 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True) -> None:
     object.__setattr__(optimizer, "_htf_packed", {id(v) for v in fused})
     object.__setattr__(optimizer, "_htf_sharded", {id(v) for v in storage.sharded_variables()})
     object.__setattr__(optimizer, "_htf_storage", storage)
+    if "_htf_plain" not in optimizer.__dict__:
+        object.__setattr__(optimizer, "_htf_plain", keras_slots.PlainSlots())
+        object.__setattr__(optimizer, "_htf_slot_of", {})
+    object.__setattr__(optimizer, "_htf_plain_order", plain_order)
     if world.distributed and is_horovod_distributed(optimizer):
         for v in storage.sharded_variables():
             optimizer.register_local_var(v)
+    if pending is not None:
+        object.__setattr__(optimizer, "_htf_pending_values", pending)
+
+
+def _take_plain_state(optimizer) -> list:
+    """The values of a built plain optimizer's variables; the optimizer is reset, to be built again.
+
+    The values are assigned by the next ``build`` (at the packed variables'
+    positions, through ``keras_slots``), so the optimized model resumes
+    with the plain model's optimizer state.
+    """
+    values = [v.numpy() for v in optimizer.variables]
+    optimizer._built = False
+    optimizer._variables = [optimizer.iterations]
+    return values

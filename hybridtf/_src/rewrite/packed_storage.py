@@ -50,8 +50,10 @@ class TableView(tf.__internal__.tracking.Trackable):
         table: str,
         layout: ShardLayout | None = None,
         world: World | None = None,
+        name: str | None = None,
     ):
         self._variable = variable
+        self._name = name
         self._offset = int(offset)
         self._num_rows = int(num_rows)
         self.table = table
@@ -73,7 +75,7 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     @property
     def name(self) -> str:
-        return f"{self.table}/embeddings:0"
+        return self._name or f"{self.table}/embeddings:0"
 
     @property
     def packed_variable(self) -> tf.Variable:
@@ -223,6 +225,7 @@ class PackedTables(tf.Module):
         self.packed = {}
         self.layouts: dict[str, ShardLayout | None] = {}
         self._views: dict[str, TableView] = {}
+        self._slot_views: dict[tuple[int, str], TableView] = {}
         self._slots: list = []
         for pt in plan.packed_tables:
             for m in pt.members:
@@ -290,19 +293,14 @@ class PackedTables(tf.Module):
         covers optimizer slots registered with ``register_sharded_slot``.
         """
         views = [self.view(m.name) for pt in self.plan.packed_tables for m in pt.members]
-        views = [v for v in views if v.sharded]
-        slots = list(self._slots)
+        views = [v for v in views + list(self._slot_views.values()) if v.sharded]
         try:
             for v in views:
                 v._gathered = v._gather()
-            for slot in slots:
-                slot._htf_gathered = slot._htf_gather()
             yield
         finally:
             for v in views:
                 v._gathered = None
-            for slot in slots:
-                slot._htf_gathered = None
 
     def register_sharded_slot(self, slot: tf.Variable, model_variable: tf.Variable) -> None:
         """Makes an optimizer slot of a shard checkpoint the whole table's slot (gathered like the table)."""
@@ -314,6 +312,24 @@ class PackedTables(tf.Module):
                 object.__setattr__(slot, "_htf_gathered", None)
                 self._slots.append(slot)
                 return
+
+    def slot_view(self, slot: tf.Variable, table: str) -> TableView:
+        """Table ``table``'s rows of ``slot``, an optimizer slot of its packed table (same rows, same layout).
+
+        Optimizer state is checkpointed through these views in the plain
+        model's layout (one slot per table). Create them, on every rank in
+        the same order, before ``gathered()``: that is where sharded views
+        are gathered.
+        """
+        key = (id(slot), table)
+        if key not in self._slot_views:
+            packed_name, offset = self.plan.location(table)
+            spec = self.plan.table(table)
+            name = f"{slot.name.rsplit('/', 1)[0].rsplit(':', 1)[0]}/{table}:0"
+            self._slot_views[key] = TableView(
+                slot, offset, spec.num_rows, table, self.layouts[packed_name], self.world, name=name
+            )
+        return self._slot_views[key]
 
     def members(self, packed_name: str) -> dict[str, tuple[int, int]]:
         """Member table -> (row_offset, num_rows) of packed table ``packed_name``."""
