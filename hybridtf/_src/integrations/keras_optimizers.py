@@ -142,7 +142,13 @@ class _HybridOptimizerMixin:
                 for name in [n for n in deferred if n != "_variables"]:
                     del deferred[name]
         super().build(var_list)
-        items = self._htf_plain_variables()  # restores state a checkpoint read before the build left deferred
+        try:
+            items = self._htf_plain_variables()  # restores state a checkpoint read before the build left deferred
+        except keras_slots.OptimizerLayoutError:
+            self._htf_plain._maybe_initialize_trackable()
+            if self._htf_plain._deferred_dependencies or "_htf_pending_values" in self.__dict__:
+                raise  # state waiting to be restored would be lost
+            return  # trains as usual; saving raises the same error
         pending = self.__dict__.pop("_htf_pending_values", None)
         if pending is not None:  # state of the plain model's optimizer (hybridize_optimizer)
             if len(items) != len(pending):

@@ -18,9 +18,10 @@ directions, and between optimized models of different plans.
 Passes over ``var_list`` are recovered from the order the slots were created
 in (a new pass starts when the trained variable's index goes back, or repeats
 a slot name). A slot that is not shaped like its packed table (not one row
-per table row) cannot be split per table: saving raises
-``OptimizerLayoutError`` naming the slot instead of writing state that would
-restore wrongly.
+per table row), or an optimizer variable that is not any model variable's
+slot (e.g. Adafactor's factored moments), cannot be split per table: saving
+raises ``OptimizerLayoutError`` naming it instead of writing state that
+would restore wrongly.
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ def plain_variables(optimizer, storage, plain_order: list) -> list:
     for var in optimizer.variables:
         entry = slot_of.get(id(var))
         if entry is None:  # iterations, or a variable not made from a model variable
+            if var.shape.rank:
+                raise OptimizerLayoutError(
+                    f"{type(optimizer).__name__} keeps a variable {var.name!r} of shape {var.shape.as_list()} that "
+                    "is not a slot of one model variable (it was made with add_variable): hybridtf cannot tell "
+                    "which tables' rows it holds, so saving it in the plain model's layout would lose or garble "
+                    "it. Use an optimizer whose slots are shaped like the variables (SGD, Adagrad, Adam, "
+                    "RMSprop, Ftrl, ...), or leave the tables unpacked (hybridtf.keras.optimize(model, exclude=[...]))."
+                )
             emit(run)
             run, prev, seen = [], -1, set()
             out.append(var)
