@@ -11,10 +11,15 @@ and the plain model_fn (and between packings) in both directions.
 
 from __future__ import annotations
 
+import numbers
+import os
+
 import tensorflow as tf
+from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.distribute.exchange import gather_member
+from hybridtf._src.integrations import atomic_checkpoint
 
 
 class PackedSaveable(saveable_object.SaveableObject):
@@ -95,6 +100,32 @@ def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> l
     return items
 
 
+class CrashSafeSaver(tf.compat.v1.train.Saver):
+    """A Saver whose saves never leave the newest complete checkpoint unreadable (``atomic_checkpoint``).
+
+    Saving to a new prefix (``model.ckpt-<step>``) is safe in TensorFlow
+    already: the state file names it only once it is complete. Saving again
+    to the prefix the state file names (an Estimator restarted from
+    ``model.ckpt-N`` saves step N again when its session starts) overwrote
+    it in place; here the old files are kept as a backup the state file
+    names until the new ones are complete. ``*_temp`` directories and state
+    temporaries that killed saves left are removed at the next save or
+    restore.
+    """
+
+    def save(self, sess, save_path, global_step=None, latest_filename=None, **kwargs):
+        if global_step is not None and not isinstance(global_step, numbers.Number):
+            global_step = training_util.global_step(sess, global_step)
+        prefix = f"{save_path}-{int(global_step)}" if global_step is not None else save_path
+        with atomic_checkpoint.protected(os.fspath(prefix), latest_filename):
+            return super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename, **kwargs)
+
+    def restore(self, sess, save_path):
+        if isinstance(save_path, (str, os.PathLike)):
+            save_path = atomic_checkpoint.resolve(save_path)
+        return super().restore(sess, save_path)
+
+
 def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None):
     """``spec`` with a Scaffold whose Saver writes the plain layout (a user's own Saver is kept).
 
@@ -108,7 +139,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
         return spec, None
     keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
     keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
-    saver = tf.compat.v1.train.Saver(
+    saver = CrashSafeSaver(
         var_list=saver_var_list(packed, members, shards),
         sharded=True,
         max_to_keep=keep_max,

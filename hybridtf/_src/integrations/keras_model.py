@@ -20,6 +20,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import os
 
 import tensorflow as tf
 
@@ -27,7 +28,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations import horovod_hooks
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
@@ -119,7 +120,14 @@ class _HybridModelMixin:
             w.assign(value)
 
     def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
-        """Saves the weights in the plain model's per-table layout.
+        """Saves the weights in the plain model's per-table layout, crash-safe.
+
+        A kill at any moment of the save leaves the newest complete
+        checkpoint readable (``atomic_checkpoint``): the TensorFlow format
+        keeps the previous checkpoint's files as a backup the state file names
+        until the new one is complete; ``.weights.h5`` is written under a
+        temporary name, then renamed. ``load_weights`` reads the newest
+        complete one and removes what killed saves left.
 
         With tables sharded over the ranks of a Horovod job, every rank must
         call it (the tables are gathered, a collective); rank 0 writes the
@@ -127,12 +135,18 @@ class _HybridModelMixin:
         """
         _refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
+        base = super().save_weights
+
+        def write():
+            with _crash_safe(filepath, overwrite) as path:
+                base(path, overwrite=overwrite, save_format=save_format, options=options)
+
         if not storage.sharded:
-            return super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+            return write()
         self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
         with storage.gathered():
             if storage.world.rank == 0:
-                super().save_weights(filepath, overwrite=overwrite, save_format=save_format, options=options)
+                write()
         # A barrier: the file is complete before any rank goes on (and maybe reads it).
         storage.world.hvd.allreduce(tf.constant(0), op=storage.world.hvd.Sum, name="hybridtf_saved_weights")
         return None
@@ -141,6 +155,8 @@ class _HybridModelMixin:
         _refuse_legacy_hdf5(filepath, None)
         if str(filepath).endswith((".keras", ".weights.h5")):
             self._htf_build_optimizer()  # Keras files hold the optimizer's state by position: build it first
+        elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
+            filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
 
     def _htf_build_optimizer(self) -> None:
@@ -164,6 +180,9 @@ class _HybridModelMixin:
                 "load the weights into the model in one process (hybridtf.keras.optimize without Horovod, or "
                 "the plain model) and save or export that."
             )
+        if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
+            with _crash_safe(filepath, overwrite) as path:
+                return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
         return super().save(filepath, overwrite=overwrite, save_format=save_format, **kwargs)
 
     @property
@@ -255,14 +274,27 @@ def _lookups_from_inputs(model, base_call, inputs, kwargs):
     return requests
 
 
+@contextlib.contextmanager
+def _crash_safe(filepath, overwrite):
+    """The path to write ``filepath`` at so that a kill never leaves the newest complete save unreadable."""
+    if not overwrite or not isinstance(filepath, (str, os.PathLike)):  # Keras asks before overwriting: as is
+        yield filepath
+        return
+    path = os.fspath(filepath)
+    if path.endswith((".keras", ".weights.h5")):
+        with atomic_checkpoint.atomic_file(path) as tmp:
+            yield tmp
+    else:
+        with atomic_checkpoint.protected(path):
+            yield path
+
+
 def _refuse_legacy_hdf5(filepath, save_format) -> None:
     """Legacy HDF5 (``.h5``) reads each layer's ``tf.Variable`` list, where packed tables are not.
 
     Keras would write a file without the tables (and load one leaving them
     untouched), so it is refused; every other format keeps the plain layout.
     """
-    import os
-
     if isinstance(filepath, (str, os.PathLike)):
         path = os.fspath(filepath)
         if path.endswith((".keras", ".weights.h5")):

@@ -225,7 +225,8 @@ class PackedTables(tf.Module):
         self.packed = {}
         self.layouts: dict[str, ShardLayout | None] = {}
         self._views: dict[str, TableView] = {}
-        self._slot_views: dict[tuple[int, str], TableView] = {}
+        # Untracked (not part of SavedModels): optimizer state is checkpointed through the optimizer.
+        object.__setattr__(self, "_slot_views", {})
         self._slots: list = []
         for pt in plan.packed_tables:
             for m in pt.members:
@@ -321,7 +322,7 @@ class PackedTables(tf.Module):
         the same order, before ``gathered()``: that is where sharded views
         are gathered.
         """
-        key = (id(slot), table)
+        key = f"{id(slot)}/{table}"
         if key not in self._slot_views:
             packed_name, offset = self.plan.location(table)
             spec = self.plan.table(table)

@@ -1,0 +1,174 @@
+"""Crash-safe checkpoint writing: a kill at any moment of a save leaves the newest complete checkpoint readable.
+
+What TensorFlow writes for a checkpoint prefix ``P`` (``save_weights``, the
+Estimator's Saver): the shards in a directory ``P_temp/``, then
+``MergeV2Checkpoints`` renames the data files to ``P.data-<i>-of-<n>`` and
+writes ``P.index`` in place (truncating the old index), and last the state
+file ``checkpoint`` (written to ``checkpoint.tmp<uuid>``, then renamed: atomic)
+names the prefix. Saving to a prefix that already holds the newest checkpoint
+(Keras ``save_weights`` to a fixed path, ``ModelCheckpoint``, an Estimator
+saving again at the step it restored) therefore destroys it before the new
+one is complete: a kill in between leaves an index that does not match its
+data ("file is too short to be an sstable", DataLossError) and a ``P_temp``
+directory.
+
+``protected(prefix)`` makes that overwrite safe:
+
+1. removes what earlier killed saves left (``*_temp`` directories of this
+   prefix's family, ``checkpoint.tmp*`` files, unreferenced backups);
+2. if the state file names ``P`` (a complete checkpoint), hard-links its
+   files to a backup prefix ``P.htf-bak-<id>`` (no copy), points the state
+   file at the backup (atomic rename), then unlinks ``P``'s names, so that
+   TensorFlow writes new files instead of truncating the backup's index;
+3. lets the save run: it writes ``P`` and points the state file at it;
+4. removes the backup.
+
+A kill before step 3 finishes leaves the state file naming the backup, which
+is complete; after it, naming ``P``. ``resolve(prefix)`` gives the prefix to
+read (the backup when the state file names it) and cleans up.
+
+``atomic_file(path)`` covers single-file formats (``.keras``,
+``.weights.h5``): the file is written under a temporary name that keeps the
+extension, then renamed over ``path``.
+
+Assumes one writer per directory at a time (Horovod: rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+
+import tensorflow as tf
+
+_BACKUP = ".htf-bak-"
+_TMP_FILE = ".htf-tmp"
+
+
+def _state(directory: str, latest_filename: str | None = None):
+    try:
+        return tf.train.get_checkpoint_state(directory, latest_filename)
+    except (tf.errors.OpError, ValueError):  # unreadable state: treat as none
+        return None
+
+
+def _referenced(directory: str, latest_filename: str | None = None) -> set[str]:
+    state = _state(directory, latest_filename)
+    if state is None:
+        return set()
+    paths = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
+    return {os.path.basename(p) for p in paths if p}
+
+
+def _files_of(prefix: str) -> list[str]:
+    return tf.io.gfile.glob(prefix + ".index") + tf.io.gfile.glob(prefix + ".data-?????-of-?????")
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError, tf.errors.NotFoundError):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.remove(path)
+
+
+def clean(prefix: str, latest_filename: str | None = None) -> None:
+    """Removes what killed saves of ``prefix``'s family left: ``*_temp`` dirs, state temporaries, stale backups.
+
+    The family is every name in ``prefix``'s directory that starts with its
+    base name with the step suffix (``-<n>``) removed, e.g. all of
+    ``model.ckpt-<n>`` for an Estimator.
+    """
+    directory = os.path.dirname(prefix) or "."
+    if not os.path.isdir(directory):
+        return
+    base = os.path.basename(prefix)
+    stem = base.rsplit("-", 1)[0] if base.rsplit("-", 1)[-1].isdigit() else base
+    referenced = _referenced(directory, latest_filename)
+    state_name = latest_filename or "checkpoint"
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if name.startswith(state_name + ".tmp") or (name.startswith(stem) and _TMP_FILE in name):
+            _remove(path)
+        elif name.startswith(stem) and "_temp" in name and os.path.isdir(path):
+            _remove(path)
+        elif name.startswith(stem) and _BACKUP in name:
+            backup = name.split(".index")[0].split(".data-")[0]
+            if backup not in referenced:
+                _remove(path)
+
+
+def resolve(prefix: str, latest_filename: str | None = None) -> str:
+    """The prefix to read for ``prefix``: its backup if a killed save left the state file naming it.
+
+    Also cleans up after killed saves (``clean``).
+    """
+    prefix = os.fspath(prefix)
+    directory = os.path.dirname(prefix) or "."
+    clean(prefix, latest_filename)
+    state = _state(directory, latest_filename)
+    if state is not None and state.model_checkpoint_path:
+        latest = os.path.basename(state.model_checkpoint_path)
+        if latest.startswith(os.path.basename(prefix) + _BACKUP):
+            candidate = os.path.join(directory, latest)
+            if tf.io.gfile.exists(candidate + ".index"):
+                return candidate
+    return prefix
+
+
+def _point_state_at(directory: str, prefix: str, latest_filename: str | None) -> None:
+    state = _state(directory, latest_filename)
+    others = [p for p in (state.all_model_checkpoint_paths if state else []) if os.path.basename(p)]
+    tf.__internal__.train.update_checkpoint_state(
+        save_dir=directory,
+        model_checkpoint_path=prefix,
+        all_model_checkpoint_paths=[*others, prefix],
+        latest_filename=latest_filename,
+        save_relative_paths=True,
+    )
+
+
+@contextlib.contextmanager
+def protected(prefix: str, latest_filename: str | None = None):
+    """Context for a save that (over)writes TF checkpoint ``prefix``: see the module docstring."""
+    prefix = os.fspath(prefix)
+    directory = os.path.dirname(prefix) or "."
+    clean(prefix, latest_filename)
+    existing = _files_of(prefix)
+    backup = None
+    if existing:
+        if os.path.basename(prefix) in _referenced(directory, latest_filename):
+            backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
+            for path in existing:
+                os.link(path, backup + path[len(prefix) :])
+            _point_state_at(directory, backup, latest_filename)
+        for path in existing:  # TensorFlow then writes new files, never into the backup's
+            _remove(path)
+    yield
+    if backup is not None:
+        for path in _files_of(backup):
+            _remove(path)
+
+
+@contextlib.contextmanager
+def atomic_file(path):
+    """Yields a temporary path with ``path``'s extension; renames it over ``path`` once written."""
+    path = os.fspath(path)
+    directory, name = os.path.split(path)
+    for ext in (".weights.h5", ".keras", ".h5"):
+        if name.endswith(ext):
+            stem = name[: -len(ext)]
+            break
+    else:
+        stem, ext = os.path.splitext(name)
+    for stale in os.listdir(directory or "."):
+        if stale.startswith(stem + _TMP_FILE):
+            _remove(os.path.join(directory, stale))
+    tmp = os.path.join(directory, f"{stem}{_TMP_FILE}-{uuid.uuid4().hex[:8]}{ext}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        _remove(tmp)
