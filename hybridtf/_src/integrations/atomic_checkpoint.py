@@ -150,6 +150,7 @@ def protected(prefix: str, latest_filename: str | None = None):
     if backup is not None:
         for path in _files_of(backup):
             _remove(path)
+    clean(prefix, latest_filename)  # backups of earlier killed saves, no longer named by the state file
 
 
 @contextlib.contextmanager
