@@ -23,7 +23,9 @@ when the lookups are made. The wrapper runs the user's model_fn twice:
    cannot be copied (e.g. Keras ``Input`` placeholders, stateful ops) run on
    their own, still on the packed variable.
 4. **Checkpoints.** The returned spec's Scaffold gets a Saver that writes the
-   plain model_fn's layout (``estimator_saver``).
+   plain model_fn's layout, crash-safe (``estimator_saver``); an Estimator's
+   ``warm_start_from`` initializes packed tables per member table
+   (``estimator_warm_start``).
 
 A model_fn without anything to pack is then called once more, unchanged.
 """
@@ -44,6 +46,7 @@ from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_capture as capture
 from hybridtf._src.integrations import estimator_graph as graph_util
+from hybridtf._src.integrations import estimator_warm_start
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_saver import with_saver
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
@@ -453,6 +456,7 @@ def build(user_fn, features, labels, mode, params, config, *, exclude=(), max_sh
             if layout is not None
         }
         spec, _ = with_saver(spec, packed, members, config, shards)
+        estimator_warm_start.apply(packed, members, shards, mode)
     report.packed_lookups = len(real.outputs)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
     report.step_ops_plain = scratch_ops
