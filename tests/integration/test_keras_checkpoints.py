@@ -7,11 +7,8 @@ predictions; wrapping a trained model changes no prediction; a checkpoint of ano
 is refused with a message naming the table and both shapes; a failed step leaves the last
 checkpoint usable. Small W&D models (functional and subclassed) trained a few Adagrad steps.
 
-Optimizer state: the model weights have the same checkpoint keys in both layouts, the optimizer's
-slot variables do not. Keras keys them by position (``optimizer/_variables/<i>``) over the
-trained variables, and the optimized model has one slot per packed table instead of one per
-table. The tests here restore model weights across layouts, and optimizer state only within one
-layout.
+Optimizer state (every format, both layouts, resumed training) is tested in
+``test_checkpoint_formats.py``; crash safety in ``test_checkpoint_crash.py``.
 """
 
 from __future__ import annotations
