@@ -77,7 +77,7 @@ def test_temporaries_of_killed_saves_are_removed_on_load_and_save(tmp_path):
     model.save_weights(str(tmp_path / "w"))
     (tmp_path / "w_temp").mkdir()
     (tmp_path / "w_temp" / "part-00000-of-00001.index").write_bytes(b"partial")
-    (tmp_path / "checkpoint.tmp0123abcd").write_text("partial")
+    (tmp_path / ("checkpoint.tmp" + "0123abcd" * 4)).write_text("partial")
     (tmp_path / "model.htf-tmp-1234abcd.keras").write_bytes(b"partial")
     (tmp_path / "other_temp").mkdir()  # not this checkpoint's: kept
     _model().load_weights(str(tmp_path / "w"))

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 
@@ -77,27 +78,28 @@ def _remove(path: str) -> None:
 def clean(prefix: str, latest_filename: str | None = None) -> None:
     """Removes what killed saves of ``prefix``'s family left: ``*_temp`` dirs, state temporaries, stale backups.
 
-    The family is every name in ``prefix``'s directory that starts with its
-    base name with the step suffix (``-<n>``) removed, e.g. all of
-    ``model.ckpt-<n>`` for an Estimator.
+    The family is ``prefix`` and, for a prefix ending in ``-<step>``, every
+    ``<stem>-<step>`` (an Estimator's ``model.ckpt-<n>``). Only names of the
+    forms TensorFlow and this module create are touched.
     """
     directory = os.path.dirname(prefix) or "."
     if not os.path.isdir(directory):
         return
     base = os.path.basename(prefix)
-    stem = base.rsplit("-", 1)[0] if base.rsplit("-", 1)[-1].isdigit() else base
+    stem, _, step = base.rpartition("-")
+    family = re.escape(stem) + r"-\d+" if stem and step.isdigit() else re.escape(base)
+    temp_dir = re.compile(family + r"(\.htf-bak-[0-9a-f]{8})?_temp(_[0-9a-f]+)?")
+    backup_file = re.compile(r"(" + family + r"\.htf-bak-[0-9a-f]{8})\.(index|data-\d{5}-of-\d{5})")
+    state_tmp = re.compile(re.escape(latest_filename or "checkpoint") + r"\.tmp[0-9a-f]{32}")
     referenced = _referenced(directory, latest_filename)
-    state_name = latest_filename or "checkpoint"
     for name in os.listdir(directory):
         path = os.path.join(directory, name)
-        if name.startswith(state_name + ".tmp") or (name.startswith(stem) and _TMP_FILE in name):
+        if state_tmp.fullmatch(name) or (temp_dir.fullmatch(name) and os.path.isdir(path)):
             _remove(path)
-        elif name.startswith(stem) and "_temp" in name and os.path.isdir(path):
+            continue
+        match = backup_file.fullmatch(name)
+        if match and match.group(1) not in referenced:
             _remove(path)
-        elif name.startswith(stem) and _BACKUP in name:
-            backup = name.split(".index")[0].split(".data-")[0]
-            if backup not in referenced:
-                _remove(path)
 
 
 def resolve(prefix: str, latest_filename: str | None = None) -> str:
@@ -106,6 +108,8 @@ def resolve(prefix: str, latest_filename: str | None = None) -> str:
     Also cleans up after killed saves (``clean``).
     """
     prefix = os.fspath(prefix)
+    if "://" in prefix:
+        return prefix
     directory = os.path.dirname(prefix) or "."
     clean(prefix, latest_filename)
     state = _state(directory, latest_filename)
@@ -134,6 +138,9 @@ def _point_state_at(directory: str, prefix: str, latest_filename: str | None) ->
 def protected(prefix: str, latest_filename: str | None = None):
     """Context for a save that (over)writes TF checkpoint ``prefix``: see the module docstring."""
     prefix = os.fspath(prefix)
+    if "://" in prefix:  # remote file systems: TensorFlow's own writing, as is
+        yield
+        return
     directory = os.path.dirname(prefix) or "."
     clean(prefix, latest_filename)
     existing = _files_of(prefix)
@@ -142,7 +149,10 @@ def protected(prefix: str, latest_filename: str | None = None):
         if os.path.basename(prefix) in _referenced(directory, latest_filename):
             backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
             for path in existing:
-                os.link(path, backup + path[len(prefix) :])
+                try:
+                    os.link(path, backup + path[len(prefix) :])
+                except OSError:  # no hard links on this file system: a copy
+                    shutil.copy2(path, backup + path[len(prefix) :])
             _point_state_at(directory, backup, latest_filename)
         for path in existing:  # TensorFlow then writes new files, never into the backup's
             _remove(path)
@@ -157,6 +167,9 @@ def protected(prefix: str, latest_filename: str | None = None):
 def atomic_file(path):
     """Yields a temporary path with ``path``'s extension; renames it over ``path`` once written."""
     path = os.fspath(path)
+    if "://" in path:
+        yield path
+        return
     directory, name = os.path.split(path)
     for ext in (".weights.h5", ".keras", ".h5"):
         if name.endswith(ext):
