@@ -23,6 +23,8 @@ recorded for its step and that no ``*_temp`` directory is left; then it starts t
     PYTHONPATH=. python tests/integration/kill_checkpoint.py --path estimator --kills 50
 
 It prints one JSON line: kills, kills that landed inside a save, checkpoints loaded and matched.
+``--plain`` runs the plain Keras model (no hybridtf) for reference: a kill that leaves its newest
+checkpoint unreadable or wrong is reported under ``failed`` (the next child starts afresh).
 ``tests/integration/test_checkpoint_crash.py`` runs a few kills of each path.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +60,7 @@ def _data(seed: int, n: int = BATCH):
 EVAL_X, _ = _data(seed=12345)
 
 
-def _keras_model():
+def _keras_model(plain: bool = False):
     import tensorflow as tf
 
     import hybridtf as htf
@@ -73,7 +76,8 @@ def _keras_model():
     h = tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(2))(h)
     out = tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
     model = tf.keras.Model(inputs, out)
-    model = htf.keras.optimize(model)
+    if not plain:
+        model = htf.keras.optimize(model)
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     return model
 
@@ -132,7 +136,7 @@ def _say(text):
 # --------------------------------------------------------------------------- child
 
 
-def child(path: str, directory: str) -> None:
+def child(path: str, directory: str, plain: bool = False) -> None:
     import tensorflow as tf
 
     preds_dir = os.path.join(directory, "preds")
@@ -158,7 +162,7 @@ def child(path: str, directory: str) -> None:
         est.train(input_fn, steps=10**9, saving_listeners=[Recorder()])
         return
 
-    model = _keras_model()
+    model = _keras_model(plain)
     prefix = os.path.join(directory, "ckpt", "w")
     if tf.io.gfile.exists(os.path.join(directory, "ckpt", "checkpoint")):
         model.load_weights(prefix)  # resumes from the newest complete checkpoint
@@ -202,7 +206,7 @@ def _temp_dirs(directory):
     return found
 
 
-def check(path: str, directory: str) -> int:
+def check(path: str, directory: str, plain: bool = False) -> int:
     """Loads the newest complete checkpoint; asserts its predictions equal the recorded ones. Returns its step."""
     import tensorflow as tf
 
@@ -214,7 +218,7 @@ def check(path: str, directory: str) -> int:
         ds = lambda: tf.data.Dataset.from_tensor_slices(EVAL_X).batch(BATCH)  # noqa: E731
         got = np.stack([p["p"] for p in est.predict(ds, yield_single_examples=True)])
     else:
-        model = _keras_model()
+        model = _keras_model(plain)
         model.optimizer.build(model.trainable_variables)  # its slots are restored (and read) too
         model.load_weights(os.path.join(directory, "ckpt", "w"))
         step = int(model.optimizer.iterations.numpy())
@@ -226,16 +230,23 @@ def check(path: str, directory: str) -> int:
     return step
 
 
-def run(path: str, kills: int, seed: int = 0, directory: str | None = None, max_delay: float = 1.5) -> dict:
-    """Kills the child ``kills`` times at random moments; checks the newest checkpoint after each kill."""
+def run(
+    path: str, kills: int, seed: int = 0, directory: str | None = None, max_delay: float = 1.5, plain: bool = False
+) -> dict:
+    """Kills the child ``kills`` times at random moments; checks the newest checkpoint after each kill.
+
+    With ``plain`` (a reference run of the plain Keras model, without hybridtf), a checkpoint that
+    does not load or predict as recorded is counted (``failed``) instead of raising.
+    """
     rng = np.random.default_rng(seed)
     directory = directory or tempfile.mkdtemp(prefix=f"kill_{path}_")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([_repo_root(), os.environ.get("PYTHONPATH", "")]))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    in_save, steps = 0, []
-    for _ in range(kills):
+    in_save, steps, failed = 0, [], []
+    for k in range(kills):
+        command = [sys.executable, os.path.abspath(__file__), "--child", "--path", path, "--dir", directory]
         proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--child", "--path", path, "--dir", directory],
+            [*command, "--plain"] if plain else command,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             env=env,
@@ -253,12 +264,23 @@ def run(path: str, kills: int, seed: int = 0, directory: str | None = None, max_
         last = lines[-1] if lines else last
         proc.stdout.close()
         in_save += last.startswith("S ")
-        steps.append(check(path, directory))
+        try:
+            steps.append(check(path, directory, plain))
+        except Exception as e:  # counted for the plain reference, raised otherwise
+            if not plain:
+                raise
+            failed.append(f"kill {k + 1} ({last}): {type(e).__name__}: {str(e).strip().splitlines()[0][:160]}")
+            shutil.rmtree(os.path.join(directory, "ckpt"), ignore_errors=True)  # it cannot resume: start over
+            print(f"kill {k + 1}/{kills}: {last}, FAILED {failed[-1]}", file=sys.stderr, flush=True)
+            continue
+        print(f"kill {k + 1}/{kills}: {last}, newest checkpoint step {steps[-1]} ok", file=sys.stderr, flush=True)
     return {
         "path": path,
-        "kills": kills,
+        "model": "plain" if plain else "hybridtf",
+        "kills": len(steps) + len(failed),
         "kills_inside_a_save": in_save,
         "loaded_and_matched": len(steps),
+        "failed": failed,
         "steps": steps,
         "dir": directory,
     }
@@ -281,13 +303,14 @@ def main(argv=None) -> None:
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None)
+    parser.add_argument("--plain", action="store_true", help="reference: the plain Keras model, without hybridtf")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.path, args.dir)
+        child(args.path, args.dir, args.plain)
         return
     start = time.monotonic()
-    result = run(args.path, args.kills, args.seed, args.dir)
+    result = run(args.path, args.kills, args.seed, args.dir, plain=args.plain)
     result["seconds"] = round(time.monotonic() - start, 1)
     del result["steps"]
     print(json.dumps(result))
