@@ -158,3 +158,17 @@ def test_optimizer_whose_slots_are_not_per_row_cannot_be_saved_silently(batches,
     model.train_on_batch(*batches[0])
     with pytest.raises(OptimizerLayoutError, match=r"Adafactor keeps a variable .*not a slot of one model variable"):
         model.save_weights(str(tmp_path / "ckpt"))
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [("lazy", "adam"), ("adam", "lazy")])
+def test_lazy_adam_and_adam_state_are_not_interchanged(saved, loaded, batches, tmp_path):
+    optimizers = {"lazy": lambda: htf.keras.LazyAdam(0.01), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+    source = ctr_models.wide_and_deep(FIELDS, N_DENSE, hidden=(16, 8), seed=7)
+    source({k: tf.zeros_like(v) for k, v in batches[0][0].items()})
+    source.compile(optimizer=optimizers[saved](), loss="binary_crossentropy")  # the plain model: either writes it
+    source.train_on_batch(*batches[0])
+    source.save_weights(str(tmp_path / "model.weights.h5"))
+    fresh = _build(batches, True, "adam")
+    fresh.compile(optimizer=optimizers[loaded](), loss="binary_crossentropy")
+    with pytest.raises(OptimizerLayoutError, match="moments of rows absent from a batch"):
+        fresh.load_weights(str(tmp_path / "model.weights.h5"))

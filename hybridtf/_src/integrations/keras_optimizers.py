@@ -36,6 +36,14 @@ class LazyAdam(tf.keras.optimizers.Adam):
         >>> model.compile(optimizer=hybridtf.keras.LazyAdam(0.001), loss="binary_crossentropy")
     """
 
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        _mark_lazy(store, self)
+
+    def load_own_variables(self, store):
+        _check_lazy(store, self)
+        super().load_own_variables(store)
+
     def update_step(self, gradient, variable):
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable)
@@ -58,6 +66,30 @@ class LazyAdam(tf.keras.optimizers.Adam):
         rows = tf.gather(variable, idx)
         eps = tf.constant(self.epsilon, dtype)
         variable.scatter_update(tf.IndexedSlices(rows - (m_new * alpha) / (tf.sqrt(v_new) + eps), idx))
+
+
+_LAZY_MARK = "hybridtf_lazy_adam"
+
+
+def _mark_lazy(store, optimizer) -> None:
+    """Records in a Keras weights file (``.keras`` / ``.weights.h5``) whether the state is LazyAdam's."""
+    if hasattr(store, "attrs"):  # an HDF5 group; plain Keras ignores attributes
+        store.attrs[_LAZY_MARK] = isinstance(optimizer, LazyAdam)
+
+
+def _check_lazy(store, optimizer) -> None:
+    """Refuses LazyAdam state into Adam and the reverse: same slots, different meaning of their rows."""
+    if not hasattr(store, "attrs") or not isinstance(optimizer, tf.keras.optimizers.Adam):
+        return
+    saved_lazy = bool(store.attrs.get(_LAZY_MARK, False))
+    if saved_lazy != isinstance(optimizer, LazyAdam):
+        saved, mine = ("LazyAdam", "Adam") if saved_lazy else ("Adam (or another optimizer)", "LazyAdam")
+        raise keras_slots.OptimizerLayoutError(
+            f"the file holds {saved}'s optimizer state and this model's optimizer is {mine}: LazyAdam's moments "
+            "of rows absent from a batch never decayed, Adam's did, so loading would continue with moments that "
+            "mean something else. Compile with the optimizer that wrote the file, or compile after loading to "
+            "start the optimizer afresh on purpose."
+        )
 
 
 def is_horovod_distributed(optimizer) -> bool:
@@ -184,8 +216,10 @@ class _HybridOptimizerMixin:
     def save_own_variables(self, store):
         for i, variable in enumerate(self._htf_plain_variables()):
             store[str(i)] = variable.numpy()
+        _mark_lazy(store, self)
 
     def load_own_variables(self, store):
+        _check_lazy(store, self)
         items = self._htf_plain_variables()
         if len(store.keys()) != len(items):
             raise keras_slots.OptimizerLayoutError(
