@@ -291,7 +291,8 @@ class PackedTables(tf.Module):
 
         Inside, the views read their whole tables from the gathered copies
         (no collective), so that one rank can write a checkpoint alone. Also
-        covers optimizer slots registered with ``register_sharded_slot``.
+        covers the optimizer slot views made with ``slot_view`` (optimizer
+        state is checkpointed through them, never as a whole sharded slot).
         """
         views = [self.view(m.name) for pt in self.plan.packed_tables for m in pt.members]
         views = [v for v in views + list(self._slot_views.values()) if v.sharded]
