@@ -1,12 +1,13 @@
 """Ranks that diverge end with a clear error within a bound, never a hang (``horovodrun -np 2 --gloo``).
 
 ``hvd_fault_worker.py`` runs one scenario per launch with
-``HYBRIDTF_COLLECTIVE_TIMEOUT_S=6`` (three launches at a time): rank 1 has fewer batches than rank 0 and
+``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
 training step), or ends its script, or raises in a callback. Every rank must
 end with a non-zero status and an error naming the collective and the ranks
-within the timeout plus the diagnosis grace (+ slack for a loaded machine);
-ranks that agree (``even``) must still train and save.
+within the timeout plus the diagnosis grace (+ slack for a loaded machine).
+Ranks that agree train and save with the watchdog armed in every run of
+``test_horovod.py`` (default timeout).
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import pytest
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
-TIMEOUT_S = 6
-SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "even")
-# timeout + diagnosis grace (timeout / 4) + Horovod shutdown and process exit, with slack for a loaded machine
-BOUND_S = TIMEOUT_S + TIMEOUT_S / 4 + 10
+TIMEOUT_S = 8
+SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise")
+# timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
+# exit, with slack for a loaded machine
+BOUND_S = 2.5 * TIMEOUT_S + 10
 
 
 def _launch(scenario, out):
@@ -41,6 +43,7 @@ def _launch(scenario, out):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
     ended = time.time()
     output = proc.stdout + proc.stderr
+    (out / f"{scenario}.log").write_text(output)
     diverged = [float(t) for t in re.findall(r"hybridtf-fault-test: rank \d diverges at ([\d.]+)", output)]
     return proc.returncode, output, ended - min(diverged) if diverged else None
 
@@ -74,13 +77,13 @@ def test_uneven_batches_then_another_collective_end_every_rank(launches, scenari
     for rank, own in ((0, "training step"), (1, phase1)):
         lines = _rank_lines(output, rank)
         # the watchdog's diagnosis, printed on stderr by every rank whose deadline passed
-        timed_out = re.search(rf"rank {rank} of 2 waited {TIMEOUT_S} s in the collective {own}", lines)
+        timed_out = re.search(rf"rank {rank} of 2 waited [\d.]+ s in the collective {own}", lines)
         aborted = re.search(rf"CollectiveAbortedError: hybridtf: rank {rank} of 2 was in the collective {own}", lines)
         assert timed_out or aborted, f"rank {rank} printed no clear error:\n{lines[-4000:]}"
         if timed_out:
             assert "rank 0: training step" in lines and f"rank 1: {phase1}" in lines, lines[-4000:]
             assert "The ranks reached different collectives." in lines
-            assert "HYBRIDTF_COLLECTIVE_TIMEOUT_S" in lines
+            assert f"HYBRIDTF_COLLECTIVE_TIMEOUT_S={TIMEOUT_S}" in lines
 
 
 def test_rank_that_finishes_its_data_and_exits_ends_the_others(launches):
@@ -99,10 +102,3 @@ def test_exception_on_one_rank_ends_both_within_seconds(launches):
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     failed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
     assert ends[0] - failed < 5, f"rank 0 ended {ends[0] - failed} s after rank 1 raised"
-
-
-def test_ranks_that_agree_train_and_save(launches):
-    code, output, _ = launches["even"]
-    assert code == 0, output[-4000:]
-    assert sorted(re.findall(r"hybridtf-fault-test: rank (\d) done", output)) == ["0", "1"]
-    assert os.path.exists(launches["dir"] / "ckpt_even" / "checkpoint")

@@ -19,7 +19,9 @@ When a deadline passes on a rank, its watchdog thread:
 
 1. asks the other ranks which phase they are in: an allgather named
    ``hybridtf_watchdog_diagnosis`` that every rank whose own deadline passed
-   submits too, awaited for at most ``min(10, timeout / 4)`` seconds;
+   submits too, awaited for at most ``min(15, timeout)`` seconds (the first
+   call of a step function gets half of that on top of its deadline: ranks
+   trace at different speeds, and a later deadline still joins the diagnosis);
 2. prints the diagnosis to stderr (which collective, which rank is where,
    what to do), and keeps it for the exception;
 3. shuts Horovod down (``hvd.shutdown()``), which fails the pending collective
@@ -31,7 +33,8 @@ The waiting thread then raises ``CollectiveTimeoutError`` with the diagnosis.
 A rank whose collective fails because another rank shut Horovod down (that
 rank timed out, raised, finished its script or was killed) raises
 ``CollectiveAbortedError`` naming its own phase. Uncaught, both end the
-script with a non-zero status.
+script with a non-zero status: every rank ends within
+``timeout + min(15, timeout)`` seconds and a few more (60 s by default).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ DEFAULT_TIMEOUT_S = 45.0
 EXIT_STATUS = 75
 _POLL_S = 0.5
 _EXIT_GRACE_S = 5.0
-_MAX_DIAGNOSIS_S = 10.0
+_MAX_DIAGNOSIS_S = 15.0
 
 # Phase names; their index is the code exchanged in the diagnosis.
 TRAINING_STEP = "training step"
@@ -97,6 +100,11 @@ def _check_seconds(value, source: str) -> float:
     return seconds
 
 
+def diagnosis_grace(timeout: float) -> float:
+    """How long a rank whose deadline passed waits for the others to report their phases: ``min(15, timeout)``."""
+    return min(_MAX_DIAGNOSIS_S, timeout)
+
+
 def collective_timeout() -> float | None:
     """Seconds a rank may wait in one collective phase; ``None`` when disabled.
 
@@ -116,6 +124,8 @@ class _Armed:
     detail: str
     seq: int
     timeout: float
+    limit: float
+    grace: float
     deadline: float
     thread: int
     paused: int = 0
@@ -138,8 +148,11 @@ class _Watchdog:
         self._thread = threading.Thread(target=self._loop, name="hybridtf-collective-watchdog", daemon=True)
         self._thread.start()
 
-    def arm(self, phase: str, detail: str, seq: int, timeout: float) -> tuple[int, _Armed]:
-        armed = _Armed(phase, detail, seq, timeout, time.monotonic() + timeout, threading.get_ident())
+    def arm(self, phase: str, detail: str, seq: int, timeout: float, first: bool) -> tuple[int, _Armed]:
+        limit, grace = timeout, diagnosis_grace(timeout)
+        if first:  # the other ranks may still be tracing: half the grace more, so they still join the diagnosis
+            timeout += grace / 2
+        armed = _Armed(phase, detail, seq, timeout, limit, grace, time.monotonic() + timeout, threading.get_ident())
         with self._lock:
             self._next += 1
             key = self._next
@@ -175,7 +188,7 @@ class _Watchdog:
 
     def _fire(self, armed: _Armed) -> None:
         world = self.world
-        grace = min(_MAX_DIAGNOSIS_S, max(1.0, armed.timeout / 4))
+        grace = armed.grace
         others = _diagnose(world, PHASES.index(armed.phase), armed.seq, grace)
         armed.message = _timeout_message(world, armed, others, grace)
         _print(armed.message)
@@ -252,7 +265,7 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
         "evenly, drop_remainder=True, or steps_per_epoch / steps) and call these on every rank."
     )
     lines.append(
-        f"Ending every rank: Horovod is shut down on this one. The limit is {TIMEOUT_ENV}={armed.timeout:g} "
+        f"Ending every rank: Horovod is shut down on this one. The limit is {TIMEOUT_ENV}={armed.limit:g} "
         "(seconds; 0 disables) or hybridtf.horovod.set_collective_timeout()."
     )
     return "\n".join(lines)
@@ -280,7 +293,7 @@ def next_seq(counter: str) -> int:
 
 
 @contextlib.contextmanager
-def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0):
+def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, first: bool = False):
     """Arms the watchdog while the body waits on the other ranks (eager code, ``world`` distributed).
 
     Args:
@@ -289,6 +302,9 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0):
         phase: one of ``PHASES``.
         detail: shown next to the phase (e.g. the model's name).
         seq: the call number, shown as ``#seq``.
+        first: the first call of a step function: the deadline is
+            ``diagnosis_grace(timeout) / 2`` later (the other ranks may trace
+            more slowly).
 
     Raises:
         CollectiveTimeoutError: this rank's deadline passed (the diagnosis
@@ -303,7 +319,7 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0):
         yield  # nested phases are covered by the outer one
         return
     dog = _watchdog(world)
-    key, armed = dog.arm(phase, detail, seq, timeout)
+    key, armed = dog.arm(phase, detail, seq, timeout, first)
     _local.depth = 1
     try:
         yield

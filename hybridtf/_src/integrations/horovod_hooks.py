@@ -72,7 +72,8 @@ def _guard(model, function, phase: str, kind: str):
     detail = f"model {model.name!r}"
 
     def guarded(*args, **kwargs):
-        with watchdog.collective_phase(world, phase, detail, watchdog.next_seq(counter)):
+        seq = watchdog.next_seq(counter)
+        with watchdog.collective_phase(world, phase, detail, seq, first=seq == 1):
             return function(*args, **kwargs)
 
     guarded._htf_guarded = True
