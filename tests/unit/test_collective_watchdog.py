@@ -62,6 +62,7 @@ def test_errors_are_public():
 _STUCK = """
 import sys, time
 import horovod.tensorflow as hvd
+import tensorflow as tf
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import World
 
@@ -69,10 +70,11 @@ hvd.init()
 world = World(0, 2, hvd)  # armed as a rank of two; a one-process Horovod answers the diagnosis
 watchdog.set_collective_timeout(1)
 with watchdog.collective_phase(world, watchdog.TRAINING_STEP, "model 'm'", 3):
-    with watchdog.paused_for_tracing():
-        time.sleep(2.5)  # tracing: not waiting on the others
+    with tf.Graph().as_default(), watchdog.paused_for_tracing():
+        time.sleep(2.5)  # tracing (graph mode): not waiting on the others
     print("traced", flush=True)
-    time.sleep(60)  # not a collective Horovod could fail: the watchdog must end the process
+    with watchdog.paused_for_tracing():  # eager (run_eagerly=True): the step itself, the clock runs
+        time.sleep(60)  # not a collective Horovod could fail: the watchdog must end the process
 print("returned", flush=True)
 """
 

@@ -345,8 +345,11 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
 
 @contextlib.contextmanager
 def paused_for_tracing():
-    """Stops the clock of the calling thread's armed phases (tracing a step function is not waiting)."""
-    dogs = list(_watchdogs.values())
+    """Stops the clock of the calling thread's armed phases while a step function is traced.
+
+    Nothing is paused when the body runs eagerly (``run_eagerly=True``): then it is the step itself.
+    """
+    dogs = list(_watchdogs.values()) if _watchdogs and not _executing_eagerly() else []
     thread = threading.get_ident()
     for dog in dogs:
         dog.pause(thread, +1)
