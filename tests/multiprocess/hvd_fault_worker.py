@@ -10,7 +10,7 @@ Scenarios (rank 1 always has fewer batches, or fails):
 * ``uneven_save``: rank 0 fits 6 batches, rank 1 fits 3; both call ``save_weights``;
 * ``uneven_evaluate`` / ``uneven_predict``: the same, then ``evaluate`` / ``predict``;
 * ``uneven_exit``: the same, then the script ends;
-* ``raise``: rank 1 raises in a callback after its third step;
+* ``raise`` / ``kill``: rank 1 raises in a callback after its third step / kills itself (SIGKILL);
 * ``even``: both fit 6 batches and save (must succeed).
 
 Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
@@ -21,6 +21,7 @@ its script completes without an error.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -38,14 +39,16 @@ BATCH = 16
 FIELDS = [ctr_data.FieldSpec("a", 100, 4), ctr_data.FieldSpec("b", 200, 4)]
 
 
-class RaiseAfter(tf.keras.callbacks.Callback):
-    def __init__(self, step):
+class FailAfter(tf.keras.callbacks.Callback):
+    def __init__(self, step, kill):
         super().__init__()
-        self.step = step
+        self.step, self.kill = step, kill
 
     def on_train_batch_end(self, batch, logs=None):
         if batch + 1 == self.step:
             print(f"hybridtf-fault-test: rank {hvd.rank()} diverges at {time.time():.3f}", flush=True)
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"hybridtf-fault-test: rank {hvd.rank()} fails on purpose after step {self.step}")
 
 
@@ -65,7 +68,7 @@ def main():
     model = htf.keras.optimize(model)
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     batches = 6 if rank == 0 or scenario == "even" else 3
-    callbacks = [RaiseAfter(3)] if scenario == "raise" and rank == 1 else []
+    callbacks = [FailAfter(3, kill=scenario == "kill")] if scenario in ("raise", "kill") and rank == 1 else []
     model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)
     start = time.monotonic()
     print(f"hybridtf-fault-test: rank {rank} diverges at {time.time():.3f}", flush=True)

@@ -3,7 +3,7 @@
 ``hvd_fault_worker.py`` runs one scenario per launch with
 ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
-training step), or ends its script, or raises in a callback. Every rank must
+training step), or ends its script, or raises in a callback, or is killed. Every rank must
 end with a non-zero status and an error naming the collective and the ranks
 within the timeout plus the diagnosis grace (+ slack for a loaded machine).
 Ranks that agree train and save with the watchdog armed in every run of
@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
 TIMEOUT_S = 8
-SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise")
+SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "kill")
 # timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
 # exit, with slack for a loaded machine
 BOUND_S = 2.5 * TIMEOUT_S + 10
@@ -102,3 +102,13 @@ def test_exception_on_one_rank_ends_both_within_seconds(launches):
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     failed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
     assert ends[0] - failed < 5, f"rank 0 ended {ends[0] - failed} s after rank 1 raised"
+
+
+def test_killed_rank_ends_the_others_within_seconds(launches):
+    code, output, _ = launches["kill"]
+    assert code != 0
+    # Gloo sees the closed connection; Horovod shuts down on rank 0 and its pending collective fails
+    assert re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output)
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    killed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
+    assert ends[0] - killed < 5, f"rank 0 ended {ends[0] - killed} s after rank 1 was killed"
