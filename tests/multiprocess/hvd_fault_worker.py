@@ -9,7 +9,8 @@ Scenarios (rank 1 always has fewer batches, or fails):
 
 * ``uneven_save``: rank 0 fits 6 batches, rank 1 fits 3; both call ``save_weights``;
 * ``uneven_evaluate`` / ``uneven_predict``: the same, then ``evaluate`` / ``predict``;
-* ``uneven_exit``: the same, then the script ends;
+* ``uneven_exit``: the same in a custom loop (``htf.function`` steps under
+  ``htf.horovod.collective_phase``), then the script ends;
 * ``raise`` / ``kill``: rank 1 raises in a callback after its third step / kills itself (SIGKILL);
 * ``even``: both fit 6 batches and save (must succeed).
 
@@ -59,6 +60,24 @@ def dataset(num_batches, seed):
     return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(BATCH)
 
 
+def custom_loop(model, data):
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = htf.horovod.DistributedGradientTape(tape, model)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    for x, y in data:
+        with htf.horovod.collective_phase("train step"):
+            step(x, y)
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     hvd.init()
@@ -69,7 +88,10 @@ def main():
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     batches = 6 if rank == 0 or scenario == "even" else 3
     callbacks = [FailAfter(3, kill=scenario == "kill")] if scenario in ("raise", "kill") and rank == 1 else []
-    model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)
+    if scenario == "uneven_exit":
+        custom_loop(model, dataset(batches, seed=10 + rank))
+    else:
+        model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)
     start = time.monotonic()
     print(f"hybridtf-fault-test: rank {rank} diverges at {time.time():.3f}", flush=True)
     if scenario in ("uneven_save", "even"):

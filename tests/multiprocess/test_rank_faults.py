@@ -86,11 +86,13 @@ def test_uneven_batches_then_another_collective_end_every_rank(launches, scenari
             assert f"HYBRIDTF_COLLECTIVE_TIMEOUT_S={TIMEOUT_S}" in lines
 
 
-def test_rank_that_finishes_its_data_and_exits_ends_the_others(launches):
+def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(launches):
     code, output, elapsed = launches["uneven_exit"]
     assert code != 0
     assert "hybridtf-fault-test: rank 1 done" in output
-    assert re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output)
+    assert re.search(
+        r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective custom phase #4 \(train step\)", output
+    )
     assert elapsed < 10, f"rank 0 ended {elapsed} s after rank 1 left\n{output[-3000:]}"
 
 
