@@ -5,7 +5,8 @@
     python benchmarks/bench_watchdog.py compare        # alternates fit runs with and without it
 
 ``fit`` trains a small W&D model (8 fields, global batch 512) for 40
-warm-up and 200 timed steps and prints the mean step time (rank 0); run it
+warm-up and 5 x 40 timed steps and prints the best block's mean step time
+(rank 0); run it
 with ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=0`` for the unguarded baseline.
 ``compare`` does both ``--repeats`` times, interleaved. Each mode prints one
 JSON line last.
@@ -61,11 +62,13 @@ def bench_fit(warmup: int = 40, steps: int = 200) -> dict:
     model = htf.keras.optimize(ctr_models.wide_and_deep(fields, 4, hidden=(64, 32), seed=1))
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
-    start = time.perf_counter()
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
-    step_ms = (time.perf_counter() - start) / steps * 1e3
+    blocks = []
+    for _ in range(5):  # the best block of steps/5: a shared machine's load shows up as slow blocks
+        start = time.perf_counter()
+        model.fit(data, steps_per_epoch=steps // 5, epochs=1, verbose=0)
+        blocks.append((time.perf_counter() - start) / (steps // 5) * 1e3)
     timeout = htf.horovod.collective_timeout()
-    return {"mode": "fit", "ranks": hvd.size(), "watchdog": timeout is not None, "step_ms": step_ms}
+    return {"mode": "fit", "ranks": hvd.size(), "watchdog": timeout is not None, "step_ms": min(blocks)}
 
 
 def compare(repeats: int = 3) -> dict:
