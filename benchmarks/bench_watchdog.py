@@ -75,7 +75,7 @@ def compare(repeats: int = 3) -> dict:
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     runs = {"on": [], "off": []}
     for _ in range(repeats):
-        for key, timeout in (("on", "45"), ("off", "0")):
+        for key, timeout in (("on", "35"), ("off", "0")):
             env = {**os.environ, "HYBRIDTF_COLLECTIVE_TIMEOUT_S": timeout, "TF_CPP_MIN_LOG_LEVEL": "3"}
             cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, __file__, "fit"]
             out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout

@@ -137,7 +137,7 @@ def collective_phase(name: str = "step"):
     optimized model are bounded already. In a custom loop, wrap each call of
     the step function: if the other ranks do not join its collectives within
     ``collective_timeout()`` seconds (``HYBRIDTF_COLLECTIVE_TIMEOUT_S``,
-    default 45; ``0`` disables), every rank ends with an error that says
+    default 35; ``0`` disables), every rank ends with an error that says
     which phase each rank was in, instead of waiting forever. Does nothing
     with one process. The first call also traces the step: keep the timeout
     above the tracing time.

@@ -10,7 +10,7 @@ Every collective *phase* hybridtf runs from Python (a Keras training,
 evaluation or prediction call, the checkpoint gather, the initial broadcast,
 a custom step guarded with ``hybridtf.horovod.collective_phase``) is
 *armed* here: a deadline of ``collective_timeout()`` seconds
-(``HYBRIDTF_COLLECTIVE_TIMEOUT_S``, default 45; ``0`` disables). Arming and
+(``HYBRIDTF_COLLECTIVE_TIMEOUT_S``, default 35; ``0`` disables). Arming and
 disarming cost two dictionary updates under a lock; one daemon thread per
 process polls the deadlines twice a second. Time spent tracing a step function
 (``paused_for_tracing``) does not count.
@@ -34,7 +34,9 @@ A rank whose collective fails because another rank shut Horovod down (that
 rank timed out, raised, finished its script or was killed) raises
 ``CollectiveAbortedError`` naming its own phase. Uncaught, both end the
 script with a non-zero status: every rank ends within
-``timeout + min(15, timeout)`` seconds and a few more (60 s by default).
+``timeout + min(15, timeout)`` seconds (``timeout + 1.5 min(15, timeout)`` in
+the first call of a step function), 50 s (57.5 s) by default, plus the
+fraction of a second Horovod takes to shut down.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from hybridtf._src.distribute.world import World
 from hybridtf._src.errors import CollectiveAbortedError, CollectiveTimeoutError
 
 TIMEOUT_ENV = "HYBRIDTF_COLLECTIVE_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 45.0
+DEFAULT_TIMEOUT_S = 35.0
 EXIT_STATUS = 75
 _POLL_S = 0.5
 _EXIT_GRACE_S = 5.0
