@@ -71,6 +71,7 @@ PHASES = (TRAINING_STEP, EVALUATION_STEP, PREDICTION_STEP, CHECKPOINT_GATHER, IN
 _HOROVOD_SHUT_DOWN = "Horovod has been shut down"
 
 _override: float | None = None
+_parsed: tuple[str | None, float] = (None, DEFAULT_TIMEOUT_S)
 
 
 def set_collective_timeout(seconds: float | None) -> None:
@@ -113,10 +114,13 @@ def collective_timeout() -> float | None:
     Raises:
         ValueError: ``HYBRIDTF_COLLECTIVE_TIMEOUT_S`` is not a number >= 0.
     """
+    global _parsed
     seconds = _override
     if seconds is None:
-        raw = os.environ.get(TIMEOUT_ENV, "").strip()
-        seconds = _check_seconds(raw, TIMEOUT_ENV) if raw else DEFAULT_TIMEOUT_S
+        raw = os.environ.get(TIMEOUT_ENV, "")
+        if _parsed[0] != raw:  # parsed once per value: this runs at every step call
+            _parsed = (raw, _check_seconds(raw, TIMEOUT_ENV) if raw.strip() else DEFAULT_TIMEOUT_S)
+        seconds = _parsed[1]
     return seconds or None
 
 
@@ -363,6 +367,6 @@ def paused_for_tracing():
 
 
 def _executing_eagerly() -> bool:
-    import tensorflow as tf
+    from tensorflow.python.eager import context
 
-    return tf.executing_eagerly()
+    return context.executing_eagerly()
