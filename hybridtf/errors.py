@@ -1,12 +1,21 @@
 """hybridtf's exception classes (public API). Every message says what was wrong and what to do."""
 
 from hybridtf._src.capture.context import CaptureError
-from hybridtf._src.errors import HybridTFError, NativeModuleError, OpLibraryError, PlanKeyError
+from hybridtf._src.errors import (
+    CollectiveAbortedError,
+    CollectiveTimeoutError,
+    HybridTFError,
+    NativeModuleError,
+    OpLibraryError,
+    PlanKeyError,
+)
 from hybridtf._src.rewrite.packed_storage import CheckpointLayoutError
 
 __all__ = [
     "CaptureError",
     "CheckpointLayoutError",
+    "CollectiveAbortedError",
+    "CollectiveTimeoutError",
     "HybridTFError",
     "NativeModuleError",
     "OpLibraryError",

@@ -9,6 +9,13 @@ the script already uses keeps working (the shards are registered as local).
 For custom training loops with ``hvd.DistributedGradientTape``, use
 ``DistributedGradientTape`` below (or register ``local_variables`` yourself).
 
+Ranks that diverge (uneven batch counts, a ``save_weights`` / ``evaluate`` /
+``predict`` one rank reaches and another does not) never wait forever: after
+``collective_timeout()`` seconds every rank ends with
+``hybridtf.errors.CollectiveTimeoutError`` / ``CollectiveAbortedError``
+saying which collective each rank was in (``set_collective_timeout``,
+``HYBRIDTF_COLLECTIVE_TIMEOUT_S``; ``collective_phase`` for custom loops).
+
 Example:
     >>> import horovod.tensorflow as hvd
     >>> hvd.init()
@@ -21,6 +28,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.watchdog import collective_timeout, set_collective_timeout
 from hybridtf._src.distribute.world import World, current_world
 
 
@@ -118,9 +129,49 @@ def DistributedOptimizer(optimizer, **kwargs):
     return distributed
 
 
+@contextlib.contextmanager
+def collective_phase(name: str = "step"):
+    """Bounds the wait of a block that runs hybridtf collectives (custom training loops).
+
+    Keras ``fit`` / ``evaluate`` / ``predict`` and ``save_weights`` of an
+    optimized model are bounded already. In a custom loop, wrap each call of
+    the step function: if the other ranks do not join its collectives within
+    ``collective_timeout()`` seconds (``HYBRIDTF_COLLECTIVE_TIMEOUT_S``,
+    default 35; ``0`` disables), every rank ends with an error that says
+    which phase each rank was in, instead of waiting forever. Does nothing
+    with one process. The first call also traces the step: keep the timeout
+    above the tracing time.
+
+    Args:
+        name: shown in the error (e.g. ``"train step"``), numbered per name.
+
+    Raises:
+        hybridtf.errors.CollectiveTimeoutError: the wait passed the timeout.
+        hybridtf.errors.CollectiveAbortedError: another rank ended the job
+            while this rank was in the block.
+
+    Example:
+        >>> for x, y in dataset:
+        ...     with htf.horovod.collective_phase("train step"):
+        ...         loss = step(x, y)
+    """
+    seq = watchdog.next_seq(f"custom:{name}")
+    with watchdog.collective_phase(current_world(), watchdog.CUSTOM, name, seq, first=seq == 1):
+        yield
+
+
 def world() -> World:
     """The Horovod job hybridtf sees (rank, size); ``World(0, 1)`` without Horovod."""
     return current_world()
 
 
-__all__ = ["DistributedGradientTape", "DistributedOptimizer", "World", "local_variables", "world"]
+__all__ = [
+    "DistributedGradientTape",
+    "DistributedOptimizer",
+    "World",
+    "collective_phase",
+    "collective_timeout",
+    "local_variables",
+    "set_collective_timeout",
+    "world",
+]

@@ -20,6 +20,18 @@ class NativeModuleError(HybridTFError, ImportError):
     """The pybind11 module ``hybridtf._native`` is missing or broken."""
 
 
+class CollectiveTimeoutError(HybridTFError, RuntimeError):
+    """A rank waited too long in a Horovod collective that the other ranks did not join.
+
+    The message says which collective, where every rank was, and what to do;
+    it was printed to stderr before Horovod was shut down on this rank.
+    """
+
+
+class CollectiveAbortedError(HybridTFError, RuntimeError):
+    """Another rank ended the Horovod job while this rank was waiting in a collective."""
+
+
 class PlanKeyError(HybridTFError, KeyError):
     """A table is unknown to the packing plan, or is not in any packed table."""
 

@@ -7,4 +7,6 @@
   invalid ids.
 * ``gradients``: the data-parallel side (allreduce of dense gradients) and
   the scaling of model-parallel gradients.
+* ``watchdog``: bounded waits in collective phases; ranks that diverge end
+  with an error naming where each rank was, instead of hanging.
 """

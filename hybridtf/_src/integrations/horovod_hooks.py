@@ -4,11 +4,17 @@ A shard (this rank's rows of a packed table) and its optimizer slots are
 local to the rank: broadcasting them from rank 0, or allreducing their
 gradients, would be wrong. Horovod has the notion ("local variables"); these
 helpers register hybridtf's shards with it.
+
+``guard_collectives`` makes every Keras training, evaluation and prediction
+call of a distributed model an armed collective phase of the watchdog
+(``hybridtf._src.distribute.watchdog``): ranks that diverge end with an error
+instead of waiting forever.
 """
 
 from __future__ import annotations
 
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import watchdog
 
 # Graph collection of the shards created in a TF1 graph (Estimator): rank-local variables.
 LOCAL_VARIABLES = "hybridtf_local_variables"
@@ -56,3 +62,53 @@ def shard_aware_callback(callback, storage, model) -> None:
     ):
         callback.__class__ = runtime_subclass(_ShardAwareBroadcastMixin, type(callback))
         callback._htf_storage = storage
+
+
+def _guard(model, function, phase: str, kind: str):
+    if function is None or getattr(function, "_htf_guarded", False):
+        return function
+    world = model._htf_runtime.storage.world
+    counter = f"{id(model)}.{kind}"
+    detail = f"model {model.name!r}"
+
+    def guarded(*args, **kwargs):
+        seq = watchdog.next_seq(counter)
+        with watchdog.collective_phase(world, phase, detail, seq, first=seq == 1):
+            return function(*args, **kwargs)
+
+    guarded._htf_guarded = True
+    return guarded
+
+
+class _CollectiveGuardMixin:
+    """Per-instance override of a distributed model: Keras step functions run as armed collective phases.
+
+    Tracing a step (``*_step`` runs only then) does not count against the timeout.
+    """
+
+    def make_train_function(self, force=False):
+        return _guard(self, super().make_train_function(force), watchdog.TRAINING_STEP, "train")
+
+    def make_test_function(self, force=False):
+        return _guard(self, super().make_test_function(force), watchdog.EVALUATION_STEP, "test")
+
+    def make_predict_function(self, force=False):
+        return _guard(self, super().make_predict_function(force), watchdog.PREDICTION_STEP, "predict")
+
+    def train_step(self, data):
+        with watchdog.paused_for_tracing():
+            return super().train_step(data)
+
+    def test_step(self, data):
+        with watchdog.paused_for_tracing():
+            return super().test_step(data)
+
+    def predict_step(self, data):
+        with watchdog.paused_for_tracing():
+            return super().predict_step(data)
+
+
+def guard_collectives(model) -> None:
+    """Arms the collective watchdog around ``model``'s Keras step functions (in place; distributed models)."""
+    if not isinstance(model, _CollectiveGuardMixin):
+        model.__class__ = runtime_subclass(_CollectiveGuardMixin, type(model))

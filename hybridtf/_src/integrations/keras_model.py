@@ -27,6 +27,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
@@ -483,7 +484,9 @@ def optimize(
     object.__setattr__(model, "_htf_dense_layers", fuse_dense_layers(model) if fuse_concat and fuse_dense else [])
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
-        world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
+        with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):
+            world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
+        horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
     object.__setattr__(model, "_htf_plain_trainable", plain_trainable)
     if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
         hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, plain_trainable)

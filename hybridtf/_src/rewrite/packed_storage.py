@@ -18,6 +18,7 @@ from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.exchange import gather_member
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import World, current_world
@@ -94,7 +95,8 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     def _gather(self) -> tf.Tensor:
         name = f"hybridtf_gather_{self.table}_every_rank_must_call"
-        return gather_member(self._variable, self._layout, self._world, self._offset, self._num_rows, name)
+        with watchdog.collective_phase(self._world, watchdog.CHECKPOINT_GATHER, f"table {self.table!r}"):
+            return gather_member(self._variable, self._layout, self._world, self._offset, self._num_rows, name)
 
     def numpy(self) -> np.ndarray:
         return self.read_value().numpy()
@@ -245,7 +247,8 @@ class PackedTables(tf.Module):
                 for m in pt.members:
                     value = tf.cast(initial_values[m.name], pt.dtype)
                     if self.world.distributed:
-                        value = self.world.hvd.broadcast(value, 0, name=f"hybridtf_init_{m.name}")
+                        with watchdog.collective_phase(self.world, watchdog.INITIAL_BROADCAST, f"table {m.name!r}"):
+                            value = self.world.hvd.broadcast(value, 0, name=f"hybridtf_init_{m.name}")
                     self._assign_member(var, layout, m.row_offset, m.num_rows, value)
             else:  # graph mode: the initial value must come with the variable's initializer
                 parts = []
@@ -297,8 +300,9 @@ class PackedTables(tf.Module):
         views = [self.view(m.name) for pt in self.plan.packed_tables for m in pt.members]
         views = [v for v in views + list(self._slot_views.values()) if v.sharded]
         try:
-            for v in views:
-                v._gathered = v._gather()
+            with watchdog.collective_phase(self.world, watchdog.CHECKPOINT_GATHER, f"{len(views)} tables"):
+                for v in views:
+                    v._gathered = v._gather()
             yield
         finally:
             for v in views:

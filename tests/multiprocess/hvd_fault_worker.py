@@ -1,0 +1,112 @@
+"""One process of the rank-fault tests: a rank diverges from the others, every rank must end.
+
+Run by tests/multiprocess/test_rank_faults.py under
+``horovodrun -np 2 -H localhost:2 --gloo``::
+
+    python tests/multiprocess/hvd_fault_worker.py SCENARIO OUT_DIR
+
+Scenarios (rank 1 always has fewer batches, or fails):
+
+* ``uneven_save``: rank 0 fits 6 batches, rank 1 fits 3; both call ``save_weights``;
+* ``uneven_evaluate`` / ``uneven_predict``: the same, then ``evaluate`` / ``predict``;
+* ``uneven_exit``: the same in a custom loop (``htf.function`` steps under
+  ``htf.horovod.collective_phase``), then the script ends;
+* ``raise`` / ``kill``: rank 1 raises in a callback after its third step / kills itself (SIGKILL);
+* ``even``: both fit 6 batches and save (must succeed).
+
+Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
+when it leaves the common path, and ``hybridtf-fault-test: rank R done`` when
+its script completes without an error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import horovod.tensorflow as hvd
+
+import hybridtf as htf
+from benchmarks import ctr_data, ctr_models
+
+BATCH = 16
+FIELDS = [ctr_data.FieldSpec("a", 100, 4), ctr_data.FieldSpec("b", 200, 4)]
+
+
+class FailAfter(tf.keras.callbacks.Callback):
+    def __init__(self, step, kill):
+        super().__init__()
+        self.step, self.kill = step, kill
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == self.step:
+            print(f"hybridtf-fault-test: rank {hvd.rank()} diverges at {time.time():.3f}", flush=True)
+            if self.kill:
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"hybridtf-fault-test: rank {hvd.rank()} fails on purpose after step {self.step}")
+
+
+def dataset(num_batches, seed):
+    batches = list(ctr_data.generate_batches(FIELDS, 2, BATCH, num_batches, seed=seed))
+    xs = {k: np.concatenate([x[k] for x, _ in batches]) for k in batches[0][0]}
+    ys = np.concatenate([y for _, y in batches])
+    return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(BATCH)
+
+
+def custom_loop(model, data):
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        tape = htf.horovod.DistributedGradientTape(tape, model)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    for x, y in data:
+        with htf.horovod.collective_phase("train step"):
+            step(x, y)
+
+
+def main():
+    scenario, out = sys.argv[1], sys.argv[2]
+    hvd.init()
+    rank = hvd.rank()
+    hvd.allreduce(tf.constant(0), name="start")  # ranks start up at different speeds: align before timing anything
+    model = ctr_models.wide_and_deep(FIELDS, 2, hidden=(8,), seed=3)
+    model = htf.keras.optimize(model)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    batches = 6 if rank == 0 or scenario == "even" else 3
+    callbacks = [FailAfter(3, kill=scenario == "kill")] if scenario in ("raise", "kill") and rank == 1 else []
+    if scenario == "uneven_exit":
+        custom_loop(model, dataset(batches, seed=10 + rank))
+    else:
+        model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)
+    start = time.monotonic()
+    print(f"hybridtf-fault-test: rank {rank} diverges at {time.time():.3f}", flush=True)
+    if scenario in ("uneven_save", "even"):
+        model.save_weights(os.path.join(out, f"ckpt_{scenario}", "ckpt"))
+    elif scenario == "uneven_evaluate":
+        model.evaluate(dataset(2, seed=99), verbose=0)
+    elif scenario == "uneven_predict":
+        model.predict(dataset(2, seed=99), verbose=0)
+    print(f"hybridtf-fault-test: rank {rank} done after {time.monotonic() - start:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except BaseException as err:
+        rank = os.environ.get("HOROVOD_RANK")
+        print(f"hybridtf-fault-test: rank {rank} ends at {time.time():.3f} with {type(err).__name__}", flush=True)
+        raise

@@ -1,0 +1,116 @@
+"""Ranks that diverge end with a clear error within a bound, never a hang (``horovodrun -np 2 --gloo``).
+
+``hvd_fault_worker.py`` runs one scenario per launch with
+``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
+then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
+training step), or ends its script, or raises in a callback, or is killed. Every rank must
+end with a non-zero status and an error naming the collective and the ranks
+within the timeout plus the diagnosis grace (+ slack for a loaded machine).
+Ranks that agree train and save with the watchdog armed in every run of
+``test_horovod.py`` (default timeout).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
+TIMEOUT_S = 8
+SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "kill")
+# timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
+# exit, with slack for a loaded machine
+BOUND_S = 2.5 * TIMEOUT_S + 10
+
+
+def _launch(scenario, out):
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, scenario, str(out)]
+    env = {
+        **os.environ,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "PYTHONUNBUFFERED": "1",
+        "HYBRIDTF_COLLECTIVE_TIMEOUT_S": str(TIMEOUT_S),
+    }
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+    ended = time.time()
+    output = proc.stdout + proc.stderr
+    (out / f"{scenario}.log").write_text(output)
+    diverged = [float(t) for t in re.findall(r"hybridtf-fault-test: rank \d diverges at ([\d.]+)", output)]
+    return proc.returncode, output, ended - min(diverged) if diverged else None
+
+
+@pytest.fixture(scope="module")
+def launches(tmp_path_factory):
+    """Every scenario's (status, output, seconds from divergence to the end), three launches at a time."""
+    out = tmp_path_factory.mktemp("rank_faults")
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = pool.map(lambda s: _launch(s, out), SCENARIOS)
+        return {"dir": out, **dict(zip(SCENARIOS, results))}
+
+
+def _rank_lines(output, rank):
+    return "\n".join(line for line in output.splitlines() if line.startswith(f"[{rank}]<"))
+
+
+@pytest.mark.parametrize(
+    ("scenario", "phase1"),
+    [
+        ("uneven_save", "checkpoint gather"),
+        ("uneven_evaluate", "evaluation step"),
+        ("uneven_predict", "prediction step"),
+    ],
+)
+def test_uneven_batches_then_another_collective_end_every_rank(launches, scenario, phase1):
+    code, output, elapsed = launches[scenario]
+    assert code != 0, output[-3000:]
+    assert elapsed is not None and elapsed < BOUND_S, f"ended {elapsed} s after the ranks diverged\n{output[-3000:]}"
+    assert "done" not in re.findall(r"hybridtf-fault-test: rank \d (done)", output)
+    for rank, own in ((0, "training step"), (1, phase1)):
+        lines = _rank_lines(output, rank)
+        # the watchdog's diagnosis, printed on stderr by every rank whose deadline passed
+        timed_out = re.search(rf"rank {rank} of 2 waited [\d.]+ s in the collective {own}", lines)
+        aborted = re.search(rf"CollectiveAbortedError: hybridtf: rank {rank} of 2 was in the collective {own}", lines)
+        assert timed_out or aborted, f"rank {rank} printed no clear error:\n{lines[-4000:]}"
+        if timed_out:
+            assert "rank 0: training step" in lines and f"rank 1: {phase1}" in lines, lines[-4000:]
+            assert "The ranks reached different collectives." in lines
+            assert f"HYBRIDTF_COLLECTIVE_TIMEOUT_S={TIMEOUT_S}" in lines
+
+
+def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(launches):
+    code, output, elapsed = launches["uneven_exit"]
+    assert code != 0
+    assert "hybridtf-fault-test: rank 1 done" in output
+    assert re.search(
+        r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective custom phase #4 \(train step\)", output
+    )
+    assert elapsed < 10, f"rank 0 ended {elapsed} s after rank 1 left\n{output[-3000:]}"
+
+
+def test_exception_on_one_rank_ends_both_within_seconds(launches):
+    code, output, _ = launches["raise"]
+    assert code != 0
+    assert "rank 1 fails on purpose after step 3" in output
+    assert re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output)
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    failed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
+    assert ends[0] - failed < 5, f"rank 0 ended {ends[0] - failed} s after rank 1 raised"
+
+
+def test_killed_rank_ends_the_others_within_seconds(launches):
+    code, output, _ = launches["kill"]
+    assert code != 0
+    # Gloo sees the closed connection; Horovod shuts down on rank 0 and its pending collective fails
+    assert re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output)
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    killed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
+    assert ends[0] - killed < 5, f"rank 0 ended {ends[0] - killed} s after rank 1 was killed"

@@ -1,0 +1,92 @@
+"""The collective watchdog's settings and its last resort, in one process (the rank faults: tests/multiprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import hybridtf as htf
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World
+
+
+@pytest.fixture(autouse=True)
+def _no_override():
+    watchdog.set_collective_timeout(None)
+    yield
+    watchdog.set_collective_timeout(None)
+
+
+def test_timeout_comes_from_the_environment_or_the_default(monkeypatch):
+    monkeypatch.delenv(watchdog.TIMEOUT_ENV, raising=False)
+    assert watchdog.collective_timeout() == watchdog.DEFAULT_TIMEOUT_S == 35
+    # every rank ends within timeout + diagnosis grace (+ half of it in a first call): under 60 s by default
+    assert watchdog.DEFAULT_TIMEOUT_S + 1.5 * watchdog.diagnosis_grace(watchdog.DEFAULT_TIMEOUT_S) < 60
+    monkeypatch.setenv(watchdog.TIMEOUT_ENV, " 12.5 ")
+    assert htf.horovod.collective_timeout() == 12.5
+    monkeypatch.setenv(watchdog.TIMEOUT_ENV, "0")
+    assert watchdog.collective_timeout() is None  # disabled
+    htf.horovod.set_collective_timeout(7)
+    assert watchdog.collective_timeout() == 7  # the call wins over the environment
+    htf.horovod.set_collective_timeout(None)
+    assert watchdog.collective_timeout() is None
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "inf", "nan"])
+def test_bad_timeouts_name_the_setting(monkeypatch, value):
+    monkeypatch.setenv(watchdog.TIMEOUT_ENV, value)
+    with pytest.raises(ValueError, match=f"{watchdog.TIMEOUT_ENV}: the collective timeout must be a finite"):
+        watchdog.collective_timeout()
+    with pytest.raises(ValueError, match=r"set_collective_timeout: .* got"):
+        htf.horovod.set_collective_timeout(value)
+
+
+def test_one_process_arms_nothing_and_passes_errors_through():
+    with htf.horovod.collective_phase("train step"):
+        pass
+    with pytest.raises(KeyError), watchdog.collective_phase(World(), watchdog.TRAINING_STEP):
+        raise KeyError("mine")
+    with pytest.raises(ValueError, match="unknown collective phase"), watchdog.collective_phase(World(), "nap"):
+        pass
+    assert not watchdog._watchdogs  # no thread started
+
+
+def test_errors_are_public():
+    assert issubclass(htf.errors.CollectiveTimeoutError, htf.errors.HybridTFError)
+    assert issubclass(htf.errors.CollectiveAbortedError, RuntimeError)
+
+
+_STUCK = """
+import sys, time
+import horovod.tensorflow as hvd
+import tensorflow as tf
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World
+
+hvd.init()
+world = World(0, 2, hvd)  # armed as a rank of two; a one-process Horovod answers the diagnosis
+watchdog.set_collective_timeout(1)
+with watchdog.collective_phase(world, watchdog.TRAINING_STEP, "model 'm'", 3):
+    with tf.Graph().as_default(), watchdog.paused_for_tracing():
+        time.sleep(2.5)  # tracing (graph mode): not waiting on the others
+    print("traced", flush=True)
+    with watchdog.paused_for_tracing():  # eager (run_eagerly=True): the step itself, the clock runs
+        time.sleep(60)  # not a collective Horovod could fail: the watchdog must end the process
+print("returned", flush=True)
+"""
+
+
+def test_a_rank_stuck_past_the_deadline_is_ended():
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", _STUCK], capture_output=True, text=True, timeout=120, check=False)
+    elapsed = time.monotonic() - start
+    assert proc.returncode == watchdog.EXIT_STATUS, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["traced"]
+    err = proc.stderr
+    assert "hybridtf: rank 0 of 2 waited 1 s in the collective training step #3 (model 'm')" in err
+    assert "rank 0: training step #3  <- this rank" in err  # the diagnosis allgather ran
+    assert "did not leave the collective after Horovod shut down; exiting." in err
+    assert elapsed < 40, elapsed  # import + 2.5 s traced + 1 s + grace 1 s + 5 s exit grace
