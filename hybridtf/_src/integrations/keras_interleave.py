@@ -1,0 +1,200 @@
+"""Interleaving for optimized Keras models: micro-batched steps (Eq. 2) and K-interleaving groups (Eq. 3).
+
+``hybridtf.keras.optimize(model, micro_batches=..., interleave_from=...,
+interleave_groups=...)`` calls ``attach``, which gives the optimized model one
+more run-time subclass (``_InterleaveModelMixin``):
+
+* ``train_step`` runs the micro-batched step (``rewrite/micro_batch.py``)
+  when the plan has more than one micro-batch;
+* with ``"auto"`` values, the first two training steps run whole and
+  un-interleaved (exact: the same math) and are the warm-up: step 1 builds
+  optimizer slots, step 2 is measured (``rewrite/warmup.py``: the step's peak
+  memory from TensorFlow's allocator statistics, each packed chain's op time
+  from a TF profiler trace). Eq. 2 and Eq. 3 then make the
+  ``InterleavingPlan`` and the train function is rebuilt with it;
+* ``model.hybridtf_interleaving`` is the plan (None before an ``"auto"``
+  warm-up), printable and JSON.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.plan.interleaving import (
+    ChainCost,
+    InterleavingPlan,
+    MicroBatching,
+    choose_micro_batches,
+    default_memory_bound,
+    plan_interleaving,
+)
+from hybridtf._src.rewrite import micro_batch, warmup
+from hybridtf._src.rewrite.micro_batch import MicroBatchError
+
+
+class _InterleaveModelMixin:
+    """Per-instance overrides: micro-batched ``train_step`` and the ``"auto"`` warm-up."""
+
+    def train_step(self, data):
+        micro = self._htf_micro
+        if self._htf_pending is not None:  # warm-up: whole-batch step, remember the batch size
+            x, _, _ = tf.keras.utils.unpack_x_y_sample_weight(data)
+            self._htf_batch_seen.assign(micro_batch._batch_size(x))
+        if micro is None or micro.num_micro_batches <= 1 or self._htf_pending is not None:
+            return super().train_step(data)
+        return micro_batch.micro_batched_train_step(self, data, micro.num_micro_batches, micro.interleave_from)
+
+    def make_train_function(self, force=False):
+        if self._htf_pending is None:
+            return super().make_train_function(force)
+        if self.train_function is not None and not force:
+            return self.train_function
+        whole = super().make_train_function(force=True)
+        calls = [0]
+
+        def warmup_step(iterator):
+            calls[0] += 1
+            if calls[0] == 1:  # tracing and optimizer slots: not representative
+                return whole(iterator)
+            result, measured = warmup.measure_step(lambda: whole(iterator), self._htf_runtime.plan)
+            _finish_plan(self, measured)
+            super(_InterleaveModelMixin, self).make_train_function(force=True)
+            return result
+
+        self.train_function = warmup_step
+        return warmup_step
+
+    def _htf_whole_batch_requests(self, x):
+        """The step's lookup requests, ids taken from ``x`` (for micro-batches from the MLP)."""
+        from hybridtf._src.integrations import keras_model
+
+        base_call = super(keras_model._HybridModelMixin, self).call
+        kwargs = {"training": False} if self._expects_training_arg else {}
+        requests = keras_model._lookups_from_inputs(self, base_call, x, kwargs)
+        if requests is None:
+            raise MicroBatchError(
+                "interleave_from='mlp' needs every embedding lookup's ids to be model inputs (the lookups run once "
+                "on the whole batch, before the model's layers); this model computes ids inside. Use "
+                "interleave_from='embedding'."
+            )
+        return requests
+
+    @property
+    def hybridtf_interleaving(self) -> InterleavingPlan | None:
+        """The interleaving plan (K-groups, micro-batching); None until an ``"auto"`` warm-up has run."""
+        return self._htf_interleaving
+
+
+def _finish_plan(model, measured: warmup.StepMeasurement) -> None:
+    pending = model._htf_pending
+    batch = int(model._htf_batch_seen.numpy())
+    micro = model._htf_micro
+    if pending["micro"] == "auto":
+        bound = pending["memory_bound"] or default_memory_bound(device_bytes=warmup.device_memory())
+        micro = choose_micro_batches(measured.peak_bytes, max(batch, 1), bound, pending["interleave_from"])
+    plan = _group_plan(model, pending, measured.chains(batch), measured.dense_seconds)
+    model._htf_runtime.interleaving = plan if plan.num_groups > 1 else None
+    object.__setattr__(model, "_htf_interleaving", plan.with_micro(micro))
+    object.__setattr__(model, "_htf_micro", micro)
+    object.__setattr__(model, "_htf_pending", None)
+
+
+def _group_plan(model, pending, chains: list[ChainCost], dense_seconds: float) -> InterleavingPlan:
+    groups = pending["groups"]
+    bounds = dict(pending["bounds"] or {"seconds": dense_seconds})
+    return plan_interleaving(
+        chains,
+        bounds=bounds,
+        scale=pending["scale"],
+        num_groups=groups if isinstance(groups, int) else None,
+        exclude=pending["exclude"],
+    )
+
+
+def _static_chains(model) -> list[ChainCost]:
+    """Chains costed by CalcVParam alone (no warm-up): enough for an explicit number of groups."""
+    return [ChainCost(pt.name, float(pt.calc_vparam)) for pt in model._htf_runtime.plan.packed_tables]
+
+
+def attach(
+    model,
+    *,
+    micro_batches=1,
+    interleave_from: str = "embedding",
+    micro_batch_memory: float | None = None,
+    interleave_groups=None,
+    interleave_scale: float = 1.0,
+    interleave_exclude=(),
+    interleave_bounds=None,
+) -> None:
+    """Sets up interleaving on an optimized model (see ``hybridtf.keras.optimize``)."""
+    if isinstance(interleave_groups, InterleavingPlan):
+        plan, groups = interleave_groups, None
+    else:
+        plan, groups = None, interleave_groups
+    if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
+        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
+    if not (groups is None or groups == "auto" or (isinstance(groups, int) and groups >= 1)):
+        raise MicroBatchError(
+            f"interleave_groups must be None, an int >= 1, 'auto' or an InterleavingPlan, got {groups!r}."
+        )
+    micro_batch.check_model(model, 2 if micro_batches == "auto" else micro_batches, interleave_from)
+    interleave_exclude = _packed_names(model, interleave_exclude)
+    micro = None if micro_batches == "auto" else MicroBatching(micro_batches, interleave_from)
+    model.__class__ = runtime_subclass(_InterleaveModelMixin, type(model))
+    table_ids = {id(v) for v in model._htf_runtime.storage.packed.values()}
+    object.__setattr__(model, "_htf_table_variable_ids", table_ids)
+    object.__setattr__(model, "_htf_micro", micro)
+    pending = None
+    if micro_batches == "auto" or groups == "auto":
+        pending = {
+            "micro": micro_batches,
+            "interleave_from": interleave_from,
+            "memory_bound": micro_batch_memory,
+            "groups": groups if groups != "auto" else None,
+            "scale": interleave_scale,
+            "exclude": tuple(interleave_exclude),
+            "bounds": interleave_bounds,
+        }
+        if groups is None and micro_batches == "auto":
+            pending["groups"] = 1
+        with tf.init_scope():
+            object.__setattr__(model, "_htf_batch_seen", tf.Variable(0, dtype=tf.int32, trainable=False))
+        plan = None
+    elif plan is None:
+        chains = _static_chains(model)
+        plan = plan_interleaving(
+            chains, num_groups=groups or 1, exclude=interleave_exclude, bounds=interleave_bounds, micro=micro
+        )
+    else:
+        plan = plan.with_micro(micro) if plan.micro is None else plan
+        if plan.micro is not None:
+            object.__setattr__(model, "_htf_micro", plan.micro)
+    object.__setattr__(model, "_htf_pending", pending)
+    object.__setattr__(model, "_htf_interleaving", plan)
+    if plan is not None:
+        _check_names(model, plan)
+        model._htf_runtime.interleaving = plan if plan.num_groups > 1 else None
+
+
+def _packed_names(model, names) -> tuple[str, ...]:
+    """Excluded embeddings, named by table (layer) or packed table, as packed table names."""
+    packing = model._htf_runtime.plan
+    packed = {pt.name for pt in packing.packed_tables}
+    out = []
+    for given in names:
+        name = given if given in packed else packing.location(given)[0]  # PlanKeyError names an unknown table
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def _check_names(model, plan: InterleavingPlan) -> None:
+    have = {pt.name for pt in model._htf_runtime.plan.packed_tables}
+    named = [m for g in plan.groups for m in g.members] + list(plan.excluded)
+    unknown = [n for n in named if n not in have]
+    if unknown:
+        raise MicroBatchError(
+            f"the interleaving plan names {unknown}, which are not packed tables of this model; it has {sorted(have)}."
+        )
