@@ -29,7 +29,7 @@ from hybridtf._src.plan.interleaving import (
     default_memory_bound,
     plan_interleaving,
 )
-from hybridtf._src.rewrite import micro_batch, warmup
+from hybridtf._src.rewrite import interleave, micro_batch, warmup
 from hybridtf._src.rewrite.micro_batch import MicroBatchError
 
 
@@ -112,11 +112,6 @@ def _group_plan(model, pending, chains: list[ChainCost], dense_seconds: float) -
     )
 
 
-def _static_chains(model) -> list[ChainCost]:
-    """Chains costed by CalcVParam alone (no warm-up): enough for an explicit number of groups."""
-    return [ChainCost(pt.name, float(pt.calc_vparam)) for pt in model._htf_runtime.plan.packed_tables]
-
-
 def attach(
     model,
     *,
@@ -140,7 +135,7 @@ def attach(
             f"interleave_groups must be None, an int >= 1, 'auto' or an InterleavingPlan, got {groups!r}."
         )
     micro_batch.check_model(model, 2 if micro_batches == "auto" else micro_batches, interleave_from)
-    interleave_exclude = _packed_names(model, interleave_exclude)
+    interleave_exclude = interleave.packed_names(model._htf_runtime.plan, interleave_exclude)
     micro = None if micro_batches == "auto" else MicroBatching(micro_batches, interleave_from)
     model.__class__ = runtime_subclass(_InterleaveModelMixin, type(model))
     table_ids = {id(v) for v in model._htf_runtime.storage.packed.values()}
@@ -162,39 +157,14 @@ def attach(
         with tf.init_scope():
             object.__setattr__(model, "_htf_batch_seen", tf.Variable(0, dtype=tf.int32, trainable=False))
         plan = None
-    elif plan is None:
-        chains = _static_chains(model)
-        plan = plan_interleaving(
-            chains, num_groups=groups or 1, exclude=interleave_exclude, bounds=interleave_bounds, micro=micro
-        )
     else:
-        plan = plan.with_micro(micro) if plan.micro is None else plan
-        if plan.micro is not None:
-            object.__setattr__(model, "_htf_micro", plan.micro)
+        plan = interleave.static_plan(
+            model._htf_runtime.plan, plan or groups, interleave_exclude, bounds=interleave_bounds, micro=micro
+        )
+        if plan.micro is None:
+            plan = plan.with_micro(micro)
+        object.__setattr__(model, "_htf_micro", plan.micro)
     object.__setattr__(model, "_htf_pending", pending)
     object.__setattr__(model, "_htf_interleaving", plan)
     if plan is not None:
-        _check_names(model, plan)
         model._htf_runtime.interleaving = plan if plan.num_groups > 1 else None
-
-
-def _packed_names(model, names) -> tuple[str, ...]:
-    """Excluded embeddings, named by table (layer) or packed table, as packed table names."""
-    packing = model._htf_runtime.plan
-    packed = {pt.name for pt in packing.packed_tables}
-    out = []
-    for given in names:
-        name = given if given in packed else packing.location(given)[0]  # PlanKeyError names an unknown table
-        if name not in out:
-            out.append(name)
-    return tuple(out)
-
-
-def _check_names(model, plan: InterleavingPlan) -> None:
-    have = {pt.name for pt in model._htf_runtime.plan.packed_tables}
-    named = [m for g in plan.groups for m in g.members] + list(plan.excluded)
-    unknown = [n for n in named if n not in have]
-    if unknown:
-        raise MicroBatchError(
-            f"the interleaving plan names {unknown}, which are not packed tables of this model; it has {sorted(have)}."
-        )

@@ -20,7 +20,8 @@ import contextlib
 
 import tensorflow as tf
 
-from hybridtf._src.plan.interleaving import InterleavingPlan
+from hybridtf._src.plan.interleaving import ChainCost, InterleavingPlan, plan_interleaving
+from hybridtf._src.plan.packing import PackingPlan
 
 # Stage names used by the runtime, in chain order.
 STAGES = ("pack", "unique", "exchange", "stitch")
@@ -79,3 +80,48 @@ class GroupOrder:
 def same_group(plan: InterleavingPlan | None, a: str, b: str) -> bool:
     """Whether packed tables ``a`` and ``b`` may share a chain's unique ids (always without a plan)."""
     return plan is None or plan.group_of(a) == plan.group_of(b)
+
+
+def packed_names(packing: PackingPlan, names) -> tuple[str, ...]:
+    """Excluded embeddings, named by table (layer) or packed table, as packed table names.
+
+    Raises:
+        PlanKeyError: a name that is neither (the message names it).
+    """
+    packed = {pt.name for pt in packing.packed_tables}
+    out: list[str] = []
+    for given in names:
+        name = given if given in packed else packing.location(given)[0]
+        if name not in out:
+            out.append(name)
+    return tuple(out)
+
+
+def static_plan(packing: PackingPlan, groups, exclude=(), bounds=None, micro=None) -> InterleavingPlan:
+    """An interleaving plan without warm-up: ``groups`` groups balanced by CalcVParam, or a given plan.
+
+    Args:
+        packing: the packing plan (its packed tables are the chains).
+        groups: None or an int (number of groups), or an ``InterleavingPlan``
+            (checked against ``packing`` and returned).
+        exclude: embedding or packed table names without control dependencies.
+        bounds: Eq. 3 bounds to record (no costs are measured here).
+        micro: the micro-batching to record.
+
+    Raises:
+        ValueError: a plan naming tables that are not packed tables.
+    """
+    if isinstance(groups, InterleavingPlan):
+        plan = groups
+    else:
+        chains = [ChainCost(pt.name, float(pt.calc_vparam)) for pt in packing.packed_tables]
+        plan = plan_interleaving(
+            chains, num_groups=groups or 1, exclude=packed_names(packing, exclude), bounds=bounds, micro=micro
+        )
+    have = {pt.name for pt in packing.packed_tables}
+    unknown = [n for g in plan.groups for n in g.members if n not in have] + [n for n in plan.excluded if n not in have]
+    if unknown:
+        raise ValueError(
+            f"the interleaving plan names {unknown}, which are not packed tables of this model; it has {sorted(have)}."
+        )
+    return plan

@@ -109,8 +109,9 @@ def split(structure, lo, hi):
 def loss_weights(model, sizes, batch) -> list[tf.Tensor]:
     """Weight of each micro-batch's loss: ``n_i / B`` for mean losses, 1 for ``reduction="sum"``."""
     compiled = getattr(model, "compiled_loss", None)
-    losses = [obj for obj in getattr(compiled, "_losses", None) or [] if obj is not None]
-    reductions = {getattr(obj, "reduction", losses_utils.ReductionV2.AUTO) for obj in tf.nest.flatten(losses)}
+    # Keras flattens the compiled losses when they are first called; before that they are the user's own.
+    losses = [obj for obj in tf.nest.flatten(getattr(compiled, "_losses", None)) if obj is not None]
+    reductions = {getattr(obj, "reduction", losses_utils.ReductionV2.AUTO) for obj in losses}
     if losses_utils.ReductionV2.NONE in reductions:
         raise MicroBatchError("a compiled loss with reduction NONE has no per-step value to micro-batch.")
     if reductions and reductions <= {losses_utils.ReductionV2.SUM}:
