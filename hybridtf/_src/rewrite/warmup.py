@@ -5,7 +5,10 @@
 * TensorFlow's allocator statistics reset before it: the step's peak memory
   above what was live before (``tf.config.experimental.get_memory_info`` on
   the GPU when there is one, else on the CPU), Eq. 2's ``RInstance`` once
-  divided by the batch size;
+  divided by the batch size. On CPU, TensorFlow's (oneDNN) allocator counts
+  allocations of 256 KiB and more: the batch-proportional feature maps of a
+  large batch, which are what Eq. 2 bounds; small batches measure ~0 and keep
+  the whole batch;
 * a TF profiler trace (host ops): the time of every op, attributed to the
   packed chain whose name scope it carries (forward, gradient and fused
   update ops of packed table ``t`` all carry ``t/`` in their names), the rest
