@@ -153,3 +153,18 @@ def test_estimator_model_fn_groups(tmp_path):
         ]
         assert len(waits) == (0 if groups is None else 1), waits
     np.testing.assert_array_equal(losses[2], losses[None])
+
+
+def test_report_shows_groups_excluded_and_micro_batches():
+    import hybridtf.report
+
+    batches = _batches(1)
+    model = _model(wide_and_deep, interleave_groups=2, micro_batches=2, interleave_from="mlp")
+    rep = hybridtf.report.report(model, batches[0])
+    assert rep.interleaving == model.hybridtf_interleaving.to_dict()
+    assert hybridtf.report.Report.from_json(rep.to_json()) == rep
+    text = str(rep)
+    assert "2 K-interleaving groups" in text and "group 1:" in text
+    assert "D-interleaving from 'mlp': 2 micro-batches" in text
+    excluded = _model(wide_and_deep, interleave_groups=2, interleave_exclude=["wide_f0"])
+    assert "excluded (no control dependencies): packed_1d" in str(hybridtf.report.report(excluded, batches[0]))

@@ -342,8 +342,17 @@ class InterleavingPlan:
             f"InterleavingPlan: {self.num_groups} K-interleaving groups ({how.get(self.source, self.source)}); "
             f"Capacity_g {cap}" + (f" (scaled x{self.scale:g})" if self.scale != 1 else "")
         ]
+        seconds = {c.name: c.costs.get("seconds") for c in self.chains}
         for i, g in enumerate(self.groups):
-            lines.append(f"  group {i}: {g.params:,.0f} params/step  {', '.join(g.members)}")
+            measured = [seconds.get(m) for m in g.members]
+            timing = (
+                f"  (warm-up op time {sum(measured) * 1e3:,.3f} ms)" if all(t is not None for t in measured) else ""
+            )
+            lines.append(f"  group {i}: {g.params:,.0f} params/step{timing}  {', '.join(g.members)}")
+        if "seconds" in self.bounds:
+            lines.append(
+                f"  RBound (seconds): {self.bounds['seconds'] * 1e3:,.3f} ms of non-embedding op time per step"
+            )
         if self.excluded:
             lines.append(f"  excluded (no control dependencies): {', '.join(self.excluded)}")
         if self.micro is not None:
