@@ -10,11 +10,14 @@ and batches:
   once on the whole batch, the MLP and loss in N micro-batches, one update per step.
 
 Each child runs ``warmup`` untimed steps (tracing, optimizer slots), then ``steps`` timed steps
-(``train_on_batch``; samples/s is the batch over the median step time). The step's peak memory
-is TensorFlow's allocator peak above what was live before the step
-(``tf.config.experimental.get_memory_info``, reset before every timed step; on CPU it counts
-allocations of 256 KiB and more, i.e. the batch-proportional feature maps); the child's
-``ru_maxrss`` is reported too. Per-step losses of every variant are compared with ``whole``.
+(``train_on_batch``; samples/s is the batch over the median step time). Peak memory of the step,
+``peak_step_bytes``: the child's peak resident memory (``ru_maxrss``) minus its resident memory
+just before the first step (model built, batches generated), so it is what training added:
+feature maps, gradients, optimizer slots (the same in every variant), oneDNN buffers. TensorFlow's
+own allocator peak (``tf.config.experimental.get_memory_info``) is reported too
+(``allocator_peak_bytes``) but on CPU it misses most of a step: oneDNN keeps its own buffers and
+only allocations of 256 KiB and more are counted. Per-step losses of every variant are compared
+with ``whole``.
 
 Writes ``bench_interleave.json`` and ``bench_interleave.png`` to ``--out-dir`` (default
 ``benchmarks/results/``) and prints one JSON object as the last line.
@@ -59,6 +62,8 @@ def _child(args) -> dict:
     model = htf.keras.optimize(model, **options)
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
     device = "CPU:0"
+    with open("/proc/self/statm") as f:
+        rss_before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     losses, times, peaks = [], [], []
     for i, (x, y) in enumerate(batches):
         tf.config.experimental.reset_memory_stats(device)
@@ -77,8 +82,10 @@ def _child(args) -> dict:
         "losses": losses,
         "step_s": times,
         "samples_per_s": args.batch / median,
-        "peak_step_bytes": int(max(peaks)),
+        "allocator_peak_bytes": int(max(peaks)),
+        "rss_before_bytes": rss_before,
         "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_step_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before,
         "finite": bool(np.all(np.isfinite(losses))),
     }
 
@@ -115,7 +122,7 @@ def _chart(results: list[dict], path: str) -> str | None:
     names = [r["variant"] for r in results]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
     axes[0].bar(names, [r["peak_step_bytes"] / 2**20 for r in results], color="tab:blue")
-    axes[0].set_ylabel("step peak memory (MiB)")
+    axes[0].set_ylabel("peak memory added by training (MiB)")
     axes[1].bar(names, [r["samples_per_s"] for r in results], color="tab:green")
     axes[1].set_ylabel("samples/s")
     fig.suptitle(f"W&D, batch {results[0]['batch']:,}, MLP {'-'.join(map(str, results[0]['hidden']))}")

@@ -7,10 +7,10 @@ more run-time subclass (``_InterleaveModelMixin``):
 * ``train_step`` runs the micro-batched step (``rewrite/micro_batch.py``)
   when the plan has more than one micro-batch;
 * with ``"auto"`` values, the first two training steps run whole and
-  un-interleaved (exact: the same math) and are the warm-up: step 1 builds
-  optimizer slots, step 2 is measured (``rewrite/warmup.py``: the step's peak
-  memory from TensorFlow's allocator statistics, each packed chain's op time
-  from a TF profiler trace). Eq. 2 and Eq. 3 then make the
+  un-interleaved (exact: the same math) and are the warm-up
+  (``rewrite/warmup.py``): on CPU step 1's peak memory is measured from the
+  process (resident memory), step 2 gives each packed chain's op time from a
+  TF profiler trace (and, on a GPU, the step's peak device memory). Eq. 2 and Eq. 3 then make the
   ``InterleavingPlan`` and the train function is rebuilt with it;
 * ``model.hybridtf_interleaving`` is the plan (None before an ``"auto"``
   warm-up), printable and JSON.
@@ -51,13 +51,16 @@ class _InterleaveModelMixin:
         if self.train_function is not None and not force:
             return self.train_function
         whole = super().make_train_function(force=True)
-        calls = [0]
+        host_peak = []
 
         def warmup_step(iterator):
-            calls[0] += 1
-            if calls[0] == 1:  # tracing and optimizer slots: not representative
-                return whole(iterator)
+            if not host_peak:  # step 1: memory from the process on CPU (tracing, slots: not timed)
+                result, peak = warmup.measure_host_memory(lambda: whole(iterator), self.optimizer)
+                host_peak.append(peak)
+                return result
             result, measured = warmup.measure_step(lambda: whole(iterator), self._htf_runtime.plan)
+            if warmup.memory_device() == "CPU:0":
+                measured.peak_bytes = host_peak[0]
             _finish_plan(self, measured)
             super(_InterleaveModelMixin, self).make_train_function(force=True)
             return result

@@ -2,13 +2,10 @@
 
 ``measure_step`` runs one step (a callable) with
 
-* TensorFlow's allocator statistics reset before it: the step's peak memory
-  above what was live before (``tf.config.experimental.get_memory_info`` on
-  the GPU when there is one, else on the CPU), Eq. 2's ``RInstance`` once
-  divided by the batch size. On CPU, TensorFlow's (oneDNN) allocator counts
-  allocations of 256 KiB and more: the batch-proportional feature maps of a
-  large batch, which are what Eq. 2 bounds; small batches measure ~0 and keep
-  the whole batch;
+* on a GPU, TensorFlow's allocator statistics reset before it: the step's
+  peak device memory above what was live before
+  (``tf.config.experimental.get_memory_info``), Eq. 2's ``RInstance`` once
+  divided by the batch size;
 * a TF profiler trace (host ops): the time of every op, attributed to the
   packed chain whose name scope it carries (forward, gradient and fused
   update ops of packed table ``t`` all carry ``t/`` in their names), the rest
@@ -38,7 +35,8 @@ class StepMeasurement:
     """One measured step.
 
     Attributes:
-        peak_bytes: peak allocator bytes above those live before the step.
+        peak_bytes: the step's peak memory above what was live before it
+            (GPU allocator; on CPU filled in from ``measure_host_memory``).
         seconds: wall time of the step (profiling included).
         op_seconds: op time per packed table (name scope), and ``""`` for the rest.
         vparams: packed table -> parameters (floats) per example or per step.
@@ -107,6 +105,42 @@ def _op_times(logdir: str, names: list[str]) -> dict:
     return times
 
 
+def _rss() -> tuple[int, int]:
+    """(resident bytes now, peak resident bytes since the last reset) of this process (Linux)."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            fields[key] = value
+    return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
+
+
+def measure_host_memory(step, optimizer):
+    """Runs ``step()`` (the first training step); returns ``(its result, peak bytes it added)``.
+
+    On CPU, TensorFlow's allocator statistics miss most of a step (oneDNN
+    keeps its own buffers and counts only large allocations), and memory freed
+    by a step stays in the allocators' pools, so a later step adds nothing to
+    the process's resident memory. The first step is therefore measured from
+    the process: the peak resident memory (Linux ``VmHWM``, reset through
+    ``/proc/self/clear_refs``) above the resident memory before it, minus the
+    optimizer variables the step created (slots persist; they are not per
+    example). The first step's tracing is included: Eq. 2 errs on the side of
+    smaller micro-batches. Returns 0 bytes where ``/proc`` is not available.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before, _ = _rss()
+    except OSError:
+        return step(), 0.0
+    slots_before = sum(v.shape.num_elements() * v.dtype.size for v in optimizer.variables)
+    result = step()
+    _, peak = _rss()
+    slots = sum(v.shape.num_elements() * v.dtype.size for v in optimizer.variables) - slots_before
+    return result, float(max(peak - before - slots, 0))
+
+
 def measure_step(step, plan):
     """Runs ``step()`` once, measured; returns ``(its result, StepMeasurement)``.
 
@@ -116,8 +150,9 @@ def measure_step(step, plan):
     """
     device = memory_device()
     names = [pt.name for pt in plan.packed_tables]
-    tf.config.experimental.reset_memory_stats(device)
-    before = tf.config.experimental.get_memory_info(device)["current"]
+    if device != "CPU:0":
+        tf.config.experimental.reset_memory_stats(device)
+        before = tf.config.experimental.get_memory_info(device)["current"]
     logdir = tempfile.mkdtemp(prefix="hybridtf_warmup_")
     options = tf.profiler.experimental.ProfilerOptions(
         host_tracer_level=2, python_tracer_level=0, device_tracer_level=1
@@ -130,10 +165,10 @@ def measure_step(step, plan):
         finally:
             tf.profiler.experimental.stop()
         seconds = time.perf_counter() - start
-        peak = tf.config.experimental.get_memory_info(device)["peak"]
+        peak = tf.config.experimental.get_memory_info(device)["peak"] - before if device != "CPU:0" else 0.0
         op_seconds = _op_times(logdir, names)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     vparams = {pt.name: pt.calc_vparam for pt in plan.packed_tables}
     per_example = plan.vparam_source != "warmup"
-    return result, StepMeasurement(float(max(peak - before, 0)), seconds, op_seconds, vparams, per_example)
+    return result, StepMeasurement(float(max(peak, 0)), seconds, op_seconds, vparams, per_example)
