@@ -3,7 +3,8 @@
 Micro-batched steps (2 micro-batches, from the embedding layer and from the
 MLP) and K-interleaving groups (alltoalls of group 1 after group 0's, on both
 ranks) of a W&D model: the ranks' mean per-step losses equal the one-process
-losses on the global batches within 1e-5 relative.
+losses on the global batches within 1e-5 relative. An invalid id on one rank,
+in the second micro-batch of a grouped step, fails the step on both ranks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.multiprocess.test_horovod import _run
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_interleave_worker.py")
-KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro"]
+KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro", "groups_auto"]
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,21 @@ def test_two_ranks_equal_one_process(runs, key):
     assert not np.allclose(ranks[0][key], ranks[1][key])  # the ranks saw different halves
 
 
+def test_auto_groups_are_the_same_on_every_rank(runs):
+    _, ranks = runs
+    assert ranks[0]["groups_auto_groups"] == ranks[1]["groups_auto_groups"]
+    assert len(ranks[0]["groups_auto_groups"]) == 2  # a tiny Capacity_g: one chain per group
+
+
 def test_interleaving_does_not_change_the_losses(runs):
     single, _ = runs
     for key in KEYS[1:]:
         np.testing.assert_allclose(single[key], single["micro_embedding"], rtol=1e-5, atol=0)
+
+
+def test_invalid_id_in_an_interleaved_step_fails_every_rank(runs):
+    _, ranks = runs
+    for r in ranks:
+        message = r["invalid_error"]
+        assert message is not None, f"rank {r['rank']} trained on despite rank 1's invalid id"
+        assert "on at least one rank" in message

@@ -89,9 +89,22 @@ class _InterleaveModelMixin:
         return self._htf_interleaving
 
 
+def _same_on_every_rank(model, measured: warmup.StepMeasurement, batch: int) -> int:
+    """Rank 0's measurements for every rank of a Horovod job: every rank must build the same plan."""
+    world = model._htf_runtime.storage.world
+    if not world.distributed:
+        return batch
+    names = sorted(measured.op_seconds)
+    values = [measured.peak_bytes, float(batch)] + [measured.op_seconds[n] for n in names]
+    shared = world.hvd.broadcast(tf.constant(values, tf.float64), root_rank=0, name="hybridtf_warmup").numpy()
+    measured.peak_bytes = float(shared[0])
+    measured.op_seconds = {n: float(v) for n, v in zip(names, shared[2:])}
+    return int(shared[1])
+
+
 def _finish_plan(model, measured: warmup.StepMeasurement) -> None:
     pending = model._htf_pending
-    batch = int(model._htf_batch_seen.numpy())
+    batch = _same_on_every_rank(model, measured, int(model._htf_batch_seen.numpy()))
     micro = model._htf_micro
     if pending["micro"] == "auto":
         bound = pending["memory_bound"] or default_memory_bound(device_bytes=warmup.device_memory())
