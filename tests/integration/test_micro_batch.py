@@ -52,6 +52,7 @@ def wide_and_deep(seed=3, batch_norm=False, activity=False):
         x = tf.keras.layers.Dense(
             units,
             "relu",
+            name=f"hidden_{j}",
             kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j),
             activity_regularizer="l2" if activity and j == 0 else None,
         )(x)
@@ -80,7 +81,7 @@ def dlrm(seed=5):
     x = tf.keras.layers.Concatenate()([bottom, pairs])
     for j, units in enumerate((16, 8)):
         x = tf.keras.layers.Dense(
-            units, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j)
+            units, "relu", name=f"hidden_{j}", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j)
         )(x)
     out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
     return tf.keras.Model({**ids, "dense_features": dense}, out)
@@ -181,9 +182,20 @@ def test_batch_dependent_layers_are_refused():
     model = wide_and_deep(activity=True)
     with pytest.raises(ValueError, match="activity regularizer"):
         htf.keras.optimize(model, micro_batches=2)
-    with pytest.raises(ValueError, match="interleave_from"):
+    with pytest.raises(ValueError, match="no layer of that name"):
         htf.keras.optimize(wide_and_deep(), micro_batches=2, interleave_from="nowhere")
     with pytest.raises(ValueError, match="micro_batches"):
         htf.keras.optimize(wide_and_deep(), micro_batches=0)
     # one micro-batch: BatchNormalization is fine (the whole batch)
     assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
+
+
+@pytest.mark.parametrize("layer", ["hidden_0", "hidden_1"])
+def test_from_a_named_layer(layer, batches):
+    """The model cut at a layer: lookups and the layers before it once, the rest per micro-batch."""
+    whole, _ = _losses(wide_and_deep, "adam", batches[:8])
+    micro, model = _losses(wide_and_deep, "adam", batches[:8], micro_batches=4, interleave_from=layer)
+    head, tail = model._htf_split
+    assert layer in [lyr.name for lyr in head.layers] and "hidden_0" in [lyr.name for lyr in head.layers]
+    assert all(not lyr.name.startswith(("deep_", "wide_")) for lyr in tail.layers)  # lookups stay whole-batch
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)

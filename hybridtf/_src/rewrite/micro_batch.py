@@ -7,6 +7,10 @@ accumulates the gradients and applies them once:
 * ``interleave_from="embedding"``: the whole forward (lookup chains included)
   runs per micro-batch (Fig. 8 b): micro-batch ``i``'s dense compute and
   ``i + 1``'s lookups are independent, so TensorFlow may overlap them.
+* ``interleave_from="<layer name>"`` (functional models,
+  ``micro_batch_split.py``): the model is cut at that layer; the layers it
+  depends on and the lookups run once on the whole batch, the rest per
+  micro-batch.
 * ``interleave_from="mlp"``: the lookup chains run once on the whole batch;
   the layers after them (interaction, MLP, loss) run per micro-batch on slices
   of the lookups' outputs (Fig. 8 a), which bounds the peak memory of the
@@ -37,6 +41,7 @@ from keras.src.engine import data_adapter
 from keras.src.utils import losses_utils
 
 from hybridtf._src.capture import context
+from hybridtf._src.rewrite import micro_batch_split
 from hybridtf._src.rewrite.runtime import lookup_all
 
 MODES = ("embedding", "mlp")
@@ -54,11 +59,14 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
             statistics), an activity regularizer (a sum over the batch), a
             model that overrides ``train_step``, or an unknown mode.
     """
-    if interleave_from not in MODES:
+    if not isinstance(interleave_from, str) or not interleave_from:
         raise MicroBatchError(
             f"interleave_from={interleave_from!r}: hybridtf micro-batches from 'embedding' (the whole forward per "
-            "micro-batch) or 'mlp' (lookups once on the whole batch, the layers after them per micro-batch)."
+            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch) or the "
+            "name of a layer of a functional model (that layer and what follows it per micro-batch)."
         )
+    if interleave_from not in MODES:
+        object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
     if num_micro_batches == 1:
         return
     if type(model).train_step is not tf.keras.Model.train_step:
@@ -186,6 +194,9 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     variables = model.trainable_variables
     if interleave_from == "mlp":
         grads, y_pred = _from_mlp(model, x, y, sample_weight, bounds, weights, variables)
+    elif interleave_from != "embedding":  # a layer name: the model cut at that layer
+        parts, preds = micro_batch_split.from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split)
+        grads, y_pred = [_sum_grads(p) for p in parts], _concat_structures(preds)
     else:
         acc = _Accumulator(len(variables))
         preds = []
