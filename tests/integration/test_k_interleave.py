@@ -15,6 +15,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from hybridtf._src.plan.interleaving import InterleavingPlan
+from hybridtf._src.run.gather_rows import OP_NAME as GATHER
 from tests.integration.step_ops import step_graph
 from tests.integration.test_micro_batch import FIELDS, _batches, dlrm, wide_and_deep
 
@@ -91,15 +92,17 @@ def test_plan_given_as_json_and_stage_order():
     graph = step_graph(again, batches)
     first = set(plan.groups[0].members)
     second = set(plan.groups[1].members)
-    # every PackIds/UniquePartition/StitchConcat of group 1 waits (through its inputs' control edges) for the
+    # every PackIds/UniquePartition/GatherRows of group 1 waits (through its inputs' control edges) for the
     # same op type of group 0
     checked = 0
     for op in graph.get_operations():
-        if op.type in ("HybridTF>PackIds", "HybridTF>UniquePartition") and second & set(op.name.split("/")):
+        if op.type in ("HybridTF>PackIds", "HybridTF>UniquePartition", GATHER) and second & set(op.name.split("/")):
             before = {a.type for a in _ancestors(op) if first & set(a.name.split("/"))}
             assert op.type in before, f"{op.name} does not wait for the {op.type} of group 0"
             checked += 1
-    assert checked == 2
+    assert checked == 3
+    # stitching waits for nothing: a fused-away StitchCombine must stay prunable
+    assert not [op for op in graph.get_operations() if op.type.startswith("HybridTF>Stitch") and op.control_inputs]
 
 
 def _ancestors(op):

@@ -1,13 +1,17 @@
 """K-interleaving (PICASSO §III-C, Eq. 3, Fig. 8 c): control dependencies between groups of packed chains.
 
 A packed chain runs in stages (one process: pack ids -> Unique&Partition ->
-gather + stitch; Horovod: pack ids -> [id agreement] -> partition by owner ->
-alltoall ids, local gather, alltoall rows -> stitch). With an
-``InterleavingPlan``, every stage of a chain in group ``g`` gets control
-dependencies on the same stage's outputs of all chains in group ``g - 1``:
+gather -> stitch; Horovod: pack ids -> [id agreement] -> partition by owner ->
+exchange: alltoall ids, local gather, alltoall rows -> stitch). With an
+``InterleavingPlan``, the pack, unique and gather/exchange stages of a chain in
+group ``g`` get control dependencies on the same stage's outputs of all chains
+in group ``g - 1``:
 the groups run as a pipeline (group ``g`` packs and deduplicates while group
 ``g - 1`` exchanges), instead of every chain's collective or memory-bound
-kernel starting at once. Because the dependencies follow the plan, and every
+kernel starting at once. Stitching gets no dependencies: a chain's stitched
+outputs may be fused away (StitchConcat, StitchConcatMatMul read the rows
+directly) and are then pruned by TensorFlow; a control edge on them would
+keep them alive. Because the dependencies follow the plan, and every
 rank builds the same graph from the same plan, every rank enqueues the
 alltoalls in the same group order. Excluded packed tables (and tables the plan
 does not name) get no dependencies. The math is unchanged: only the order in
@@ -23,8 +27,8 @@ import tensorflow as tf
 from hybridtf._src.plan.interleaving import ChainCost, InterleavingPlan, plan_interleaving
 from hybridtf._src.plan.packing import PackingPlan
 
-# Stage names used by the runtime, in chain order.
-STAGES = ("pack", "unique", "exchange", "stitch")
+# Stage names used by the runtime, in chain order ("exchange" is the gather in one process).
+STAGES = ("pack", "unique", "exchange")
 
 
 def _tensors(value) -> list[tf.Tensor]:

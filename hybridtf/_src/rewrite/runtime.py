@@ -15,13 +15,13 @@ from hybridtf._src.rewrite.interleave import GroupOrder, same_group
 from hybridtf._src.rewrite.lookup_chain import (
     UniqueSource,
     derived_requests,
-    gather_and_stitch,
     own_unique,
     pack_requests,
     positions_key,
     stitch_outputs,
 )
 from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.run.gather_rows import gather_variable_rows
 
 
 class PackedRuntime:
@@ -89,9 +89,10 @@ class PackedRuntime:
                         unique = own_unique(prepared)
                     chains[name] = (prepared, unique)
                 order.done(name, "unique", unique)
-                with order.stage(name, "stitch"):
-                    results = gather_and_stitch(variable, prepared, unique)
-                order.done(name, "stitch", results)
+                with order.stage(name, "exchange"):  # one process: the gather
+                    rows = gather_variable_rows(variable, unique.unique_ids)
+                order.done(name, "exchange", rows)
+                results = stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
             for i, out in zip(by_table[name], results):
                 outputs[i] = out
         return outputs
@@ -161,18 +162,16 @@ class PackedRuntime:
                         with order.stage(name, "unique"):
                             unique = own_unique(prepared[name])
                         order.done(name, "unique", unique)
-                        with order.stage(name, "stitch"):
-                            results = gather_and_stitch(variable, prepared[name], unique)
+                        with order.stage(name, "exchange"):
+                            rows = gather_variable_rows(variable, unique.unique_ids)
                     else:
                         with order.stage(name, "unique"):
                             unique = exchange.partition_ids(prepared[name].packed, layout)
                         order.done(name, "unique", unique)
                         with order.stage(name, "exchange"):
                             rows = exchange.exchange_rows(variable, unique, layout, world, f"hybridtf_{name}")
-                        order.done(name, "exchange", rows)
-                        with order.stage(name, "stitch"):
-                            results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
-                    order.done(name, "stitch", results)
+                    order.done(name, "exchange", rows)
+                    results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
                 for i, out in zip(by_table[name], results):
                     outputs[i] = out
 
