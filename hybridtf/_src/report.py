@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
 from hybridtf._src.integrations.keras_model import is_optimized
+from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
 
 PLUMBING_OPS = frozenset({"NoOp", "Identity", "IdentityN", "Const", "Placeholder", "_Arg", "_Retval"})
@@ -320,6 +321,9 @@ class Report:
             one StitchConcatMatMul op.
         shared_uniques: packed tables that take their unique ids from
             another packed table's chain (table -> source).
+        interleaving: the model's ``InterleavingPlan`` as a dict (K-groups
+            with Capacity_g and members, excluded embeddings, micro-batching
+            and how Eq. 2 chose it), or None.
 
     Example:
         >>> r = report(optimized_model, (features, labels), baseline=plain_model)
@@ -339,6 +343,7 @@ class Report:
     fused_concats: tuple[str, ...] = ()
     fused_dense: tuple[str, ...] = ()
     shared_uniques: dict = dataclasses.field(default_factory=dict)
+    interleaving: dict | None = None
 
     @property
     def ops_ratio(self) -> float | None:
@@ -368,6 +373,7 @@ class Report:
             "fused_concats": list(self.fused_concats),
             "fused_dense": list(self.fused_dense),
             "shared_uniques": dict(self.shared_uniques),
+            "interleaving": self.interleaving,
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -390,6 +396,7 @@ class Report:
             fused_concats=tuple(d.get("fused_concats", ())),
             fused_dense=tuple(d.get("fused_dense", ())),
             shared_uniques=dict(d.get("shared_uniques", {})),
+            interleaving=d.get("interleaving"),
         )
 
     @classmethod
@@ -425,6 +432,8 @@ class Report:
             lines.append(f"Dense layers multiplying through the distinct rows (StitchConcatMatMul): {dense}")
             shared = ", ".join(f"{t} <- {src}" for t, src in sorted(self.shared_uniques.items()))
             lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
+            plan = self.interleaving and InterleavingPlan.from_dict(self.interleaving)
+            lines.append(str(plan) if plan else "interleaving: none (one group, whole batch)")
         if self.communication:
             c = self.communication
             lines += [
@@ -545,7 +554,13 @@ def report(
         fused_concats=tuple(getattr(model, "_htf_fused_concats", ())),
         fused_dense=tuple(model.hybridtf_fused_dense) if optimized else (),
         shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
+        interleaving=_interleaving(model) if optimized else None,
     )
+
+
+def _interleaving(model) -> dict | None:
+    plan = getattr(model, "hybridtf_interleaving", None)
+    return plan.to_dict() if plan is not None else None
 
 
 def _communication(model, sample_batch, num_ranks):
@@ -581,6 +596,9 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
     )
+    parser.add_argument("--micro-batches", type=int, default=1, help="D-interleaving: micro-batches per step")
+    parser.add_argument("--interleave-from", choices=("embedding", "mlp"), default="embedding")
+    parser.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = parser.parse_args(argv)
     try:
@@ -597,7 +615,12 @@ def main(argv=None) -> int:
     fields = bench_keras.make_fields(config)
     batch = bench_keras.sample_batch(config, fields)
     plain = bench_keras.build_model(config, fields, batch[0])
-    model = hybridtf.keras.optimize(bench_keras.build_model(config, fields, batch[0]))
+    model = hybridtf.keras.optimize(
+        bench_keras.build_model(config, fields, batch[0]),
+        micro_batches=args.micro_batches,
+        interleave_from=args.interleave_from,
+        interleave_groups=args.interleave_groups,
+    )
     for m in (plain, model):
         m.compile(optimizer=bench_keras.make_optimizer("adagrad"), loss="binary_crossentropy")
     result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)

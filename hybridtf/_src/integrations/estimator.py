@@ -52,6 +52,7 @@ from hybridtf._src.integrations.estimator_saver import with_saver
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
+from hybridtf._src.rewrite import interleave
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -388,7 +389,20 @@ def _mode_name(mode) -> str:
     return str(mode) if mode is not None else "unknown"
 
 
-def build(user_fn, features, labels, mode, params, config, *, exclude=(), max_shards=None, plan=None):
+def build(
+    user_fn,
+    features,
+    labels,
+    mode,
+    params,
+    config,
+    *,
+    exclude=(),
+    max_shards=None,
+    plan=None,
+    interleave_groups=None,
+    interleave_exclude=(),
+):
     """Builds the wrapped model_fn's graph in the default graph; returns the EstimatorSpec."""
     wanted = _user_args(user_fn)
     kwargs = {"features": features}
@@ -439,6 +453,9 @@ def build(user_fn, features, labels, mode, params, config, *, exclude=(), max_sh
         attach_report(real_graph, report)
         return spec
     real = _Real(record, plan, real_graph)
+    if real.runtime is not None and interleave_groups is not None:  # K-interleaving groups
+        groups = interleave.static_plan(plan, interleave_groups, interleave_exclude)
+        real.runtime.interleaving = groups if groups.num_groups > 1 else None
     with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
@@ -478,7 +495,15 @@ def _step_fetches(spec):
     return fetches
 
 
-def model_fn(user_model_fn=None, *, exclude=(), max_shards: int | None = None, plan: PackingPlan | None = None):
+def model_fn(
+    user_model_fn=None,
+    *,
+    exclude=(),
+    max_shards: int | None = None,
+    plan: PackingPlan | None = None,
+    interleave_groups=None,
+    interleave_exclude=(),
+):
     """Wraps an Estimator model_fn so that its embedding lookups run packed.
 
     The returned model_fn builds the same model (same variables, same math)
@@ -505,6 +530,11 @@ def model_fn(user_model_fn=None, *, exclude=(), max_shards: int | None = None, p
         max_shards: at most this many shards per D-packing group (default: 8
             with a GPU, else 1), as in ``hybridtf.keras.optimize``.
         plan: a packing plan of the model_fn's embedding layers to use as it is.
+        interleave_groups: K-interleaving: a number of groups (balanced by
+            CalcVParam) or an ``InterleavingPlan``; each group's chain stages
+            run after the previous group's (same results). None: off.
+        interleave_exclude: embedding tables whose chains get no control
+            dependencies.
 
     Returns:
         A model_fn for ``tf.estimator.Estimator``.
@@ -526,12 +556,25 @@ def model_fn(user_model_fn=None, *, exclude=(), max_shards: int | None = None, p
         >>> est.train(input_fn, steps=1000, hooks=hybridtf.estimator.hooks())
     """
     if user_model_fn is None:
-        return lambda fn: model_fn(fn, exclude=exclude, max_shards=max_shards, plan=plan)
+        return lambda fn: model_fn(
+            fn,
+            exclude=exclude,
+            max_shards=max_shards,
+            plan=plan,
+            interleave_groups=interleave_groups,
+            interleave_exclude=interleave_exclude,
+        )
     if not callable(user_model_fn):
         raise TypeError(f"hybridtf.estimator.model_fn takes a callable model_fn, got {type(user_model_fn).__name__}.")
     exclude = tuple(exclude)
 
-    options = dict(exclude=exclude, max_shards=max_shards, plan=plan)
+    options = dict(
+        exclude=exclude,
+        max_shards=max_shards,
+        plan=plan,
+        interleave_groups=interleave_groups,
+        interleave_exclude=tuple(interleave_exclude),
+    )
     if "params" in _user_args(user_model_fn):
 
         def wrapped_model_fn(features, labels=None, mode=None, params=None, config=None):

@@ -29,7 +29,7 @@ from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, h
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_interleave
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
@@ -330,6 +330,12 @@ def optimize(
     fuse_concat: bool = True,
     share_unique: bool = True,
     fuse_dense: bool = True,
+    micro_batches: int | str = 1,
+    interleave_from: str = "embedding",
+    micro_batch_memory: float | None = None,
+    interleave_groups=None,
+    interleave_scale: float = 1.0,
+    interleave_exclude=(),
 ):
     """Packs the embedding lookups of a Keras model; returns the same model, optimized.
 
@@ -375,6 +381,23 @@ def optimize(
             and inverse index from that chain with one cheap UniqueSubset op
             instead of its own PackIds + UniquePartition (same values, bit
             for bit). ``False`` gives every packed table its own chain.
+        micro_batches: D-interleaving (PICASSO Eq. 2): each training step
+            runs this many micro-batches and applies the summed gradients
+            once (same math for mean losses; docs/user_guide.md). ``"auto"``:
+            Eq. 2 picks it after a measured warm-up step, from the step's
+            peak memory per example against ``micro_batch_memory``.
+        interleave_from: ``"embedding"`` (the whole forward per micro-batch)
+            or ``"mlp"`` (lookups once on the whole batch, the layers after
+            them per micro-batch: bounds the MLP's peak memory).
+        micro_batch_memory: Eq. 2's memory bound in bytes (default: half of
+            the GPU's memory, or of the machine's RAM).
+        interleave_groups: K-interleaving (Eq. 3): None (off), a number of
+            groups, ``"auto"`` (Capacity_g from a measured warm-up step) or
+            an ``InterleavingPlan``. Each group's chain stages run after the
+            previous group's (control dependencies; bit-identical results).
+        interleave_scale: factor on Eq. 3's Capacity_g (below 1: more groups).
+        interleave_exclude: embedding tables (or packed tables) whose chains
+            get no control dependencies.
 
     Returns:
         The optimized model (the same object).
@@ -400,6 +423,12 @@ def optimize(
         fuse_concat=fuse_concat,
         share_unique=share_unique,
         fuse_dense=fuse_dense,
+        micro_batches=micro_batches,
+        interleave_from=interleave_from,
+        micro_batch_memory=micro_batch_memory,
+        interleave_groups=interleave_groups,
+        interleave_scale=interleave_scale,
+        interleave_exclude=interleave_exclude,
     )
     if model is None:
         return functools.partial(optimize, **options)
@@ -492,6 +521,15 @@ def optimize(
         hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, plain_trainable)
         if "_htf_pending_values" in model.optimizer.__dict__:  # built: its state moves to the packed layout now
             model.optimizer.build(model.trainable_variables)
+    keras_interleave.attach(
+        model,
+        micro_batches=micro_batches,
+        interleave_from=interleave_from,
+        micro_batch_memory=micro_batch_memory,
+        interleave_groups=interleave_groups,
+        interleave_scale=interleave_scale,
+        interleave_exclude=interleave_exclude,
+    )
     model.train_function = model.test_function = model.predict_function = None
     return model
 

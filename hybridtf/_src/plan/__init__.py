@@ -1,7 +1,12 @@
 """Plan stage: decides how tables are packed, sharded and interleaved.
 
-Holds the sharding rules (which partition owns which id) today; the packing
-planner (D-packing groups, CalcVParam shards, PICASSO Eq. 1-3) joins it.
+* ``tables.py``: table specs and packed-table records;
+* ``stats.py``: warm-up id statistics and CalcVParam (PICASSO Eq. 1);
+* ``packing.py``: D-packing groups, CalcVParam shards, the JSON packing plan;
+* ``sharding.py``: which partition (rank) owns which id;
+* ``interleaving.py``: K-interleaving groups by Capacity_g (Eq. 3) and the
+  micro-batch size (Eq. 2), from warm-up costs; the JSON interleaving plan.
+
 Everything here is TensorFlow-free so that plans can be made and inspected
 without building a graph.
 """

@@ -9,17 +9,19 @@ import tensorflow as tf
 
 from hybridtf._src.capture.context import CaptureError, LookupRequest
 from hybridtf._src.distribute import exchange
+from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
+from hybridtf._src.rewrite.interleave import GroupOrder, same_group
 from hybridtf._src.rewrite.lookup_chain import (
     UniqueSource,
     derived_requests,
-    gather_and_stitch,
     own_unique,
     pack_requests,
     positions_key,
     stitch_outputs,
 )
 from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.run.gather_rows import gather_variable_rows
 
 
 class PackedRuntime:
@@ -29,7 +31,9 @@ class PackedRuntime:
     across ranks that all ids are valid (one small allreduce), then runs the
     model-parallel chain of each sharded table (UniquePartition by owner ->
     alltoall ids -> local gather -> alltoall rows -> StitchCombine);
-    replicated tables run the one-process chain.
+    replicated tables run the one-process chain. With an ``interleaving``
+    plan, each chain stage of a K-interleaving group depends on the same stage
+    of the previous group (``rewrite/interleave.py``).
 
     Args:
         plan: the packing plan.
@@ -43,6 +47,8 @@ class PackedRuntime:
         self._order = [pt.name for pt in plan.packed_tables]
         # packed table -> the packed table whose UniquePartition it reused, at the last trace.
         self.shared_uniques: dict[str, str] = {}
+        # K-interleaving groups (control dependencies between groups' chain stages); None: off.
+        self.interleaving: InterleavingPlan | None = None
 
     def lookup(self, requests: Sequence[LookupRequest]) -> list[tf.Tensor]:
         """One output per request, computed with one chain per packed table."""
@@ -57,26 +63,36 @@ class PackedRuntime:
         names = [n for n in self._order if by_table.get(n)]
         table_requests = {n: [requests[i] for i in by_table[n]] for n in names}
         sources = self._unique_sources(table_requests) if self.share_unique else {}
+        sources = {n: s for n, s in sources.items() if same_group(self.interleaving, n, s.source)}
         self.shared_uniques = {n: src.source for n, src in sources.items()}
+        order = GroupOrder(self.interleaving)
         chains = {}  # packed table -> (prepared requests, unique result), for the tables others reuse
-        for name in [n for n in names if n not in sources] + [n for n in names if n in sources]:
+        for name in sorted(order.order(names), key=lambda n: (order.group(n) or 0, n in sources)):
             variable, members = self.storage.packed[name], self.storage.members(name)
             with tf.name_scope(name):
                 if name in sources:
                     src = sources[name]
-                    prepared, unique = derived_requests(
-                        members,
-                        table_requests[name],
-                        self.storage.members(src.source),
-                        table_requests[src.source],
-                        *chains[src.source],
-                        src.fields,
-                    )
+                    with order.stage(name, "unique"):
+                        prepared, unique = derived_requests(
+                            members,
+                            table_requests[name],
+                            self.storage.members(src.source),
+                            table_requests[src.source],
+                            *chains[src.source],
+                            src.fields,
+                        )
                 else:
-                    prepared = pack_requests(members, table_requests[name])
-                    unique = own_unique(prepared)
+                    with order.stage(name, "pack"):
+                        prepared = pack_requests(members, table_requests[name])
+                    order.done(name, "pack", prepared.packed)
+                    with order.stage(name, "unique"):
+                        unique = own_unique(prepared)
                     chains[name] = (prepared, unique)
-                results = gather_and_stitch(variable, prepared, unique)
+                order.done(name, "unique", unique)
+                with order.stage(name, "exchange"):  # one process: the gather
+                    rows = gather_variable_rows(variable, unique.unique_ids)
+                order.done(name, "exchange", rows)
+                results = stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
             for i, out in zip(by_table[name], results):
                 outputs[i] = out
         return outputs
@@ -126,13 +142,15 @@ class PackedRuntime:
 
     def _distributed_lookup(self, requests, by_table, outputs) -> None:
         world = self.storage.world
-        names = [n for n in self._order if by_table.get(n)]
+        order = GroupOrder(self.interleaving)
+        names = order.order([n for n in self._order if by_table.get(n)])
         prepared = {}
         for name in names:
-            with tf.name_scope(name):
+            with tf.name_scope(name), order.stage(name, "pack"):
                 prepared[name] = pack_requests(
                     self.storage.members(name), [requests[i] for i in by_table[name]], on_invalid="count"
                 )
+            order.done(name, "pack", prepared[name].packed)
         check = exchange.agree_on_valid_ids(
             world, [prepared[n].invalid for n in names], [v for n in names for v in prepared[n].vocabularies]
         )
@@ -141,11 +159,19 @@ class PackedRuntime:
                 with tf.name_scope(name):
                     variable, layout = self.storage.packed[name], self.storage.layouts[name]
                     if layout is None:  # replicated: every row is here
-                        results = gather_and_stitch(variable, prepared[name], own_unique(prepared[name]))
+                        with order.stage(name, "unique"):
+                            unique = own_unique(prepared[name])
+                        order.done(name, "unique", unique)
+                        with order.stage(name, "exchange"):
+                            rows = gather_variable_rows(variable, unique.unique_ids)
                     else:
-                        unique = exchange.partition_ids(prepared[name].packed, layout)
-                        rows = exchange.exchange_rows(variable, unique, layout, world, f"hybridtf_{name}")
-                        results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
+                        with order.stage(name, "unique"):
+                            unique = exchange.partition_ids(prepared[name].packed, layout)
+                        order.done(name, "unique", unique)
+                        with order.stage(name, "exchange"):
+                            rows = exchange.exchange_rows(variable, unique, layout, world, f"hybridtf_{name}")
+                    order.done(name, "exchange", rows)
+                    results = stitch_outputs(prepared[name], rows, unique.inverse, variable.shape[-1])
                 for i, out in zip(by_table[name], results):
                     outputs[i] = out
 

@@ -1,0 +1,247 @@
+"""D-interleaving (PICASSO §III-C, Eq. 2): a training step over N micro-batches, one update.
+
+The step cuts the batch into ``N`` near-equal micro-batches (sizes differ by at
+most one; the batch size may be dynamic), runs forward and backward on each,
+accumulates the gradients and applies them once:
+
+* ``interleave_from="embedding"``: the whole forward (lookup chains included)
+  runs per micro-batch (Fig. 8 b): micro-batch ``i``'s dense compute and
+  ``i + 1``'s lookups are independent, so TensorFlow may overlap them.
+* ``interleave_from="<layer name>"`` (functional models,
+  ``micro_batch_split.py``): the model is cut at that layer; the layers it
+  depends on and the lookups run once on the whole batch, the rest per
+  micro-batch.
+* ``interleave_from="mlp"``: the lookup chains run once on the whole batch;
+  the layers after them (interaction, MLP, loss) run per micro-batch on slices
+  of the lookups' outputs (Fig. 8 a), which bounds the peak memory of the
+  MLP's feature maps. The micro-batches' gradients with respect to the lookup
+  outputs are concatenated and sent back through the chains once.
+
+Each packed table still gets one update with distinct rows per step (its
+micro-batch gradients are concatenated and their duplicate rows summed, so the
+fused ``SparseApply*`` applies), each dense variable one update.
+
+Exactness. Micro-batch ``i`` with ``n_i`` of the batch's ``B`` examples is
+weighted ``n_i / B`` when the compiled losses are means over the batch
+(Keras's default ``SUM_OVER_BATCH_SIZE``; sample weights included, since Keras
+divides by the number of examples, not by the weights' sum): the step's
+gradient is then the whole-batch gradient up to float summation order. With
+``reduction="sum"`` losses every micro-batch is weighted 1 (gradients exact;
+the "loss" metric then reports the mean of the micro-batches' sums). Losses
+added with ``add_loss`` are weighted like the compiled loss: exact for
+batch-independent terms (weight regularizers). Layers whose training math
+depends on the whole batch are refused (``check_model``): BatchNormalization
+(batch statistics) and activity regularizers (sums over the batch).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from keras.src.engine import data_adapter
+from keras.src.utils import losses_utils
+
+from hybridtf._src.capture import context
+from hybridtf._src.rewrite import micro_batch_split
+from hybridtf._src.rewrite.runtime import lookup_all
+
+MODES = ("embedding", "mlp")
+
+
+class MicroBatchError(ValueError):
+    """A model or a setting that micro-batching cannot run with the whole batch's math."""
+
+
+def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
+    """Refuses what micro-batches would silently change.
+
+    Raises:
+        MicroBatchError: a BatchNormalization layer (training uses batch
+            statistics), an activity regularizer (a sum over the batch), a
+            model that overrides ``train_step``, or an unknown mode.
+    """
+    if not isinstance(interleave_from, str) or not interleave_from:
+        raise MicroBatchError(
+            f"interleave_from={interleave_from!r}: hybridtf micro-batches from 'embedding' (the whole forward per "
+            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch) or the "
+            "name of a layer of a functional model (that layer and what follows it per micro-batch)."
+        )
+    if interleave_from not in MODES:
+        object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
+    if num_micro_batches == 1:
+        return
+    if type(model).train_step is not tf.keras.Model.train_step:
+        raise MicroBatchError(
+            f"{type(model).__name__} overrides train_step; hybridtf's micro-batched step replaces Keras's train_step "
+            "and would skip yours. Use micro_batches=1, or micro-batch inside your own train_step."
+        )
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
+            raise MicroBatchError(
+                f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
+                "the batch it sees, so micro-batches would compute different math. Use micro_batches=1, freeze the "
+                "layer (trainable=False) or use a per-example normalization (LayerNormalization)."
+            )
+        if getattr(layer, "activity_regularizer", None) is not None:
+            raise MicroBatchError(
+                f"layer {layer.name!r} has an activity regularizer, a sum over the batch that micro-batches would "
+                "split differently. Use micro_batches=1 or remove the activity regularizer."
+            )
+
+
+def _batch_size(x) -> tf.Tensor:
+    for t in tf.nest.flatten(x, expand_composites=False):
+        if isinstance(t, tf.RaggedTensor):
+            return tf.cast(t.nrows(), tf.int32)
+        if isinstance(t, tf.SparseTensor):
+            return tf.cast(t.dense_shape[0], tf.int32)
+        if t is not None:
+            return tf.shape(t)[0]
+    raise MicroBatchError("micro-batching needs at least one input tensor with a batch dimension.")
+
+
+def _slice(t, lo, hi):
+    if t is None:
+        return None
+    if isinstance(t, tf.SparseTensor):
+        shape = tf.concat([[tf.cast(hi - lo, tf.int64)], t.dense_shape[1:]], 0)
+        start = tf.concat([[tf.cast(lo, tf.int64)], tf.zeros_like(t.dense_shape[1:])], 0)
+        return tf.sparse.slice(t, start, shape)
+    return t[lo:hi]
+
+
+def split(structure, lo, hi):
+    """Rows ``[lo, hi)`` of every tensor in ``structure`` (dense, ragged or sparse; None kept)."""
+    return tf.nest.map_structure(lambda t: _slice(t, lo, hi), structure, expand_composites=False)
+
+
+def loss_weights(model, sizes, batch) -> list[tf.Tensor]:
+    """Weight of each micro-batch's loss: ``n_i / B`` for mean losses, 1 for ``reduction="sum"``."""
+    compiled = getattr(model, "compiled_loss", None)
+    # Keras flattens the compiled losses when they are first called; before that they are the user's own.
+    losses = [obj for obj in tf.nest.flatten(getattr(compiled, "_losses", None)) if obj is not None]
+    reductions = {getattr(obj, "reduction", losses_utils.ReductionV2.AUTO) for obj in losses}
+    if losses_utils.ReductionV2.NONE in reductions:
+        raise MicroBatchError("a compiled loss with reduction NONE has no per-step value to micro-batch.")
+    if reductions and reductions <= {losses_utils.ReductionV2.SUM}:
+        return [tf.constant(1.0) for _ in sizes]
+    b = tf.cast(batch, tf.float32)
+    return [tf.cast(n, tf.float32) / tf.maximum(b, 1.0) for n in sizes]
+
+
+class _Accumulator:
+    """Sums gradients over micro-batches: dense by addition, IndexedSlices by concatenation."""
+
+    def __init__(self, n: int):
+        self.parts: list[list] = [[] for _ in range(n)]
+
+    def add(self, grads) -> None:
+        for parts, g in zip(self.parts, grads):
+            if g is not None:
+                parts.append(g)
+
+    def result(self) -> list:
+        return [_sum_grads(parts) for parts in self.parts]
+
+
+def _sum_grads(parts):
+    if not parts:
+        return None
+    if all(isinstance(g, tf.IndexedSlices) for g in parts):
+        if len(parts) == 1:
+            return parts[0]
+        indices = tf.concat([g.indices for g in parts], 0)
+        values = tf.concat([g.values for g in parts], 0)
+        return distinct_rows(tf.IndexedSlices(values, indices, parts[0].dense_shape))
+    total = None
+    for part in parts:
+        g = tf.convert_to_tensor(part)
+        total = g if total is None else total + g
+    return total
+
+
+def distinct_rows(grad: tf.IndexedSlices) -> tf.IndexedSlices:
+    """The same gradient with each row once (duplicates summed), rows in ascending order."""
+    unique, inverse = tf.unique(grad.indices)
+    order = tf.argsort(unique)
+    rank = tf.math.invert_permutation(order)
+    values = tf.math.unsorted_segment_sum(grad.values, tf.gather(rank, inverse), tf.shape(unique)[0])
+    return tf.IndexedSlices(values, tf.gather(unique, order), grad.dense_shape)
+
+
+def _concat_structures(structures):
+    return tf.nest.map_structure(lambda *ts: tf.concat(ts, 0), *structures)
+
+
+def micro_batched_train_step(model, data, num_micro_batches: int, interleave_from: str):
+    """Keras ``train_step`` over ``num_micro_batches`` micro-batches with one optimizer update.
+
+    Args:
+        model: an optimized Keras model (compiled).
+        data: the step's batch as Keras passes it (``x``, ``(x, y)`` or
+            ``(x, y, sample_weight)``).
+        num_micro_batches: ``N >= 2``.
+        interleave_from: ``"embedding"`` or ``"mlp"``.
+
+    Returns:
+        The metrics dict, computed once on the whole batch's predictions.
+    """
+    x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+    n = num_micro_batches
+    batch = _batch_size(x)
+    bounds = [(i * batch) // n for i in range(n + 1)]
+    sizes = [bounds[i + 1] - bounds[i] for i in range(n)]
+    weights = loss_weights(model, sizes, batch)
+    variables = model.trainable_variables
+    if interleave_from == "mlp":
+        grads, y_pred = _from_mlp(model, x, y, sample_weight, bounds, weights, variables)
+    elif interleave_from != "embedding":  # a layer name: the model cut at that layer
+        parts, preds = micro_batch_split.from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split)
+        grads, y_pred = [_sum_grads(p) for p in parts], _concat_structures(preds)
+    else:
+        acc = _Accumulator(len(variables))
+        preds = []
+        for i in range(n):
+            xi, yi, swi = split((x, y, sample_weight), bounds[i], bounds[i + 1])
+            with tf.GradientTape() as tape:
+                pred = model(xi, training=True)
+                loss = model.compute_loss(xi, yi, pred, swi)
+                scaled = loss * weights[i]
+            model._validate_target_and_loss(yi, loss)
+            acc.add(tape.gradient(scaled, variables))
+            preds.append(pred)
+        grads, y_pred = acc.result(), _concat_structures(preds)
+    model.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+    return model.compute_metrics(x, y, y_pred, sample_weight)
+
+
+def _from_mlp(model, x, y, sample_weight, bounds, weights, variables):
+    requests = model._htf_whole_batch_requests(x)
+    table_vars = [v for v in variables if id(v) in model._htf_table_variable_ids]
+    dense_vars = [v for v in variables if id(v) not in model._htf_table_variable_ids]
+    with tf.GradientTape() as lookup_tape:
+        outputs = lookup_all(requests)
+    acc = _Accumulator(len(dense_vars))
+    out_grads: list[list] = [[] for _ in outputs]
+    preds = []
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        xi, yi, swi = split((x, y, sample_weight), lo, hi)
+        out_i = [o[lo:hi] for o in outputs]
+        with tf.GradientTape() as tape:
+            tape.watch(out_i)
+            with context.replaying(requests, out_i):
+                pred = model(xi, training=True)
+            loss = model.compute_loss(xi, yi, pred, swi)
+            scaled = loss * weights[i]
+        model._validate_target_and_loss(yi, loss)
+        g = tape.gradient(scaled, dense_vars + out_i)
+        acc.add(g[: len(dense_vars)])
+        for parts, gi, oi in zip(out_grads, g[len(dense_vars) :], out_i):
+            parts.append(tf.zeros_like(oi) if gi is None else tf.convert_to_tensor(gi))
+        preds.append(pred)
+    d_outputs = [tf.concat(parts, 0) for parts in out_grads]
+    table_grads = lookup_tape.gradient(outputs, table_vars, output_gradients=d_outputs)
+    dense_grads = acc.result()
+    by_id = {id(v): g for v, g in zip(dense_vars, dense_grads)}
+    by_id.update({id(v): g for v, g in zip(table_vars, table_grads)})
+    return [by_id[id(v)] for v in variables], _concat_structures(preds)

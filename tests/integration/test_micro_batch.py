@@ -1,0 +1,201 @@
+"""D-interleaving exactness: micro-batched steps train like whole-batch steps.
+
+Small W&D and DLRM models defined here (same seeds, same batches). Per-step
+losses of ``optimize(model)`` and ``optimize(model, micro_batches=N,
+interleave_from=...)`` agree within 1e-5 relative (fp32), for Adagrad and Adam,
+2 and 4 micro-batches, from the embedding layer and from the MLP. Also: sample
+weights and a sum-reduced loss, a batch that does not divide evenly, one fused
+update per packed table per step, and the refusals (BatchNormalization,
+activity regularizers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+
+FIELDS = [("f0", 50), ("f1", 80), ("f2", 30), ("f3", 120), ("f4", 40)]
+DIM = 8
+N_DENSE = 3
+BATCH = 64
+STEPS = 20
+
+
+def _inputs():
+    ids = {name: tf.keras.Input((1,), dtype=tf.int64, name=name) for name, _ in FIELDS}
+    dense = tf.keras.Input((N_DENSE,), name="dense_features")
+    return ids, dense
+
+
+def _init(seed):
+    return tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
+
+
+def wide_and_deep(seed=3, batch_norm=False, activity=False):
+    ids, dense = _inputs()
+    wide = [
+        tf.keras.layers.Embedding(n, 1, embeddings_initializer=_init(seed + i), name=f"wide_{f}")
+        for i, (f, n) in enumerate(FIELDS)
+    ]
+    deep = [
+        tf.keras.layers.Embedding(n, DIM, embeddings_initializer=_init(seed + 50 + i), name=f"deep_{f}")
+        for i, (f, n) in enumerate(FIELDS)
+    ]
+    w = tf.keras.layers.Add()([tf.keras.layers.Flatten()(layer(ids[f])) for layer, (f, _) in zip(wide, FIELDS)])
+    x = tf.keras.layers.Concatenate()(
+        [tf.keras.layers.Flatten()(layer(ids[f])) for layer, (f, _) in zip(deep, FIELDS)] + [dense]
+    )
+    for j, units in enumerate((16, 8)):
+        x = tf.keras.layers.Dense(
+            units,
+            "relu",
+            name=f"hidden_{j}",
+            kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j),
+            activity_regularizer="l2" if activity and j == 0 else None,
+        )(x)
+        if batch_norm:
+            x = tf.keras.layers.BatchNormalization()(x)
+    x = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
+    out = tf.keras.layers.Activation("sigmoid")(tf.keras.layers.Add()([x, w]))
+    return tf.keras.Model({**ids, "dense_features": dense}, out)
+
+
+def dlrm(seed=5):
+    ids, dense = _inputs()
+    bottom = tf.keras.layers.Dense(DIM, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed))(dense)
+    embs = [
+        tf.keras.layers.Flatten()(
+            tf.keras.layers.Embedding(n, DIM, embeddings_initializer=_init(seed + i), name=f"emb_{f}")(ids[f])
+        )
+        for i, (f, n) in enumerate(FIELDS)
+    ]
+    stacked = tf.keras.layers.Lambda(lambda t: tf.stack(t, axis=1))([bottom, *embs])  # [B, F + 1, D]
+    dots = tf.keras.layers.Lambda(lambda s: tf.matmul(s, s, transpose_b=True))(stacked)
+    n = len(embs) + 1
+    rows, cols = np.triu_indices(n, 1)
+    flat_pairs = (rows * n + cols).tolist()
+    pairs = tf.keras.layers.Lambda(lambda d: tf.gather(tf.reshape(d, [-1, n * n]), flat_pairs, axis=1))(dots)
+    x = tf.keras.layers.Concatenate()([bottom, pairs])
+    for j, units in enumerate((16, 8)):
+        x = tf.keras.layers.Dense(
+            units, "relu", name=f"hidden_{j}", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j)
+        )(x)
+    out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
+    return tf.keras.Model({**ids, "dense_features": dense}, out)
+
+
+BUILDERS = {"wdl": wide_and_deep, "dlrm": dlrm}
+OPTIMIZERS = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.05), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+
+
+def _batches(steps=STEPS, batch=BATCH, seed=11):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        x = {f: tf.constant(np.minimum(rng.zipf(1.3, (batch, 1)) - 1, n - 1).astype(np.int64)) for f, n in FIELDS}
+        x["dense_features"] = tf.constant(rng.normal(size=(batch, N_DENSE)).astype(np.float32))
+        y = tf.constant((rng.random((batch, 1)) < 0.3).astype(np.float32))
+        out.append((x, y))
+    return out
+
+
+def _losses(build, optimizer, batches, loss="binary_crossentropy", weights=None, **options):
+    model = build()
+    model(batches[0][0])
+    model = htf.keras.optimize(model, **options)
+    model.compile(optimizer=OPTIMIZERS[optimizer](), loss=loss)
+    out = []
+    for i, (x, y) in enumerate(batches):
+        out.append(model.train_on_batch(x, y, sample_weight=None if weights is None else weights[i]))
+    return np.array(out), model
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return _batches()
+
+
+_REFERENCE: dict = {}
+
+
+@pytest.fixture(scope="module")
+def reference(batches):
+    def get(model_name, optimizer):
+        if (model_name, optimizer) not in _REFERENCE:
+            _REFERENCE[model_name, optimizer] = _losses(BUILDERS[model_name], optimizer, batches)[0]
+        return _REFERENCE[model_name, optimizer]
+
+    return get
+
+
+# Every model x optimizer x N x mode; two combinations that cover each value run by default, the rest are slow.
+FAST = {("wdl", "adagrad", 2, "embedding"), ("dlrm", "adam", 4, "mlp")}
+MATRIX = [
+    pytest.param(m, o, n, mode, marks=() if (m, o, n, mode) in FAST else pytest.mark.slow)
+    for m in sorted(BUILDERS)
+    for o in sorted(OPTIMIZERS)
+    for n in (2, 4)
+    for mode in ("embedding", "mlp")
+]
+
+
+@pytest.mark.parametrize("model_name, optimizer, n, mode", MATRIX)
+def test_micro_batched_losses_match_whole_batch(model_name, optimizer, n, mode, batches, reference):
+    losses, model = _losses(BUILDERS[model_name], optimizer, batches, micro_batches=n, interleave_from=mode)
+    assert model.hybridtf_interleaving.micro.num_micro_batches == n
+    np.testing.assert_allclose(losses, reference(model_name, optimizer), rtol=1e-5, atol=0)
+
+
+def test_uneven_batch_sample_weights_and_sum_reduction():
+    batches = _batches(steps=6, batch=37, seed=5)  # 37 = 10 + 9 + 9 + 9
+    rng = np.random.default_rng(2)
+    weights = [tf.constant(rng.random(37).astype(np.float32)) for _ in batches]
+    whole, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights)
+    for mode in ("embedding", "mlp"):
+        micro, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights, micro_batches=4, interleave_from=mode)
+        np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+    # reduction="sum": every micro-batch weighted 1; the models end with the same weights
+    loss = tf.keras.losses.BinaryCrossentropy(reduction="sum")
+    _, whole_model = _losses(wide_and_deep, "adagrad", batches, loss=loss)
+    _, micro_model = _losses(wide_and_deep, "adagrad", batches, loss=loss, micro_batches=4)
+    for a, b in zip(whole_model.get_weights(), micro_model.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_one_fused_update_per_packed_table(batches):
+    from tests.integration.step_ops import step_op_types
+
+    _, model = _losses(wide_and_deep, "adagrad", batches[:1], micro_batches=4, interleave_from="embedding")
+    types = step_op_types(model, batches[:1])
+    packed = len(model.hybridtf_plan.packed_tables)
+    assert types.count("HybridTF>SparseApplyAdagrad") == packed
+    assert types.count("HybridTF>UniquePartition") >= 4  # a chain per micro-batch
+
+
+def test_batch_dependent_layers_are_refused():
+    model = wide_and_deep(batch_norm=True)
+    with pytest.raises(ValueError, match="BatchNormalization"):
+        htf.keras.optimize(model, micro_batches=2)
+    model = wide_and_deep(activity=True)
+    with pytest.raises(ValueError, match="activity regularizer"):
+        htf.keras.optimize(model, micro_batches=2)
+    with pytest.raises(ValueError, match="no layer of that name"):
+        htf.keras.optimize(wide_and_deep(), micro_batches=2, interleave_from="nowhere")
+    with pytest.raises(ValueError, match="micro_batches"):
+        htf.keras.optimize(wide_and_deep(), micro_batches=0)
+    # one micro-batch: BatchNormalization is fine (the whole batch)
+    assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
+
+
+@pytest.mark.parametrize("layer", ["hidden_0", "hidden_1"])
+def test_from_a_named_layer(layer, batches):
+    """The model cut at a layer: lookups and the layers before it once, the rest per micro-batch."""
+    whole, _ = _losses(wide_and_deep, "adam", batches[:8])
+    micro, model = _losses(wide_and_deep, "adam", batches[:8], micro_batches=4, interleave_from=layer)
+    head, tail = model._htf_split
+    assert layer in [lyr.name for lyr in head.layers] and "hidden_0" in [lyr.name for lyr in head.layers]
+    assert all(not lyr.name.startswith(("deep_", "wide_")) for lyr in tail.layers)  # lookups stay whole-batch
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
