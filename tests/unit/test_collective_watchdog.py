@@ -90,3 +90,19 @@ def test_a_rank_stuck_past_the_deadline_is_ended():
     assert "rank 0: training step #3  <- this rank" in err  # the diagnosis allgather ran
     assert "did not leave the collective after Horovod shut down; exiting." in err
     assert elapsed < 40, elapsed  # import + 2.5 s traced + 1 s + grace 1 s + 5 s exit grace
+
+
+def _armed(phase, seq):
+    return watchdog._Armed(phase, "model 'm'", seq, 8.0, 8.0, 8.0, 0.0, 0)
+
+
+def test_diagnosis_tells_diverged_ranks_from_a_slow_phase():
+    world = World(1, 2, None)
+    diverged = watchdog._timeout_message(world, _armed(watchdog.EVALUATION_STEP, 2), {0: (0, 4), 1: (1, 2)}, 8)
+    assert "  rank 0: training step #4\n  rank 1: evaluation step #2  <- this rank" in diverged
+    assert "The ranks reached different collectives." in diverged and "uneven data per rank" in diverged
+    slow = watchdog._timeout_message(world, _armed(watchdog.TRAINING_STEP, 1), {0: (0, 1), 1: (0, 1)}, 8)
+    assert "Every rank is in the same collective" in slow and "uneven" not in slow
+    assert f"Raise {watchdog.TIMEOUT_ENV} above its duration" in slow
+    alone = watchdog._timeout_message(world, _armed(watchdog.CHECKPOINT_GATHER, 0), None, 8)
+    assert "this rank: checkpoint gather (model 'm'); the other ranks did not report within 8 s" in alone

@@ -256,8 +256,16 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
             code, seq = others[rank]
             mark = "  <- this rank" if rank == world.rank else ""
             lines.append(f"  rank {rank}: {_describe(_phase_name(code), seq)}{mark}")
-        phases = {code for code, _ in others.values()}
-        if len(phases) > 1:
+        if len(set(others.values())) == 1 and len(others) == world.size:
+            lines.append(
+                "Every rank is in the same collective: the ranks did not diverge, this phase is slower than the "
+                f"limit (a first call also traces the step function). Raise {TIMEOUT_ENV} above its duration."
+            )
+            lines.append(
+                f"Ending every rank: Horovod is shut down on this one. The limit is {TIMEOUT_ENV}={armed.limit:g}."
+            )
+            return "\n".join(lines)
+        if len({code for code, _ in others.values()}) > 1:
             lines.append("The ranks reached different collectives.")
     else:
         lines.append(
