@@ -1,13 +1,14 @@
 """hybridtf's exception classes (public API). Every message says what was wrong and what to do."""
 
 from hybridtf._src.capture.context import CaptureError
-from hybridtf._src.errors import HybridTFError, NativeModuleError, OpLibraryError, PlanKeyError
+from hybridtf._src.errors import HybridTFError, InterleavingError, NativeModuleError, OpLibraryError, PlanKeyError
 from hybridtf._src.rewrite.packed_storage import CheckpointLayoutError
 
 __all__ = [
     "CaptureError",
     "CheckpointLayoutError",
     "HybridTFError",
+    "InterleavingError",
     "NativeModuleError",
     "OpLibraryError",
     "PlanKeyError",
