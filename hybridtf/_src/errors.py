@@ -37,3 +37,7 @@ class PlanKeyError(HybridTFError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
+
+
+class InterleavingError(HybridTFError, ValueError):
+    """A model or setting that micro-batches or interleaving groups cannot run with the same math."""

@@ -149,15 +149,22 @@ def test_micro_batched_losses_match_whole_batch(model_name, optimizer, n, mode, 
     np.testing.assert_allclose(losses, reference(model_name, optimizer), rtol=1e-5, atol=0)
 
 
-def test_uneven_batch_sample_weights_and_sum_reduction():
-    batches = _batches(steps=6, batch=37, seed=5)  # 37 = 10 + 9 + 9 + 9
+def _uneven(steps=5):
+    batches = _batches(steps=steps, batch=37, seed=5)  # 37 = 10 + 9 + 9 + 9
     rng = np.random.default_rng(2)
-    weights = [tf.constant(rng.random(37).astype(np.float32)) for _ in batches]
+    return batches, [tf.constant(rng.random(37).astype(np.float32)) for _ in batches]
+
+
+def test_uneven_batch_with_sample_weights():
+    batches, weights = _uneven()
     whole, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights)
     for mode in ("embedding", "mlp"):
         micro, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights, micro_batches=4, interleave_from=mode)
         np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
-    # reduction="sum": every micro-batch weighted 1; the models end with the same weights
+
+
+def test_sum_reduction_weights_every_micro_batch_one():
+    batches, _ = _uneven()
     loss = tf.keras.losses.BinaryCrossentropy(reduction="sum")
     _, whole_model = _losses(wide_and_deep, "adagrad", batches, loss=loss)
     _, micro_model = _losses(wide_and_deep, "adagrad", batches, loss=loss, micro_batches=4)

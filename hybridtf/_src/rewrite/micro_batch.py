@@ -41,14 +41,15 @@ from keras.src.engine import data_adapter
 from keras.src.utils import losses_utils
 
 from hybridtf._src.capture import context
+from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite import micro_batch_split
 from hybridtf._src.rewrite.runtime import lookup_all
 
 MODES = ("embedding", "mlp")
 
 
-class MicroBatchError(ValueError):
-    """A model or a setting that micro-batching cannot run with the whole batch's math."""
+# A model or a setting that micro-batching cannot run with the whole batch's math.
+MicroBatchError = InterleavingError
 
 
 def check_model(model, num_micro_batches: int, interleave_from: str) -> None:

@@ -24,11 +24,11 @@ import tensorflow as tf
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import is_captured
+from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite.runtime import lookup_all
 
-
-class SplitError(ValueError):
-    """The model cannot be cut at the named layer."""
+# The model cannot be cut at the named layer.
+SplitError = InterleavingError
 
 
 def _nodes(model):
