@@ -29,9 +29,19 @@ class BuildExt(build_ext):
             super().build_extension(ext)
 
 
+# The TF-free layer bound to NumPy (tools/sanitize.sh builds the same list with ASan/UBSan).
+NATIVE_SOURCES = [
+    "kernels/python/native_module.cc",
+    "kernels/python/native_layers.cc",
+    "kernels/pack_ids/pack_ids_impl.cc",
+    "kernels/stitch_combine/stitch_combine_impl.cc",
+    "kernels/unique_partition/unique_partition_impl.cc",
+    "kernels/unique_partition/unique_subset_impl.cc",
+]
+
 native = Pybind11Extension(
     "hybridtf._native",
-    sources=["kernels/python/native_module.cc", "kernels/unique_partition/unique_partition_impl.cc"],
+    sources=NATIVE_SOURCES,
     include_dirs=[str(ROOT)],
     cxx_std=17,
     extra_compile_args=["-O3", "-DNDEBUG"],

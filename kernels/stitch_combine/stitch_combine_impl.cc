@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/common/checked_math.h"
 #include "kernels/common/dispatch_dim.h"
 
 namespace hybridtf {
@@ -113,6 +114,14 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
                                          " is negative.");
     }
     const int64_t pos = pos_offset_.back();
+    // pos <= num_positions (checked below for every earlier field), so the
+    // fields' positions end inside inverse unless size says otherwise.
+    if (size > num_positions - pos) {
+      return ImplStatus::InvalidArgument(
+          "field_sizes[" + Str(f) + "] = " + Str(size) + " runs past the " + Str(num_positions) +
+          " entries of inverse (the earlier fields take " + Str(pos) +
+          "); field_sizes must sum to the length of inverse.");
+    }
     int64_t rows = size;
     if (combiners[f] != Combiner::kNone) {
       rows = field_segments[f];
@@ -131,6 +140,13 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
           return ImplStatus::InvalidArgument("segment_lengths[" + Str(cursor + b) +
                                              "] = " + Str(length) + " is negative.");
         }
+        // Checked: the lengths of a field must not wrap around to its size.
+        if (length > size - (at - pos)) {
+          return ImplStatus::InvalidArgument(
+              "the bag lengths of field " + Str(f) + " exceed field_sizes[" + Str(f) +
+              "] = " + Str(size) + " at segment_lengths[" + Str(cursor + b) + "] = " + Str(length) +
+              "; the lengths of a field's bags must sum to its size.");
+        }
         at += length;
         bag_begin_.push_back(at);
       }
@@ -141,8 +157,13 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
                                            "] = " + Str(size) + ".");
       }
     }
-    pos_offset_.push_back(pos + size);
-    row_offset_.push_back(row_offset_.back() + rows);
+    pos_offset_.push_back(pos + size);  // <= num_positions: checked above
+    int64_t row_end = 0;
+    if (!CheckedAdd(row_offset_.back(), rows, &row_end)) {
+      return ImplStatus::InvalidArgument("the output rows of fields 0.." + Str(f) +
+                                         " overflow int64.");
+    }
+    row_offset_.push_back(row_end);
   }
   if (pos_offset_.back() != num_positions) {
     return ImplStatus::InvalidArgument("field_sizes sum to " + Str(pos_offset_.back()) +
