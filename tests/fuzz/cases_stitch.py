@@ -192,7 +192,8 @@ def gen_stitch_concat(kind: str):
         pieces = [pieces[i] for i in rng.permutation(len(pieces))]
         valid = True
         attrs = {}
-        g0 = groups[int(rng.integers(len(groups)))]
+        gi = int(rng.integers(len(groups)))
+        g0 = groups[gi]
         placed = [(g, f) for g, f in pieces if g >= 0]
         if cls == "int64_extremes":
             valid = False
@@ -211,9 +212,9 @@ def gen_stitch_concat(kind: str):
             _wrap_layout(rng, g0)
             g0.pop("n")
             g0["combiners"] = list(g0["combiners"])
-            pieces = [p for p in pieces if p[0] != groups.index(g0) or p[1] < len(g0["combiners"])] or [(-1, 0)]
-            if pieces == [(-1, 0)] and not dense:
-                pieces = [(groups.index(g0), 0)]
+            pieces = [p for p in pieces if p[0] != gi or p[1] < len(g0["combiners"])]
+            if not any(p[0] == gi for p in pieces):
+                pieces.append((gi, 0))
         elif cls == "bad_attrs":
             valid = False
             choice = int(rng.integers(4))
@@ -312,8 +313,8 @@ def gen_unique_subset(rng, cls):
         if rng.integers(2):
             source_offsets[k] = I64_MAX - int(rng.integers(0, num_rows[k]))
         elif id_dtype == np.int32:
-            target_offsets[k] = np.iinfo(np.int32).max - int(rng.integers(0, num_rows[k]))
-            valid = num_rows[k] == 1 and target_offsets[k] == np.iinfo(np.int32).max and False
+            # B's packed rows end past the int32 ids' largest value
+            target_offsets[k] = np.iinfo(np.int32).max - num_rows[k] + 1 + int(rng.integers(1, 1000))
         else:
             target_offsets[k] = I64_MAX - int(rng.integers(0, num_rows[k]))
     elif cls == "bad_attrs":
@@ -338,7 +339,8 @@ def gen_unique_subset(rng, cls):
             unique_ids[i], unique_ids[i + 1] = unique_ids[i + 1], unique_ids[i]
         else:
             sizes = sizes.copy()
-            sizes[int(rng.integers(fa))] += _pick(rng, (1, -1, I64_MAX))
+            k = int(rng.integers(fa))
+            sizes[k] = _pick(rng, (sizes[k] + 1, sizes[k] - 1, I64_MAX))
     return dict(
         unique_ids=unique_ids,
         inverse=inverse,

@@ -87,7 +87,7 @@ OPS = {
             _STITCH,
         ),
         _spec("UniquePartition", c.gen_unique_partition, FULL, ("raw", "wrapper", "native"), "unique_partition"),
-        _spec("UniqueSubset", c.gen_unique_subset, FULL, ("raw", "wrapper", "native"), "unique_subset"),
+        _spec("UniqueSubset", cs.gen_unique_subset, FULL, ("raw", "wrapper", "native"), "unique_subset"),
     )
 }
 

@@ -14,7 +14,6 @@ import os
 import pathlib
 import pickle
 import queue
-import select
 import subprocess
 import sys
 import threading
@@ -39,7 +38,7 @@ BATCH = 200  # cases per request: a worker reports progress per case anyway
 
 
 class _Worker:
-    def __init__(self, env):
+    def __init__(self, env, startup_timeout=300.0):
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.fuzz.worker"],
             cwd=ROOT,
@@ -50,18 +49,30 @@ class _Worker:
             text=True,
             bufsize=1,
         )
+        self.lines = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+        # TensorFlow's import and the op library's load are no case's time.
+        ready = self.read(startup_timeout)
+        if not (isinstance(ready, dict) and ready.get("ready")):
+            self.kill()
+            raise RuntimeError(f"a fuzz worker did not start (got {ready!r}); try python -m tests.fuzz.worker")
 
     def send(self, req):
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
 
+    def _pump(self):
+        # A thread reads the worker's lines (select() on a buffered pipe would miss buffered lines).
+        for line in self.proc.stdout:
+            self.lines.put(json.loads(line))
+        self.lines.put("eof")
+
     def read(self, timeout):
         """The next JSON line, None on timeout, "eof" when the worker died."""
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
             return None
-        line = self.proc.stdout.readline()
-        return json.loads(line) if line else "eof"
 
     def kill(self):
         if self.proc.poll() is None:
@@ -112,15 +123,11 @@ def _run_stream(tasks, results, seed, timeout, repro_dir, env, deadline):
             while i < stop and time.monotonic() < deadline:
                 if worker is None:
                     worker = _Worker(env)
-                    first = True
-                else:
-                    first = False
                 end = min(stop, i + BATCH)
                 worker.send(dict(op=op, path=path, seed=seed, start=i, stop=end))
                 current = None
                 while True:
-                    # The first answer of a fresh worker waits for its TensorFlow import.
-                    msg = worker.read(timeout + (120 if first and current is None else 0))
+                    msg = worker.read(timeout)
                     if isinstance(msg, dict) and "start" in msg:
                         current = msg["start"]
                         continue
@@ -130,7 +137,6 @@ def _run_stream(tasks, results, seed, timeout, repro_dir, env, deadline):
                     if isinstance(msg, dict):
                         results.add(op, path, msg["cls"], msg["outcome"], msg["detail"], msg["i"])
                         i = msg["i"] + 1
-                        first = False
                         if time.monotonic() >= deadline:
                             worker.kill()
                             worker = None

@@ -199,7 +199,7 @@ def test_pack_ids_rejects_non_int_numpy_ids(ids):
     # NumPy float ids were truncated ([0.0, 2.7] -> [0, 2]); TF float tensors raised TypeError.
     with pytest.raises(TypeError, match="must be int32 or int64"):
         htf.ops.pack_ids([ids], [0], [10], ["t"])
-    with pytest.raises(TypeError, match="must be int32 or int64"):
+    with pytest.raises(TypeError, match="must be an int32 or int64 array"):
         htf.native.pack_ids([ids], [0], [10], ["t"])
     with pytest.raises(TypeError, match="must be int32 or int64"):
         htf.ops.pack_ids([tf.constant([0.0, 2.7])], [0], [10], ["t"])
