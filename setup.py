@@ -15,6 +15,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 import build_ops  # noqa: E402
+from native_sources import NATIVE_SOURCES  # noqa: E402  (also built by tools/sanitize.sh)
 
 OPS_EXTENSION = "hybridtf._src.run._hybridtf_ops"
 
@@ -28,16 +29,6 @@ class BuildExt(build_ext):
         else:
             super().build_extension(ext)
 
-
-# The TF-free layer bound to NumPy (tools/sanitize.sh builds the same list with ASan/UBSan).
-NATIVE_SOURCES = [
-    "kernels/python/native_module.cc",
-    "kernels/python/native_layers.cc",
-    "kernels/pack_ids/pack_ids_impl.cc",
-    "kernels/stitch_combine/stitch_combine_impl.cc",
-    "kernels/unique_partition/unique_partition_impl.cc",
-    "kernels/unique_partition/unique_subset_impl.cc",
-]
 
 native = Pybind11Extension(
     "hybridtf._native",

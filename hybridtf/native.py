@@ -135,7 +135,13 @@ def stitch_combine(rows, inverse, field_sizes, combiners, *, field_segments=None
     combiners = [str(c) for c in combiners]
     segments, lengths = _layout(field_sizes, combiners, field_segments, segment_lengths)
     return _native.stitch_combine(
-        np.ascontiguousarray(rows), np.ascontiguousarray(inverse), field_sizes, combiners, segments, lengths, weights
+        np.ascontiguousarray(rows),
+        np.ascontiguousarray(inverse),
+        _int_vector(field_sizes),
+        combiners,
+        segments,
+        lengths,
+        weights,
     )
 
 
@@ -154,7 +160,7 @@ def stitch_combine_grad(
     return _native.stitch_combine_grad(
         [np.ascontiguousarray(g) for g in grads],
         np.ascontiguousarray(inverse),
-        field_sizes,
+        _int_vector(field_sizes),
         combiners,
         segments,
         lengths,
@@ -163,16 +169,22 @@ def stitch_combine_grad(
     )
 
 
+def _int_vector(value):
+    """An integer vector as given; an empty list (float64 to NumPy) is an empty int64 vector, as in TF."""
+    arr = np.asarray(value)
+    return arr.astype(np.int64) if arr.size == 0 and arr.dtype.kind == "f" else arr
+
+
 def _layout(field_sizes, combiners, field_segments, segment_lengths):
     """The wrapper's defaults: field_segments = field_sizes, segment_lengths = ones (bags of one)."""
-    sizes = np.asarray(field_sizes)
-    segments = sizes if field_segments is None else np.asarray(field_segments)
+    sizes = _int_vector(field_sizes)
+    segments = sizes if field_segments is None else _int_vector(field_segments)
     if segment_lengths is None:
         if sizes.dtype.kind not in "iu":
             raise TypeError(f"field_sizes must be integers, got {sizes.dtype}.")
         total = sum(int(s) for s, c in zip(sizes.reshape(-1), combiners) if c != "none")
         segment_lengths = np.ones([total], np.int64)
-    return segments, np.asarray(segment_lengths)
+    return segments, _int_vector(segment_lengths)
 
 
 def unique_subset(unique_ids, inverse, field_sizes, source_fields, source_offsets, target_offsets, num_rows):
@@ -192,7 +204,7 @@ def unique_subset(unique_ids, inverse, field_sizes, source_fields, source_offset
     return _native.unique_subset(
         np.ascontiguousarray(unique_ids),
         np.ascontiguousarray(inverse),
-        field_sizes,
+        _int_vector(field_sizes),
         list(source_fields),
         list(source_offsets),
         list(target_offsets),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 
 import numpy as np
@@ -48,18 +49,26 @@ def _equal(got, want) -> str | None:
     return None
 
 
-def run_case(case, path, spec=None):
-    """(outcome, detail) of one case on one path (in this process)."""
+def _clean_errors(path):
+    """The exceptions that count as a clean rejection on `path` (the native path needs no TensorFlow)."""
+    if path == "native":
+        return CLEAN
     import tensorflow as tf
 
+    return (tf.errors.InvalidArgumentError, *CLEAN)
+
+
+def run_case(case, path, spec=None):
+    """(outcome, detail) of one case on one path (in this process)."""
     from tests.fuzz.paths import NotApplicable
 
     spec = spec or OPS[case.op]
+    clean = _clean_errors(path)
     try:
         got = _resolve(spec.run)(case.inputs, path)
     except NotApplicable as err:
         return "n/a", str(err)
-    except (tf.errors.InvalidArgumentError, *CLEAN) as err:
+    except clean as err:
         message = str(getattr(err, "message", err)).splitlines()[0][:300]
         return ("clean-error" if not case.valid else "valid-rejected"), f"{type(err).__name__}: {message}"
     except Exception as err:
@@ -71,14 +80,17 @@ def run_case(case, path, spec=None):
 
 
 def main() -> None:
-    import tensorflow as tf
-
     import hybridtf.native  # noqa: F401 - loaded before the first case, so that its time is not a case's
-    from hybridtf._src.run.loader import load_ops
 
-    tf.get_logger().setLevel("ERROR")
-    load_ops()
-    tf.constant(0) + 1  # the eager context
+    # HYBRIDTF_FUZZ_NATIVE_ONLY=1: NumPy bindings only, no TensorFlow in the process (the sanitizer run).
+    if not os.environ.get("HYBRIDTF_FUZZ_NATIVE_ONLY"):
+        import tensorflow as tf
+
+        from hybridtf._src.run.loader import load_ops
+
+        tf.get_logger().setLevel("ERROR")
+        load_ops()
+        tf.constant(0) + 1  # the eager context
     print(json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)

@@ -259,3 +259,33 @@ def test_even_range_bounds_rejects_rows_beyond_int64(num_rows):
 
 def test_even_range_bounds_largest_int64():
     assert htf.ops.even_range_bounds(M, 2).tolist() == [0, 2**62, M]
+
+
+class _UnknownRankIdsModel(tf.keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.embedding = tf.keras.layers.Embedding(10, 4)
+        self.dense = tf.keras.layers.Dense(1)
+
+    def call(self, ids):
+        return self.dense(tf.reshape(self.embedding(ids), [-1, 4]))
+
+
+def test_keras_ids_of_unknown_rank_train_like_the_plain_model():
+    # Rank-1 ids from a dataset without static shapes raised "as_list() is not defined on an unknown
+    # TensorShape" in the packed lookup; the lookup now reshapes at run time, like Keras' Embedding.
+    def dataset():
+        batches = [(np.arange(4) + k, np.ones((4, 1))) for k in range(3)]
+        spec = (tf.TensorSpec(None, tf.int64), tf.TensorSpec(None, tf.float64))
+        return tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=spec)
+
+    losses = []
+    for optimize in (False, True):
+        tf.keras.utils.set_random_seed(1)
+        model = _UnknownRankIdsModel()
+        model(np.arange(4))
+        model.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+        if optimize:
+            model = htf.keras.optimize(model)
+        losses.append(model.fit(dataset(), epochs=2, verbose=0).history["loss"])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
