@@ -173,11 +173,12 @@ def run_fuzz(
     """Runs `cases` cases of every (op, path) in worker processes; returns the Results."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT), **(env_extra or {}))
     tasks = queue.Queue()
-    for op in ops or OPS:
-        for path in OPS[op].paths:
-            if paths is None or path in paths:
-                for start in range(0, cases, BATCH * 5):
-                    tasks.put((op, path, start, min(cases, start + BATCH * 5)))
+    # Round robin over the (op, path) streams, one batch at a time: a run cut short by time_limit
+    # has covered every stream about equally.
+    streams = [(op, path) for op in ops or OPS for path in OPS[op].paths if paths is None or path in paths]
+    for start in range(0, cases, BATCH):
+        for op, path in streams:
+            tasks.put((op, path, start, min(cases, start + BATCH)))
     results = Results()
     deadline = time.monotonic() + (time_limit or 1e9)
     threads = [
