@@ -55,7 +55,7 @@ ImplStatus PackOne(const py::array& ids, int64_t offset, int64_t rows, const std
   auto a = py::array_t<Id, py::array::c_style>::ensure(ids);
   if (!a) throw py::type_error("ids of table '" + table + "' must be a native-endian array.");
   const int64_t n = a.size();
-  py::gil_scoped_release release;
+  py::gil_scoped_release release;  // the GIL is back before `a` is destroyed
   if (count) {
     *invalid = pack_ids::PackFieldCounting(a.data(), n, offset, rows, out);
     return ImplStatus::Ok();
@@ -165,9 +165,11 @@ py::list StitchForward(const py::array& rows_any, const py::array& inverse_any,
     outs.append(out);
   }
   const T* w = weights.size() ? weights.data() : nullptr;
-  py::gil_scoped_release release;
-  stitch_combine::Forward<T, Idx>(args.layout, rows.data(), dim, inverse.data(), w, ptrs.data(),
-                                  SequentialFor);
+  {
+    py::gil_scoped_release release;  // no Python object is touched inside
+    stitch_combine::Forward<T, Idx>(args.layout, rows.data(), dim, inverse.data(), w, ptrs.data(),
+                                    SequentialFor);
+  }
   return outs;
 }
 
@@ -234,9 +236,11 @@ py::array StitchBackward(const py::list& grads_any, const py::array& inverse_any
   py::array_t<T> d_rows({num_unique, dim});
   T* out = d_rows.mutable_data();
   const T* w = weights.size() ? weights.data() : nullptr;
-  py::gil_scoped_release release;
-  stitch_combine::Backward<T, Idx>(args.layout, ptrs.data(), dim, inverse.data(), w, num_unique,
-                                   out, SequentialFor);
+  {
+    py::gil_scoped_release release;  // no Python object is touched inside
+    stitch_combine::Backward<T, Idx>(args.layout, ptrs.data(), dim, inverse.data(), w, num_unique,
+                                     out, SequentialFor);
+  }
   return d_rows;
 }
 
