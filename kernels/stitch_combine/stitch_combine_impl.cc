@@ -72,13 +72,24 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
                                          " is negative.");
     }
     const int64_t pos = pos_offset_.back();
-    // pos <= num_positions (checked below for every earlier field), so the
+    // pos <= num_positions (checked here for every earlier field), so the
     // fields' positions end inside inverse unless size says otherwise.
     if (size > num_positions - pos) {
-      return ImplStatus::InvalidArgument(
-          "field_sizes[" + Str(f) + "] = " + Str(size) + " runs past the " + Str(num_positions) +
-          " entries of inverse (the earlier fields take " + Str(pos) +
-          "); field_sizes must sum to the length of inverse.");
+      int64_t total = pos;  // the sum of all sizes, for the message, unless it overflows
+      bool fits = true;
+      for (int g = f; g < num && fits; ++g) {
+        fits = field_sizes[g] >= 0 && CheckedAdd(total, field_sizes[g], &total);
+      }
+      if (!fits) {
+        return ImplStatus::InvalidArgument(
+            "field_sizes[" + Str(f) + "] = " + Str(size) + " runs past the " + Str(num_positions) +
+            " entries of inverse (the earlier fields take " + Str(pos) +
+            ") and the field_sizes do not sum to a valid int64; they must sum to the length "
+            "of inverse.");
+      }
+      return ImplStatus::InvalidArgument("field_sizes sum to " + Str(total) +
+                                         " positions but inverse has " + Str(num_positions) +
+                                         " entries; every id must belong to exactly one field.");
     }
     int64_t rows = size;
     if (combiners[f] != Combiner::kNone) {
@@ -100,10 +111,23 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
         }
         // Checked: the lengths of a field must not wrap around to its size.
         if (length > size - (at - pos)) {
-          return ImplStatus::InvalidArgument(
-              "the bag lengths of field " + Str(f) + " exceed field_sizes[" + Str(f) +
-              "] = " + Str(size) + " at segment_lengths[" + Str(cursor + b) + "] = " + Str(length) +
-              "; the lengths of a field's bags must sum to its size.");
+          int64_t total = at - pos;  // the field's lengths, for the message, unless they overflow
+          bool fits = true;
+          for (int64_t k = b; k < rows && fits; ++k) {
+            fits = segment_lengths[cursor + k] >= 0 &&
+                   CheckedAdd(total, segment_lengths[cursor + k], &total);
+          }
+          if (!fits) {
+            return ImplStatus::InvalidArgument(
+                "the bag lengths of field " + Str(f) + " (segment_lengths[" + Str(cursor + b) +
+                "] = " + Str(length) +
+                " onwards) do not sum to a valid int64; they must sum to "
+                "field_sizes[" +
+                Str(f) + "] = " + Str(size) + ".");
+          }
+          return ImplStatus::InvalidArgument("the bag lengths of field " + Str(f) + " sum to " +
+                                             Str(total) + " but field_sizes[" + Str(f) +
+                                             "] = " + Str(size) + ".");
         }
         at += length;
         bag_begin_.push_back(at);

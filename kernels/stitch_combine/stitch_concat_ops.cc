@@ -67,11 +67,14 @@ Status CheckLayoutAttrs(InferenceContext* c) {
   }
   for (size_t k = 0; k < piece_groups.size(); ++k) {
     const int64_t g = piece_groups[k], item = piece_items[k];
-    const bool ok = g == -1 ? (item >= 0 && item < num_dense)
-                            : (g >= 0 && g < num_groups && item >= 0 && item < group_fields[g]);
-    if (!ok) {
-      return errors::InvalidArgument("piece ", k, " = (", g, ", ", item,
-                                     ") names no field of a group and no dense input.");
+    if (g == -1 && (item < 0 || item >= num_dense)) {
+      return errors::InvalidArgument("piece ", k, " names dense input ", item, " of ", num_dense,
+                                     ", which does not exist; every dense input must be used "
+                                     "exactly once.");
+    }
+    if (g != -1 && (g < 0 || g >= num_groups || item < 0 || item >= group_fields[g])) {
+      return errors::InvalidArgument("piece ", k, " names field ", item, " of group ", g,
+                                     ", which does not exist; a field can be placed once.");
     }
   }
   return Status();

@@ -205,9 +205,9 @@ ImplStatus UniqueSubsetCpu<Id, Idx>::CheckAllInRange(const std::vector<int64_t>&
     for (int64_t i = pos_a[a]; i < pos_a[a + 1]; ++i) {
       const int64_t value = static_cast<int64_t>(source_.inverse[i]);
       if (value >= 0 && value < source_.num_unique) continue;
-      return Invalid("inverse[", i, "] = ", value, " (A field ", a, ") is out of range [0, ",
-                     source_.num_unique,
-                     ") of unique_ids. Pass A's inverse and unique_ids from one "
+      return Invalid("inverse[", i, "] = ", value, " is outside [0, ", source_.num_unique,
+                     ") (A field ", a,
+                     "), the indices of unique_ids. Pass A's inverse and unique_ids from one "
                      "unique_partition(packed_ids, num_partitions=1, sort_ids=True).");
     }
   }

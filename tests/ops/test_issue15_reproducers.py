@@ -29,8 +29,8 @@ def _i64(values):
 @pytest.mark.parametrize(
     "combiners, segments, lengths, inverse, match",
     [
-        (["sum"], [3], [M, M, 2], tf.zeros([0], tf.int32), "bag lengths of field 0 exceed"),  # wrapping sum
-        (["mean"], [3], [M, M, 3], tf.constant([0]), "bag lengths of field 0 exceed"),  # spun forever
+        (["sum"], [3], [M, M, 2], tf.zeros([0], tf.int32), "bag lengths of field 0 .* do not sum to a valid int64"),
+        (["mean"], [3], [M, M, 3], tf.constant([0]), "bag lengths of field 0 .* do not sum to a valid int64"),
     ],
 )
 def test_stitch_combine_wrapping_bag_lengths(combiners, segments, lengths, inverse, match):
@@ -217,11 +217,11 @@ def test_unique_subset_out_of_range_inverse_in_unread_field():
     ops = load_ops()
     unique_ids = tf.constant([1, 12], tf.int64)
     inverse = tf.constant([0, 7], tf.int32)  # field 1 points past the unique ids
-    with pytest.raises(INVALID, match=r"inverse\[1\] = 7 \(A field 1\) is out of range"):
+    with pytest.raises(INVALID, match=r"inverse\[1\] = 7 is outside \[0, 2\) \(A field 1\)"):
         ops.hybrid_tf_unique_subset(
             unique_ids, inverse, _i64([1, 1]), source_fields=[0], source_offsets=[0], target_offsets=[0], num_rows=[20]
         )
-    with pytest.raises(ValueError, match="is out of range"):
+    with pytest.raises(ValueError, match="is outside"):
         htf.native.unique_subset(unique_ids.numpy(), inverse.numpy(), [1, 1], [0], [0], [0], [20])
 
 

@@ -115,7 +115,7 @@ def test_unique_subset_matches_reference_and_checks():
         np.testing.assert_array_equal(g, w)
     bad = inverse.copy()
     bad[-1] = 99  # a field B does not read
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match="is outside"):
         native.unique_subset(unique_ids, bad, sizes, [1, 0], [10, 0], [0, 5], [5, 10])
     with pytest.raises(ValueError, match="overflows int64"):
         native.unique_subset(unique_ids, inverse, sizes, [0], [M], [0], [10])
