@@ -15,6 +15,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 import build_ops  # noqa: E402
+from native_sources import NATIVE_SOURCES  # noqa: E402  (also built by tools/sanitize.sh)
 
 OPS_EXTENSION = "hybridtf._src.run._hybridtf_ops"
 
@@ -31,7 +32,7 @@ class BuildExt(build_ext):
 
 native = Pybind11Extension(
     "hybridtf._native",
-    sources=["kernels/python/native_module.cc", "kernels/unique_partition/unique_partition_impl.cc"],
+    sources=NATIVE_SOURCES,
     include_dirs=[str(ROOT)],
     cxx_std=17,
     extra_compile_args=["-O3", "-DNDEBUG"],

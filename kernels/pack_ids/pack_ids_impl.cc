@@ -1,8 +1,27 @@
 // CPU implementation of PackIds. See pack_ids_impl.h.
 #include "kernels/pack_ids/pack_ids_impl.h"
 
+#include "kernels/common/checked_math.h"
+
 namespace hybridtf {
 namespace pack_ids {
+
+ImplStatus ValidateTable(int64_t row_offset, int64_t num_rows, const std::string& table) {
+  if (row_offset < 0 || num_rows < 0) {
+    return ImplStatus::InvalidArgument("table '" + table + "' has row_offset " +
+                                       std::to_string(row_offset) + " and num_rows " +
+                                       std::to_string(num_rows) + "; both must be >= 0.");
+  }
+  int64_t end = 0;
+  if (!CheckedAdd(row_offset, num_rows, &end)) {
+    return ImplStatus::InvalidArgument(
+        "table '" + table + "': row_offset " + std::to_string(row_offset) + " + num_rows " +
+        std::to_string(num_rows) +
+        " overflows int64, so its packed ids would wrap around; the packed table's rows "
+        "must fit int64.");
+  }
+  return ImplStatus::Ok();
+}
 
 template <typename Id>
 ImplStatus PackField(const Id* ids, int64_t n, int64_t row_offset, int64_t num_rows,

@@ -16,6 +16,11 @@
 namespace hybridtf {
 namespace pack_ids {
 
+// Checks a table's attributes: row_offset >= 0, num_rows >= 0 and
+// row_offset + num_rows fits int64 (so that every packed id of the table,
+// at most row_offset + num_rows - 1, does). Names the table and the fix.
+ImplStatus ValidateTable(int64_t row_offset, int64_t num_rows, const std::string& table);
+
 // Writes out[i] = ids[i] + row_offset for i in [0, n), after checking that
 // every id is in [0, num_rows). `table` names the table in the error.
 template <typename Id>

@@ -28,10 +28,8 @@ class PackIdsOpBase : public ::tensorflow::OpKernel {
                     num_rows_.size(), " num_rows and ", table_names_.size(),
                     " table_names; give one of each per input."));
     for (size_t f = 0; f < n; ++f) {
-      OP_REQUIRES(ctx, row_offsets_[f] >= 0 && num_rows_[f] >= 0,
-                  ::tensorflow::errors::InvalidArgument(
-                      "table '", table_names_[f], "' has row_offset ", row_offsets_[f],
-                      " and num_rows ", num_rows_[f], "; both must be >= 0."));
+      OP_REQUIRES_OK(ctx,
+                     ToTfStatus(ValidateTable(row_offsets_[f], num_rows_[f], table_names_[f])));
     }
   }
 

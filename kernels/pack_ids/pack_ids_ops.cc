@@ -1,5 +1,10 @@
 // Op definition of HybridTF>PackIds.
+#include <string>
+#include <vector>
+
 #include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_status.h"
+#include "kernels/pack_ids/pack_ids_impl.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -20,6 +25,22 @@ REGISTER_OP(HYBRIDTF_OP("PackIds"))
     .Attr("table_names: list(string)")
     .Attr("on_invalid: {'error', 'count'} = 'error'")
     .SetShapeFn([](InferenceContext* c) -> Status {
+      std::vector<int64_t> row_offsets, num_rows;
+      std::vector<std::string> table_names;
+      TF_RETURN_IF_ERROR(c->GetAttr("row_offsets", &row_offsets));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &num_rows));
+      TF_RETURN_IF_ERROR(c->GetAttr("table_names", &table_names));
+      const size_t n = static_cast<size_t>(c->num_inputs());
+      if (row_offsets.size() != n || num_rows.size() != n || table_names.size() != n) {
+        return ::tensorflow::errors::InvalidArgument(
+            "PackIds has ", n, " id inputs but ", row_offsets.size(), " row_offsets, ",
+            num_rows.size(), " num_rows and ", table_names.size(),
+            " table_names; give one of each per input.");
+      }
+      for (size_t f = 0; f < n; ++f) {
+        TF_RETURN_IF_ERROR(
+            ToTfStatus(pack_ids::ValidateTable(row_offsets[f], num_rows[f], table_names[f])));
+      }
       DimensionHandle total = c->MakeDim(0);
       for (int i = 0; i < c->num_inputs(); ++i) {
         DimensionHandle n = c->NumElements(c->input(i));

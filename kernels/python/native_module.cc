@@ -6,8 +6,11 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
+#include "kernels/python/native_common.h"
 #include "kernels/unique_partition/unique_partition_impl.h"
 
 namespace py = pybind11;
@@ -19,15 +22,7 @@ using unique_partition::PartitionSpec;
 using unique_partition::Strategy;
 using unique_partition::UniquePartitionCpu;
 
-int IdWidth(const py::array& array, const char* what) {
-  const py::dtype dtype = array.dtype();
-  if (dtype.kind() != 'i' || (dtype.itemsize() != 4 && dtype.itemsize() != 8)) {
-    throw py::type_error(std::string(what) + " must be an int32 or int64 array, got dtype " +
-                         std::string(py::str(dtype)) +
-                         ". Cast integral ids with astype, or hash other features into ids first.");
-  }
-  return static_cast<int>(dtype.itemsize());
-}
+int IdWidth(const py::array& array, const char* what) { return CheckIdDtype(array, what); }
 
 template <typename Id>
 py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strategy,
@@ -38,7 +33,18 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
   if (!bounds_obj.is_none()) {
     auto b = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(bounds_obj);
     if (!b || b.ndim() != 1) throw py::value_error("range_bounds must be a 1-D integer array.");
-    bounds.assign(b.data(), b.data() + b.shape(0));
+    for (py::ssize_t i = 0; i < b.shape(0); ++i) {
+      const int64_t v = b.data()[i];
+      // The TF op takes bounds of the ids' dtype: a bound that does not fit is
+      // rejected (never truncated), with the TF wrapper's message.
+      if (v < static_cast<int64_t>(std::numeric_limits<Id>::min()) ||
+          v > static_cast<int64_t>(std::numeric_limits<Id>::max())) {
+        throw py::value_error("range_bounds[" + std::to_string(i) + "] = " + std::to_string(v) +
+                              " does not fit int" + std::to_string(8 * sizeof(Id)) +
+                              " ids; use int64 ids.");
+      }
+      bounds.push_back(static_cast<Id>(v));
+    }
   }
   PartitionSpec<Id> spec;
   spec.num_partitions = num_partitions;
@@ -54,11 +60,7 @@ py::tuple Run(const py::array& ids_any, int32_t num_partitions, Strategy strateg
     py::gil_scoped_release release;
     status = impl.Prepare(ids.data(), n, spec);
   }
-  if (!status.ok()) {
-    if (status.code() == ImplStatus::Code::kInvalidArgument)
-      throw py::value_error(status.message());
-    throw std::runtime_error(status.message());
-  }
+  ThrowIfError(status);
   py::array_t<Id> unique_ids(impl.num_unique());
   py::array_t<int32_t> sizes(num_partitions);
   auto finish = [&](auto inverse) {
@@ -107,4 +109,5 @@ PYBIND11_MODULE(_native, m) {
         py::arg("inverse64") = false, py::arg("sort_ids") = false,
         "Fused unique + partition of a 1-D int32/int64 array; returns "
         "(unique_ids, partition_sizes, inverse). Same contract as the TF op.");
+  hybridtf::RegisterLayerBindings(m);
 }

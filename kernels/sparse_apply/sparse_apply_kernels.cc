@@ -24,6 +24,10 @@ namespace errors = ::tensorflow::errors;
 
 namespace {
 
+// Names of the variable inputs, in input order (var, then the slots; the
+// Adagrad op's second input is its accumulator, Adam's are m and v).
+constexpr const char* kVarNames[] = {"var", "slot 1 (accum / m)", "slot 2 (v)"};
+
 // Looks up the resource variables of inputs [0, n), locks them in input
 // order and makes their buffers exclusively owned (copy on write).
 class LockedVars {
@@ -34,6 +38,19 @@ class LockedVars {
       status_ = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &var);
       if (!status_.ok()) return;
       vars_.push_back(std::move(var));
+    }
+    // The same variable twice (e.g. the table passed as its own accumulator)
+    // would lock one mutex twice and hang: reject it before taking any lock.
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < i; ++j) {
+        if (vars_[i].get() == vars_[j].get()) {
+          status_ = errors::InvalidArgument(
+              "the fused sparse update got the same variable as its input ", j, " (", kVarNames[j],
+              ") and input ", i, " (", kVarNames[i],
+              "); the table and each optimizer slot must be distinct variables.");
+          return;
+        }
+      }
     }
     for (auto& var : vars_) var->mu()->lock();
     locked_ = true;

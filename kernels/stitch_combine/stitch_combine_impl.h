@@ -38,6 +38,9 @@ namespace stitch_combine {
 
 enum class Combiner { kNone = 0, kSum = 1, kMean = 2, kSqrtn = 3 };
 
+// Largest width (embedding dim or dense width) an attribute may give.
+constexpr int64_t kMaxWidth = (int64_t{1} << 31) - 1;
+
 // Denominator of a bag's combiner over positions [begin, end) (weights may be
 // null: all 1); 0 means the bag's output (and gradient) is zero.
 template <typename T>

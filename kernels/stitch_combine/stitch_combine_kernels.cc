@@ -2,6 +2,8 @@
 // OpKernels over the TF-free stitch_combine implementation layer.
 #include "kernels/stitch_combine/stitch_combine_kernels.h"
 
+#include <string>
+
 #include "kernels/common/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -38,7 +40,10 @@ class StitchCombineCpuOp : public StitchCombineOpBase {
     std::vector<T*> out(num_fields_);
     for (int f = 0; f < num_fields_; ++f) {
       Tensor* t = nullptr;
-      OP_REQUIRES_OK(ctx, outputs.allocate(f, TensorShape({layout.output_rows(f), dim}), &t));
+      TensorShape shape;
+      OP_REQUIRES_OK(ctx, MatrixShape(layout.output_rows(f), dim,
+                                      "outputs[" + std::to_string(f) + "]", &shape));
+      OP_REQUIRES_OK(ctx, outputs.allocate(f, shape, &t));
       out[f] = t->flat<T>().data();
     }
     const Tensor& weights = ctx->input(5);
@@ -82,7 +87,9 @@ class StitchCombineGradCpuOp : public StitchCombineOpBase {
       grads[f] = g.flat<T>().data();
     }
     Tensor* d_rows = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({num_unique, dim}), &d_rows));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, MatrixShape(num_unique, dim, "d_rows (num_unique, dim)", &shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &d_rows));
     const Tensor& weights = ctx->input(nf + 4);
     Backward<T, Idx>(layout, grads.data(), dim, inverse.flat<Idx>().data(),
                      weights.NumElements() ? weights.flat<T>().data() : nullptr, num_unique,

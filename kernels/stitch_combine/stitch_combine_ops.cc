@@ -1,4 +1,7 @@
 // Op definitions and shape functions of HybridTF>StitchCombine and its gradient.
+#include <string>
+#include <vector>
+
 #include "kernels/common/op_prefix.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
@@ -23,6 +26,26 @@ Status CheckLayoutInputs(InferenceContext* c, int first) {
   return Status();
 }
 
+// combiners: num_fields entries, each a known combiner name.
+Status CheckCombiners(InferenceContext* c) {
+  int64_t num_fields = 0;
+  std::vector<std::string> combiners;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_fields", &num_fields));
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
+  if (static_cast<int64_t>(combiners.size()) != num_fields) {
+    return ::tensorflow::errors::InvalidArgument("combiners has ", combiners.size(),
+                                                 " entries but num_fields is ", num_fields,
+                                                 "; give one per field.");
+  }
+  for (const std::string& name : combiners) {
+    if (name != "none" && name != "sum" && name != "mean" && name != "sqrtn") {
+      return ::tensorflow::errors::InvalidArgument(
+          "combiner must be one of 'none', 'sum', 'mean', 'sqrtn', got '", name, "'.");
+    }
+  }
+  return Status();
+}
+
 }  // namespace
 
 REGISTER_OP(HYBRIDTF_OP("StitchCombine"))
@@ -38,6 +61,7 @@ REGISTER_OP(HYBRIDTF_OP("StitchCombine"))
     .Attr("num_fields: int >= 1")
     .Attr("combiners: list(string)")
     .SetShapeFn([](InferenceContext* c) -> Status {
+      TF_RETURN_IF_ERROR(CheckCombiners(c));
       ShapeHandle rows;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
       TF_RETURN_IF_ERROR(CheckLayoutInputs(c, 1));
@@ -73,6 +97,7 @@ REGISTER_OP(HYBRIDTF_OP("StitchCombineGrad"))
     .SetShapeFn([](InferenceContext* c) -> Status {
       int64_t num_fields = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("num_fields", &num_fields));
+      TF_RETURN_IF_ERROR(CheckCombiners(c));
       DimensionHandle dim = c->UnknownDim();
       for (int i = 0; i < num_fields; ++i) {
         ShapeHandle g;

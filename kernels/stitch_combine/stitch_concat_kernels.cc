@@ -37,7 +37,9 @@ class StitchConcatCpuOp : public StitchConcatOpBase {
     ConcatInputs<T, Idx> in;
     OP_REQUIRES_OK(ctx, ReadInputs(ctx, 0, /*validate_inverse=*/true, &in));
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.batch, in.width}), &output));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, MatrixShape(in.batch, in.width, "StitchConcat's output", &shape));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &output));
     ForwardConcat<T, Idx>(in.groups, in.pieces, in.batch, in.width, output->flat<T>().data(),
                           CpuParallelFor(ctx));
   }
@@ -55,6 +57,15 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
         static_cast<int64_t>(dims_.size()) == num_groups_ &&
             static_cast<int64_t>(dense_widths_.size()) == num_dense_,
         errors::InvalidArgument("dims needs num_groups and dense_widths num_dense entries."));
+    for (const auto& [list, what] :
+         {std::pair<const std::vector<int64_t>*, const char*>{&dims_, "dims"},
+          {&dense_widths_, "dense_widths"}}) {
+      for (size_t i = 0; i < list->size(); ++i) {
+        OP_REQUIRES(ctx, (*list)[i] >= 0 && (*list)[i] <= kMaxWidth,
+                    errors::InvalidArgument(what, "[", i, "] = ", (*list)[i], " must be in [0, ",
+                                            kMaxWidth, "] (a column count)."));
+      }
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -89,7 +100,11 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
                   errors::InvalidArgument("num_unique must be >= 0, got ", num_unique[g]));
       const Tensor& inverse = ctx->input(1 + g);  // validated by BackwardConcat
       Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, TensorShape({num_unique[g], dims_[g]}), &out));
+      TensorShape shape;
+      OP_REQUIRES_OK(ctx,
+                     MatrixShape(num_unique[g], dims_[g],
+                                 "d_rows[" + std::to_string(g) + "] (num_unique, dims)", &shape));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, shape, &out));
       d_rows[g] = out->flat<T>().data();
       groups.push_back({&layouts[g], nullptr, dims_[g], inverse.flat<Idx>().data(), num_unique[g]});
     }
@@ -106,8 +121,10 @@ class StitchConcatGradCpuOp : public StitchConcatOpBase {
       if (piece_groups_[k] >= 0) continue;
       const int64_t m = piece_items_[k];
       Tensor* d_dense = nullptr;
+      TensorShape shape;
       OP_REQUIRES_OK(
-          ctx, ctx->allocate_output(ng + m, TensorShape({batch, dense_widths_[m]}), &d_dense));
+          ctx, MatrixShape(batch, dense_widths_[m], "d_dense[" + std::to_string(m) + "]", &shape));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(ng + m, shape, &d_dense));
       T* dst = d_dense->flat<T>().data();
       const int64_t w = dense_widths_[m];
       if (broadcast_) {  // every column of row b is grad[b]

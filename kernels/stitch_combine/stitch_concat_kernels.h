@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/checked_math.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
 #include "kernels/stitch_combine/stitch_combine_impl.h"
@@ -52,8 +53,10 @@ class StitchConcatOpBase : public OpKernel {
                                         " entries but num_groups is ", num_groups_, "."));
     int64_t total_fields = 0;
     for (const int64_t f : group_fields_) {
-      OP_REQUIRES(ctx, f >= 1, errors::InvalidArgument("every group needs >= 1 field, got ", f));
-      total_fields += f;
+      OP_REQUIRES(ctx, f >= 1 && CheckedAdd(total_fields, f, &total_fields),
+                  errors::InvalidArgument("every group needs >= 1 field and the group_fields "
+                                          "must sum to the number of combiners, got ",
+                                          f, "."));
     }
     OP_REQUIRES(
         ctx, static_cast<int64_t>(names.size()) == total_fields,
@@ -151,7 +154,11 @@ class StitchConcatOpBase : public OpKernel {
                                        "; concatenated inputs need the same number of rows.");
       }
       columns->push_back(*width);
-      *width += g < 0 ? dense_widths[item] : dims[g];
+      const int64_t piece_width = g < 0 ? dense_widths[item] : dims[g];
+      if (piece_width < 0 || !CheckedAdd(*width, piece_width, width)) {
+        return errors::InvalidArgument("StitchConcat: piece ", k, " has width ", piece_width,
+                                       "; widths must be >= 0 and their sum must fit int64.");
+      }
     }
     return Status();
   }

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kernels/common/checked_math.h"
 #include "kernels/common/dispatch_dim.h"
 #include "kernels/common/multiversion.h"
 
@@ -38,6 +39,8 @@ struct Job {
   int field = -1;
   int64_t pb = 0, pe = 0;  // the field's positions
   int64_t lo = 0, hi = 0;  // the distinct rows it reads
+  int64_t max_index = -1;  // its largest inverse index (hi - 1 when in range)
+  bool out_of_range = false;
   bool project = false;
   int64_t cost = 0;
 };
@@ -199,7 +202,7 @@ std::vector<Job> MakeJobs(const std::vector<ConcatGroup<T, Idx>>& groups,
       Job& job = jobs[k];
       const ConcatPiece<T>& piece = pieces[k];
       if (job.group < 0) {
-        job.cost = batch * piece.width * units;
+        job.cost = SaturatingMul(SaturatingMul(batch, piece.width), units);
         continue;
       }
       const ConcatGroup<T, Idx>& g = groups[job.group];
@@ -211,13 +214,19 @@ std::vector<Job> MakeJobs(const std::vector<ConcatGroup<T, Idx>>& groups,
           hi = std::max(hi, g.inverse[i]);
         }
         job.lo = static_cast<int64_t>(lo);
-        job.hi = static_cast<int64_t>(hi) + 1;
+        job.max_index = static_cast<int64_t>(hi);
+        // Checked before hi + 1 (which overflows for the largest int64).
+        job.out_of_range = job.lo < 0 || job.max_index >= g.num_rows;
+        job.hi = job.out_of_range ? job.lo : job.max_index + 1;
       }
       const int64_t positions = job.pe - job.pb;
-      const int64_t projected = (job.hi - job.lo) * g.dim * units + positions * units;
-      const int64_t pooled = batch * g.dim * units + positions * g.dim;
+      const int64_t projected =
+          SaturatingAdd(SaturatingMul(SaturatingMul(job.hi - job.lo, g.dim), units),
+                        SaturatingMul(positions, units));
+      const int64_t pooled = SaturatingAdd(SaturatingMul(SaturatingMul(batch, g.dim), units),
+                                           SaturatingMul(positions, g.dim));
       job.project = projected < pooled;
-      job.cost = std::min(projected, pooled) + batch * units;
+      job.cost = SaturatingAdd(std::min(projected, pooled), SaturatingMul(batch, units));
     }
   });
   return jobs;
@@ -476,11 +485,11 @@ ImplStatus CheckRanges(const std::vector<ConcatGroup<T, Idx>>& groups,
   for (const Job& job : jobs) {
     if (job.group < 0 || job.pe == job.pb) continue;
     const int64_t rows = groups[job.group].num_rows;
-    if (job.lo < 0 || job.hi > rows) {
+    if (job.out_of_range) {
       return ImplStatus::InvalidArgument(
           "group " + std::to_string(job.group) + ", field " + std::to_string(job.field) +
           ": an inverse index is outside [0, " + std::to_string(rows) + ") (smallest " +
-          std::to_string(job.lo) + ", largest " + std::to_string(job.hi - 1) +
+          std::to_string(job.lo) + ", largest " + std::to_string(job.max_index) +
           "); the inverse must index the group's gathered rows.");
     }
   }
@@ -489,15 +498,17 @@ ImplStatus CheckRanges(const std::vector<ConcatGroup<T, Idx>>& groups,
 
 // Splits jobs [0, size) into at most kMaxChunks runs of about equal cost.
 std::vector<int64_t> ChunkBounds(const std::vector<Job>& jobs) {
-  int64_t total = 0;
-  for (const Job& job : jobs) total += std::max<int64_t>(job.cost, 1);
+  // Costs are estimates that may saturate: summed in double (exact below
+  // 2^53, deterministic above), so the split never overflows.
+  double total = 0;
+  for (const Job& job : jobs) total += static_cast<double>(std::max<int64_t>(job.cost, 1));
   const int64_t chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(jobs.size()));
   std::vector<int64_t> bounds(1, 0);
-  int64_t acc = 0;
+  double acc = 0;
   for (size_t k = 0; k < jobs.size(); ++k) {
-    acc += std::max<int64_t>(jobs[k].cost, 1);
+    acc += static_cast<double>(std::max<int64_t>(jobs[k].cost, 1));
     const int64_t next = static_cast<int64_t>(bounds.size());
-    if (next < chunks && acc * chunks >= total * next)
+    if (next < chunks && acc * static_cast<double>(chunks) >= total * static_cast<double>(next))
       bounds.push_back(static_cast<int64_t>(k) + 1);
   }
   if (bounds.back() != static_cast<int64_t>(jobs.size())) {
@@ -525,7 +536,7 @@ ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
   // Chunk 0 adds into out; chunk c > 0 into partial[c - 1].
   std::unique_ptr<T[]> partial(new T[(chunks - 1) * batch * units]);
   int64_t total = 0;
-  for (const Job& job : jobs) total += job.cost;
+  for (const Job& job : jobs) total = SaturatingAdd(total, job.cost);
   parallel_for(chunks, std::max<int64_t>(1, total / chunks), [&](int64_t begin, int64_t end) {
     std::vector<T> scratch;
     for (int64_t c = begin; c < end; ++c) {
@@ -607,7 +618,7 @@ ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
     }
   }
   int64_t total = 0;
-  for (const Job& job : jobs) total += job.cost;
+  for (const Job& job : jobs) total = SaturatingAdd(total, job.cost);
   const int64_t num_tasks = static_cast<int64_t>(tasks.size());
   parallel_for(num_tasks, std::max<int64_t>(1, total / std::max<int64_t>(num_tasks, 1)),
                [&](int64_t begin, int64_t end) {

@@ -1,5 +1,6 @@
 // Op definition and shape function of HybridTF>UniquePartition.
 #include "kernels/common/op_prefix.h"
+#include "kernels/unique_partition/unique_partition_impl.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -28,6 +29,11 @@ REGISTER_OP(HYBRIDTF_OP("UniquePartition"))
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &bounds));
       int64_t num_partitions = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("num_partitions", &num_partitions));
+      if (num_partitions < 1 || num_partitions > unique_partition::kMaxPartitions) {
+        return ::tensorflow::errors::InvalidArgument("num_partitions must be in [1, ",
+                                                     unique_partition::kMaxPartitions, "], got ",
+                                                     num_partitions, ".");
+      }
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(1, c->Vector(num_partitions));
       c->set_output(2, ids);

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -195,6 +196,67 @@ ImplStatus UniqueSubsetCpu<Id, Idx>::CheckInverseRanges() const {
 }
 
 template <typename Id, typename Idx>
+ImplStatus UniqueSubsetCpu<Id, Idx>::CheckAllInRange(const std::vector<int64_t>& pos_a) const {
+  // Every A field's inverse values, read by B or not, must index A's unique
+  // ids: an out-of-range value in an unread field would otherwise hide that
+  // field's ids from the exclusivity check.
+  for (int64_t a = 0; a < source_.num_fields; ++a) {
+    if (pos_a[a + 1] == pos_a[a] || (min_a_[a] >= 0 && max_a_[a] < source_.num_unique)) continue;
+    for (int64_t i = pos_a[a]; i < pos_a[a + 1]; ++i) {
+      const int64_t value = static_cast<int64_t>(source_.inverse[i]);
+      if (value >= 0 && value < source_.num_unique) continue;
+      return Invalid("inverse[", i, "] = ", value, " is outside [0, ", source_.num_unique,
+                     ") (A field ", a,
+                     "), the indices of unique_ids. Pass A's inverse and unique_ids from one "
+                     "unique_partition(packed_ids, num_partitions=1, sort_ids=True).");
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Id, typename Idx>
+ImplStatus UniqueSubsetCpu<Id, Idx>::CheckUsed() const {
+  // Every unique id of a B field's segment must be used by a position of its A
+  // field (true of any unique_partition result; the intervals alone cannot
+  // prove it): mark the A unique ids that the read A fields use.
+  const int64_t ua = source_.num_unique;
+  std::unique_ptr<std::atomic<uint8_t>[]> used(new std::atomic<uint8_t>[ua]());
+  std::vector<bool> read(static_cast<size_t>(source_.num_fields), false);
+  constexpr int64_t kChunk = int64_t{1} << 14;
+  struct Unit {
+    int64_t begin, end;
+  };
+  std::vector<Unit> units;
+  for (const Field& f : fields_) {
+    if (f.count == 0 || read[f.source_field]) continue;
+    read[f.source_field] = true;
+    for (int64_t b = f.source_pos; b < f.source_pos + f.size; b += kChunk) {
+      units.push_back({b, std::min(f.source_pos + f.size, b + kChunk)});
+    }
+  }
+  const Idx* inverse = source_.inverse;
+  parallel_for_(static_cast<int64_t>(units.size()), 2 * kChunk, [&](int64_t first, int64_t last) {
+    for (int64_t w = first; w < last; ++w) {
+      for (int64_t i = units[w].begin; i < units[w].end; ++i) {
+        used[static_cast<int64_t>(inverse[i])].store(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  for (size_t k = 0; k < fields_.size(); ++k) {
+    const Field& f = fields_[k];
+    for (int64_t u = f.lo; u < f.lo + f.count; ++u) {
+      if (used[u].load(std::memory_order_relaxed)) continue;
+      return Invalid("unique_ids[", u, "] = ", static_cast<int64_t>(source_.unique_ids[u]),
+                     " lies in B field ", k, "'s member rows [", f.source_offset, ", ",
+                     f.source_offset + f.num_rows, ") but no position of A field ", f.source_field,
+                     " uses it. Pass A's inverse and unique_ids from one "
+                     "unique_partition(packed_ids, num_partitions=1, sort_ids=True).");
+    }
+  }
+  return ImplStatus::Ok();
+}
+
+template <typename Id, typename Idx>
 ImplStatus UniqueSubsetCpu<Id, Idx>::CheckExclusive() const {
   // A fields' intervals by ascending min; per prefix the largest max and the
   // second largest (another field's), to find "a field other than a whose
@@ -316,9 +378,13 @@ ImplStatus UniqueSubsetCpu<Id, Idx>::Prepare(const SourceResult<Id, Idx>& source
   num_positions_ = positions_[fb];
 
   InverseIntervals(pos_a);
+  status = CheckAllInRange(pos_a);
+  if (!status.ok()) return status;
   status = CheckInverseRanges();
   if (!status.ok()) return status;
   status = CheckExclusive();
+  if (!status.ok()) return status;
+  status = CheckUsed();
   if (!status.ok()) return status;
 
   by_target_.resize(fb);

@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_status.h"
+#include "kernels/unique_partition/unique_subset_impl.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
@@ -30,8 +32,19 @@ REGISTER_OP(HYBRIDTF_OP("UniqueSubset"))
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle unused;
       for (int i = 0; i < 3; ++i) TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 1, &unused));
-      std::vector<int64_t> source_fields;
-      TF_RETURN_IF_ERROR(c->GetAttr("source_fields", &source_fields));
+      // The attributes, checked as the kernel checks them (lengths, signs, int64
+      // overflow, B's rows fitting the id dtype, disjoint target ranges).
+      unique_subset::FieldMap map;
+      TF_RETURN_IF_ERROR(c->GetAttr("source_fields", &map.source_fields));
+      TF_RETURN_IF_ERROR(c->GetAttr("source_offsets", &map.source_offsets));
+      TF_RETURN_IF_ERROR(c->GetAttr("target_offsets", &map.target_offsets));
+      TF_RETURN_IF_ERROR(c->GetAttr("num_rows", &map.num_rows));
+      ::tensorflow::DataType id_dtype;
+      TF_RETURN_IF_ERROR(c->GetAttr("Id", &id_dtype));
+      TF_RETURN_IF_ERROR(ToTfStatus(id_dtype == ::tensorflow::DT_INT32
+                                        ? unique_subset::ValidateFieldMap<int32_t>(map)
+                                        : unique_subset::ValidateFieldMap<int64_t>(map)));
+      const std::vector<int64_t>& source_fields = map.source_fields;
       c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
       c->set_output(1, c->Vector(1));
       c->set_output(2, c->Vector(InferenceContext::kUnknownDim));

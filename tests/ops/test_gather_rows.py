@@ -139,7 +139,7 @@ def test_bad_arguments_are_value_errors():
         gather_rows(tf.Variable(tf.zeros([4])), [0])
     with pytest.raises(ValueError, match="resource variable of rank 2"):
         gather_rows(tf.Variable(tf.zeros([4, 2], tf.int32)), [0])
-    with pytest.raises(ValueError, match="int32 or int64"):
+    with pytest.raises(TypeError, match="int32 or int64"):
         gather_rows(var, tf.constant([0.0]))
     with pytest.raises(ValueError, match="must be a vector"):
         gather_rows(var, tf.constant([[0]]))

@@ -218,7 +218,8 @@ def _reshape(out, ids, dim):
         if not tf.executing_eagerly():
             out.set_shape(ids.shape.concatenate([dim]))  # keep the static batch size (free)
         return out
-    static = ids.shape.as_list()
+    # Rank unknown until run time (e.g. a dataset without static shapes): the dynamic reshape below.
+    static = ids.shape.as_list() if ids.shape.rank is not None else [None]
     if None not in static:
         return tf.reshape(out, [*static, dim])
     return tf.reshape(out, tf.concat([tf.shape(ids, out_type=tf.int32), [dim]], axis=0))

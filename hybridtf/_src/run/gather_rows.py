@@ -45,6 +45,7 @@ def gather_rows(variable, indices, name: str | None = None) -> tf.Tensor:
 
     Raises:
         ValueError: ``variable`` is not such a variable, or ``indices`` is not a vector.
+        TypeError: ``indices`` are not int32 / int64 (the raw op's dtype rule).
         tf.errors.InvalidArgumentError: an index outside ``[0, rows)``.
 
     Example:
@@ -57,7 +58,7 @@ def gather_rows(variable, indices, name: str | None = None) -> tf.Tensor:
         )
     indices = tf.convert_to_tensor(indices)
     if indices.dtype not in (tf.int32, tf.int64):
-        raise ValueError(f"gather_rows: indices must be int32 or int64, got {indices.dtype.name}.")
+        raise TypeError(f"gather_rows: indices must be int32 or int64, got {indices.dtype.name}.")
     if indices.shape.rank is not None and indices.shape.rank != 1:
         raise ValueError(f"gather_rows: indices must be a vector, got shape {indices.shape}.")
     with tf.name_scope(name or "gather_rows"):

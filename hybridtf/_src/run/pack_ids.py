@@ -4,12 +4,47 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
 
 OP_NAME = "HybridTF>PackIds"
 tf.no_gradient(OP_NAME)
+_INT64_MAX = np.iinfo(np.int64).max
+_ID_DTYPES = (tf.int32, tf.int64)
+
+
+def _table_int(value, what: str, table) -> int:
+    """A row offset / row count: a non-negative int that fits int64 (never a float or bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{what} of table {table!r} must be an int, got {value!r}.")
+    if not 0 <= int(value) <= _INT64_MAX:
+        raise ValueError(f"{what} of table {table!r} must be in [0, 2**63 - 1], got {value}.")
+    return int(value)
+
+
+def _ids_tensor(value, table) -> tf.Tensor:
+    """One field's ids as an int32/int64 tensor; the same dtype rule for tensors, NumPy arrays and lists.
+
+    Python ints become int64; float, bool, unsigned or narrower integer arrays raise TypeError
+    (they are never truncated or cast silently).
+    """
+    if isinstance(value, (np.ndarray, np.generic, list, tuple, int)):
+        arr = np.asarray(value)
+        if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to NumPy: an empty field
+            arr = arr.astype(np.int64)
+        if arr.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise TypeError(
+                f"ids of table {table!r} must be int32 or int64, got a {arr.dtype} array. "
+                "Cast integral ids explicitly, or hash other features into ids first."
+            )
+        t = tf.constant(arr)
+    else:
+        t = tf.convert_to_tensor(value)
+    if t.dtype not in _ID_DTYPES:
+        raise TypeError(f"ids of table {table!r} must be int32 or int64, got {t.dtype.name}.")
+    return t
 
 
 def pack_ids(
@@ -58,17 +93,20 @@ def pack_ids(
         )
     if on_invalid not in ("error", "count"):
         raise ValueError(f"on_invalid must be 'error' or 'count', got {on_invalid!r}.")
-    tensors = []
-    for value, table in zip(ids, table_names):
-        t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
-        if t.dtype not in (tf.int32, tf.int64):
-            raise TypeError(f"ids of table {table!r} must be int32 or int64, got {t.dtype.name}.")
-        tensors.append(t)
+    row_offsets = [_table_int(o, "row_offsets", t) for o, t in zip(row_offsets, table_names)]
+    num_rows = [_table_int(r, "num_rows", t) for r, t in zip(num_rows, table_names)]
+    for offset, rows, table in zip(row_offsets, num_rows, table_names):
+        if offset + rows > _INT64_MAX:
+            raise ValueError(
+                f"table {table!r}: row_offset {offset} + num_rows {rows} overflows int64, so its packed ids "
+                "would wrap around; the packed table's rows must fit int64."
+            )
+    tensors = [_ids_tensor(value, table) for value, table in zip(ids, table_names)]
     with tf.name_scope(name or "pack_ids"):
         packed, sizes, invalid = load_ops().hybrid_tf_pack_ids(
             tensors,
-            row_offsets=[int(o) for o in row_offsets],
-            num_rows=[int(r) for r in num_rows],
+            row_offsets=row_offsets,
+            num_rows=num_rows,
             table_names=[str(t) for t in table_names],
             on_invalid=on_invalid,
         )

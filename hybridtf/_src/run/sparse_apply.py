@@ -12,6 +12,19 @@ import tensorflow as tf
 from hybridtf._src.run.loader import load_ops
 
 
+def _check_distinct(**variables) -> None:
+    """Raises ValueError when one variable is passed for two roles (the kernel rejects it too)."""
+    seen = {}
+    for role, var in variables.items():
+        key = id(var.handle) if hasattr(var, "handle") else id(var)
+        if key in seen:
+            raise ValueError(
+                f"the fused sparse update got the same variable as {seen[key]} and {role}; "
+                "the table and each optimizer slot must be distinct variables."
+            )
+        seen[key] = role
+
+
 def sparse_apply_sgd(var, lr, grad, indices):
     """``var[indices] += -grad * lr`` (Keras SGD without momentum)."""
     return load_ops().hybrid_tf_sparse_apply_sgd(var.handle, lr, grad, indices)
@@ -19,11 +32,13 @@ def sparse_apply_sgd(var, lr, grad, indices):
 
 def sparse_apply_adagrad(var, accum, lr, epsilon, grad, indices):
     """Keras Adagrad on the rows ``indices`` of ``var`` and ``accum``."""
+    _check_distinct(var=var, accum=accum)
     return load_ops().hybrid_tf_sparse_apply_adagrad(var.handle, accum.handle, lr, epsilon, grad, indices)
 
 
 def sparse_apply_adam(var, m, v, alpha, one_minus_beta1, one_minus_beta2, epsilon, grad, indices, lazy=False):
     """Keras Adam (``lazy=False``: every row's moments decay) or LazyAdam (touched rows only)."""
+    _check_distinct(var=var, m=m, v=v)
     return load_ops().hybrid_tf_sparse_apply_adam(
         var.handle, m.handle, v.handle, alpha, one_minus_beta1, one_minus_beta2, epsilon, grad, indices, lazy=lazy
     )
