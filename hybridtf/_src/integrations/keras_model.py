@@ -31,7 +31,7 @@ from hybridtf._src.integrations import horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
-from hybridtf._src.rewrite.concat_fusion import fuse_concatenates, fuse_dense_layers
+from hybridtf._src.rewrite import dataflow_fusion
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -56,8 +56,13 @@ class _HybridModelMixin:
                 base_call(inputs, **record_kwargs)
             requests = rec.requests
         outputs = lookup_all(requests)
-        with context.replaying(requests, outputs):
-            return base_call(inputs, **kwargs)
+        fusion = self._htf_fusion
+        with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
+            result = base_call(inputs, **kwargs)
+        if scope is not None:  # as last traced
+            self._htf_fused_concats[:] = scope.log.concats
+            self._htf_fused_dense_names[:] = scope.log.dense
+        return result
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
@@ -167,13 +172,17 @@ class _HybridModelMixin:
 
     @property
     def hybridtf_fused_concats(self) -> list[str]:
-        """Names of the ``Concatenate`` layers that stitch packed lookups straight into their output."""
+        """Where concatenations and sums of packed lookups became one StitchConcat, as last traced.
+
+        Named by the innermost layer whose call created the op (the op's name for
+        the model's own ``call``); empty until a step or prediction is traced.
+        """
         return list(self._htf_fused_concats)
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
-        """Names of the ``Dense`` layers whose input is a fused concatenation (StitchConcatMatMul), as traced."""
-        return [layer.name for layer in self._htf_dense_layers if getattr(layer, "_htf_dense_fused", False)]
+        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
+        return list(self._htf_fused_dense_names)
 
 
 @contextlib.contextmanager
@@ -430,8 +439,9 @@ def optimize(
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
-    object.__setattr__(model, "_htf_fused_concats", fuse_concatenates(model) if fuse_concat else [])
-    object.__setattr__(model, "_htf_dense_layers", fuse_dense_layers(model) if fuse_concat and fuse_dense else [])
+    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
+    object.__setattr__(model, "_htf_fused_concats", [])
+    object.__setattr__(model, "_htf_fused_dense_names", [])
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
