@@ -29,7 +29,11 @@ def pruned_op_types(model, batches) -> list[str]:
     A rewrite replaces the user's ops (a ``ConcatV2``, a chain of ``AddV2``) by fused ones; the originals stay in
     the traced graph without a consumer that matters, and TensorFlow prunes them before the step runs.
     """
-    graph = step_graph(model, batches)
+    return graph_pruned_op_types(step_graph(model, batches))
+
+
+def graph_pruned_op_types(graph: tf.Graph) -> list[str]:
+    """Types of the ops of a step's graph that its outputs or control outputs need (see ``pruned_op_types``)."""
     stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
     seen = set()
     while stack:

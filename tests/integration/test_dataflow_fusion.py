@@ -1,0 +1,131 @@
+"""Dataflow fusions: the same Wide & Deep written three ways gets the same fused ops, with the same numbers.
+
+The model (``benchmarks.handwritten_models``) is written with Keras layers (``Flatten`` + ``Concatenate``), with
+custom layers calling ``tf.concat`` (DeepCTR's ``[B, 1, d]`` concat + ``Flatten``), and as a subclassed model
+calling ``tf.concat`` in ``call``; its wide part (dim-1 embeddings) is summed with a Keras ``Add`` (a chain of
+``AddV2``), ``tf.add_n`` or ``tf.reduce_sum`` over a concat / stack. Every variant must train exactly like its
+plain model (1e-5 relative; all variants compute the same function from the same weights, so each is compared
+with the plain Keras-layers model) and run the same fused ops: the deep input's concatenation and first Dense layer
+become one StitchConcatMatMul, the wide sum one StitchConcat whose gradient reads a [B, 1] column.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+from benchmarks import handwritten_models as hm
+from tests.integration.step_ops import graph_pruned_op_types, pruned_op_types, step_graph
+
+VOCABS = [50, 80, 120, 30, 60, 200]
+STEPS = 12
+
+# (style, wide sum): every style and every wide sum at least once
+VARIANTS = [
+    ("keras", "add"),
+    ("keras", "reduce_sum"),
+    ("custom_layer", "add"),
+    ("custom_layer", "add_n"),
+    ("subclassed", "add"),
+    ("subclassed", "add_n"),
+    ("subclassed", "reduce_sum"),
+]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return [hm.batch(VOCABS, 3, 64, seed=s) for s in range(STEPS)]
+
+
+def _train(model, batches):
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+
+def _hybrid_ops(types) -> collections.Counter:
+    """hybridtf's ops and the ops a per-field concatenation or sum would multiply."""
+    return collections.Counter(t for t in types if t.startswith("HybridTF>") or t in ("AddV2", "AddN", "MatMul"))
+
+
+@pytest.fixture(scope="module")
+def reference(batches):
+    """Losses of the plain Keras-layers model (every variant computes the same function) and its fused ops."""
+    plain = hm.wide_and_deep("keras", "add", VOCABS)
+    fused = htf.keras.optimize(hm.wide_and_deep("keras", "add", VOCABS))
+    losses = _train(fused, batches)
+    np.testing.assert_allclose(losses, _train(plain, batches), rtol=1e-5, atol=0)
+    return losses, _hybrid_ops(pruned_op_types(fused, batches))
+
+
+@pytest.mark.parametrize("style,wide", VARIANTS)
+def test_same_fused_ops_and_exact_in_every_style(style, wide, batches, reference):
+    ref_losses, ref_ops = reference
+    fused = htf.keras.optimize(hm.wide_and_deep(style, wide, VOCABS))
+    # every style computes the same function from the same weights: exact vs the plain model of the fixture
+    np.testing.assert_allclose(_train(fused, batches), ref_losses, rtol=1e-5, atol=0)
+
+    graph = step_graph(fused, batches)
+    types = graph_pruned_op_types(graph)
+    ops = _hybrid_ops(types)
+    assert ops == ref_ops
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchConcatMatMulGrad"] == 1  # deep input
+    assert ops["HybridTF>StitchConcat"] == 1 and ops["HybridTF>StitchConcatGrad"] == 1  # the wide sum
+    assert ops["HybridTF>StitchCombine"] == 0 and "ConcatV2" not in types and "Pack" not in types
+    (wide_grad,) = [op for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
+    assert wide_grad.get_attr("broadcast_grad")  # reads the [B, 1] column, never a [B, W] tile
+    assert fused.hybridtf_fused_dense == ["h0"]
+    assert len(fused.hybridtf_fused_concats) >= 2  # the deep concatenation(s) and the wide sum
+
+
+def test_fusion_off_keeps_the_users_ops(batches, reference):
+    fused = htf.keras.optimize(hm.wide_and_deep("subclassed", "add", VOCABS), fuse_concat=False)
+    losses = _train(fused, batches)
+    types = pruned_op_types(fused, batches)
+    assert "HybridTF>StitchConcat" not in types and "HybridTF>StitchConcatMatMul" not in types
+    assert "ConcatV2" in types
+    assert types.count("AddV2") >= reference[1]["AddV2"] + len(VOCABS) - 1  # the wide part's chain of adds
+    assert fused.hybridtf_fused_concats == [] and fused.hybridtf_fused_dense == []
+    plain = hm.wide_and_deep("subclassed", "add", VOCABS)
+    np.testing.assert_allclose(losses, _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_field_feeding_a_fusion_and_another_op_gets_both_gradients(batches):
+    """A field that is concatenated and also used elsewhere keeps its StitchCombine output for the other use."""
+
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 4, name=f"e{i}") for i, v in enumerate(VOCABS[:3])]
+            self.out = tf.keras.layers.Dense(1, kernel_initializer="ones", name="out")
+
+        def call(self, x):
+            e = [tf.squeeze(layer(x[f"f{i}"]), 1) for i, layer in enumerate(self.embs)]
+            side = tf.reduce_sum(e[0] * e[1], axis=1, keepdims=True)  # FM-like: not fusable
+            return tf.sigmoid(self.out(tf.concat(e, axis=1)) + side)
+
+    tf.keras.utils.set_random_seed(3)
+    plain = Model()
+    plain(batches[0][0])
+    tf.keras.utils.set_random_seed(3)
+    fused = Model()
+    fused(batches[0][0])
+    fused = htf.keras.optimize(fused)
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    ops = _hybrid_ops(pruned_op_types(fused, batches))
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 1
+
+
+def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
+    model = htf.keras.optimize(hm.wide_and_deep("custom_layer", "add_n", VOCABS))
+    plain = hm.wide_and_deep("custom_layer", "add_n", VOCABS)
+    x = batches[0][0]
+    np.testing.assert_allclose(model(x).numpy(), plain(x).numpy(), rtol=1e-6, atol=1e-7)  # eager: no callback
+    assert model.hybridtf_fused_concats == []
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    fn = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    ops = {node.op for f in fn.graph.as_graph_def().library.function for node in f.node_def}
+    assert not any(op.startswith("HybridTF>Stitch") for op in ops)
