@@ -324,11 +324,15 @@ def optimize(
             spread over the ranks, ``"mod"`` (default) or ``"range"``.
         replicate_below_rows: under Horovod, packed tables with fewer rows
             stay whole on every rank and are trained data-parallel.
-        fuse_concat: a ``tf.keras.layers.Concatenate`` (last axis) whose
-            inputs include packed lookups' outputs computes the concatenation
-            with one StitchConcat op that writes every field straight into its
+        fuse_concat: while a step is traced, a concatenation (``tf.concat``,
+            ``tf.stack``, whatever layer calls it) or a sum (``Add``,
+            ``tf.add_n``, ``+``) of packed lookups' outputs is computed with
+            one StitchConcat op that writes every field straight into its
             columns (no per-field outputs, no concat, no split in the
-            gradient; same values). ``False`` keeps Keras's concatenation.
+            gradient; same values). ``False`` keeps the model's own ops.
+        fuse_dense: a matrix product of such a fused concatenation (the
+            MLP's first ``Dense``) is one StitchConcatMatMul through the
+            distinct rows (same math, another summation order).
         share_unique: a packed table whose lookups all use ids that another
             packed table's chain already deduplicates (Wide & Deep: each
             feature's ids feed a wide and a deep table) takes its unique ids
