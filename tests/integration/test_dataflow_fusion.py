@@ -129,3 +129,42 @@ def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
     fn = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
     ops = {node.op for f in fn.graph.as_graph_def().library.function for node in f.node_def}
     assert not any(op.startswith("HybridTF>Stitch") for op in ops)
+
+
+@pytest.mark.parametrize("name", ["WDL", "DeepFM"])
+def test_deepctr_models_get_the_same_fusions(name):
+    """DeepCTR's own Concat / Add / Linear / DNN (tensordot) layers: the linear part, FM and the DNN input fuse.
+
+    Its embeddings carry ``embeddings_regularizer`` (not packed on this branch), so they are removed here, in both
+    models alike.
+    """
+    deepctr_models = pytest.importorskip("deepctr.models")
+    from deepctr.feature_column import DenseFeat, SparseFeat
+
+    feats = [SparseFeat(f"C{i}", vocabulary_size=v, embedding_dim=4) for i, v in enumerate(VOCABS)]
+    feats.append(DenseFeat("I0", 1))
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        x = {f"C{i}": tf.constant(rng.integers(0, v, 64)) for i, v in enumerate(VOCABS)}
+        x["I0"] = tf.constant(rng.standard_normal(64).astype(np.float32))
+        batches.append((x, tf.constant(rng.integers(0, 2, (64, 1)).astype(np.float32))))
+
+    def build():
+        tf.keras.utils.set_random_seed(1)
+        model = getattr(deepctr_models, name)(feats, feats, seed=1)
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, tf.keras.layers.Embedding):
+                layer.embeddings_regularizer = None
+                layer._callable_losses.clear()
+        return model
+
+    plain, fused = build(), htf.keras.optimize(build())
+    assert fused.hybridtf_skipped == []
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    graph = step_graph(fused, batches)
+    ops = _hybrid_ops(graph_pruned_op_types(graph))
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 0
+    assert ops["HybridTF>StitchConcat"] == (1 if name == "WDL" else 2)  # the linear logits (+ FM's [B, n, d])
+    grads = [op.get_attr("broadcast_grad") for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
+    assert grads[0] if name == "WDL" else sorted(grads) == [False, True]  # the linear part reads a [B, 1] column
