@@ -131,9 +131,11 @@ def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
     assert not any(op.startswith("HybridTF>Stitch") for op in ops)
 
 
-@pytest.mark.parametrize("name", ["WDL", "DeepFM"])
+@pytest.mark.parametrize("name", ["WDL", "DeepFM", "DCN"])
 def test_deepctr_models_get_the_same_fusions(name):
-    """DeepCTR's own Concat / Add / Linear / DNN (tensordot) layers: the linear part, FM and the DNN input fuse.
+    """DeepCTR's own Concat / Add / Linear / DNN (tensordot) layers: the linear part, FM and the DNN input fuse;
+    DCN's cross layers' per-example outer products (``BatchMatMulV2`` of ``[B, W, 1]`` by ``[B, 1, 1]``) become
+    broadcast multiplies.
 
     Its embeddings carry ``embeddings_regularizer`` (not packed on this branch), so they are removed here, in both
     models alike.
@@ -163,8 +165,38 @@ def test_deepctr_models_get_the_same_fusions(name):
     assert fused.hybridtf_skipped == []
     np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
     graph = step_graph(fused, batches)
-    ops = _hybrid_ops(graph_pruned_op_types(graph))
+    types = graph_pruned_op_types(graph)
+    ops = _hybrid_ops(types)
     assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 0
-    assert ops["HybridTF>StitchConcat"] == (1 if name == "WDL" else 2)  # the linear logits (+ FM's [B, n, d])
+    # the linear logits, plus FM's [B, n, d] (DeepFM) or the cross network's input (DCN)
+    assert ops["HybridTF>StitchConcat"] == (1 if name == "WDL" else 2)
     grads = [op.get_attr("broadcast_grad") for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
-    assert grads[0] if name == "WDL" else sorted(grads) == [False, True]  # the linear part reads a [B, 1] column
+    assert sorted(grads) == ([True] if name == "WDL" else [False, True])  # the linear part reads a [B, 1] column
+    assert "BatchMatMulV2" not in types
+
+
+def test_per_example_outer_product_becomes_a_broadcast_multiply(batches):
+    """A cross layer (DCN's ``x0 @ (x_l . w)``, a ``[B, W, 1] @ [B, 1, 1]`` batched matmul) is a ``Mul``: exact."""
+
+    class Cross(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 4, name=f"e{i}") for i, v in enumerate(VOCABS[:3])]
+            self.w = tf.keras.layers.Dense(1, use_bias=False, name="w")
+            self.out = tf.keras.layers.Dense(1, name="out")
+
+        def call(self, x):
+            x0 = tf.concat([tf.squeeze(layer(x[f"f{i}"]), 1) for i, layer in enumerate(self.embs)], axis=1)
+            x1 = tf.squeeze(tf.matmul(tf.expand_dims(x0, 2), tf.expand_dims(self.w(x0), 2)), 2) + x0
+            return tf.sigmoid(self.out(x1))
+
+    models = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(5)
+        model = Cross()
+        model(batches[0][0])
+        models.append(model)
+    plain, fused = models[0], htf.keras.optimize(models[1])
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    assert "BatchMatMulV2" in pruned_op_types(plain, batches)
+    assert "BatchMatMulV2" not in pruned_op_types(fused, batches)

@@ -19,7 +19,9 @@ None to keep the op:
   broadcast that StitchConcatGrad reads without materialising it
   (dim-1 fields: the wide part);
 * ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
-  the MLP's first layer): one ``StitchConcatMatMul``.
+  the MLP's first layer): one ``StitchConcatMatMul``;
+* ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
+  a broadcast ``Mul`` (the same products, no batched GEMM per example).
 
 The callback runs after the op wrapper has created the original op and
 before the wrapper records it on the gradient tape; the wrapper then records
@@ -65,10 +67,12 @@ class FusionLog:
             by the innermost Keras layer whose call created them (the op name
             when the model's own ``call`` did), in trace order, without repeats.
         dense: matrix products turned into StitchConcatMatMul, named the same way.
+        outer_products: batched 1-deep matrix products turned into a broadcast ``Mul``.
     """
 
     concats: list[str] = dataclasses.field(default_factory=list)
     dense: list[str] = dataclasses.field(default_factory=list)
+    outer_products: list[str] = dataclasses.field(default_factory=list)
 
 
 def _static_target(out: tf.Tensor) -> list[int] | None:
@@ -249,6 +253,25 @@ def _matmul_rule(scope: FusionScope, op: tf.Operation):
     return [fused]
 
 
+def _outer_product_rule(scope: FusionScope, op: tf.Operation):
+    """``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]``: an outer product per entry, as a broadcast ``Mul``.
+
+    DCN's cross layer computes ``x0 @ (x_l . w)`` this way; a batched matmul of 1-deep matrices is one product
+    per output value, exactly what ``Mul`` computes, without a batched GEMM call per example.
+    """
+    a, b = op.inputs
+    if op.get_attr("adj_x") or op.get_attr("adj_y") or a.dtype not in FLOAT_DTYPES:
+        return None
+    if a.shape.rank is None or a.shape.rank < 3 or b.shape.rank != a.shape.rank:
+        return None
+    if a.shape[-1] != 1 or b.shape[-2] != 1:
+        return None
+    out = tf.multiply(a, b)
+    out.set_shape(op.outputs[0].shape)
+    scope.note(scope.log.outer_products, op)
+    return [out]
+
+
 # Op type -> rule(scope, op) returning the replacement outputs, or None to keep the op.
 RULES = {
     "ConcatV2": _concat_rule,
@@ -256,6 +279,7 @@ RULES = {
     "AddN": _sum_rule,
     "AddV2": _sum_rule,
     "MatMul": _matmul_rule,
+    "BatchMatMulV2": _outer_product_rule,
 }
 
 
