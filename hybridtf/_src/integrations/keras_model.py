@@ -329,10 +329,13 @@ def optimize(
             ``tf.add_n``, ``+``) of packed lookups' outputs is computed with
             one StitchConcat op that writes every field straight into its
             columns (no per-field outputs, no concat, no split in the
-            gradient; same values). ``False`` keeps the model's own ops.
+            gradient; same values). ``False`` keeps the model's own ops
+            (this and every other dataflow rewrite, see ``fuse_dense``).
         fuse_dense: a matrix product of such a fused concatenation (the
             MLP's first ``Dense``) is one StitchConcatMatMul through the
-            distinct rows (same math, another summation order).
+            distinct rows (same math, another summation order). Also with
+            ``fuse_concat``: a batched matmul of ``[B, m, 1]`` by
+            ``[B, 1, n]`` (DCN's cross layer) is a broadcast multiply.
         share_unique: a packed table whose lookups all use ids that another
             packed table's chain already deduplicates (Wide & Deep: each
             feature's ids feed a wide and a deep table) takes its unique ids
