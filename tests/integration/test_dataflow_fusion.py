@@ -200,3 +200,30 @@ def test_per_example_outer_product_becomes_a_broadcast_multiply(batches):
     np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
     assert "BatchMatMulV2" in pruned_op_types(plain, batches)
     assert "BatchMatMulV2" not in pruned_op_types(fused, batches)
+
+
+def test_custom_loop_with_hybridtf_function_gets_the_same_fusions(batches, reference):
+    """Inside ``htf.function`` the model's forward pass is rewritten too (never the user's backward or update)."""
+
+    def loop(model, function):
+        opt = tf.keras.optimizers.Adagrad(0.05)
+
+        @function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, model(x)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return np.array([step(x, y).numpy() for x, y in batches]), step
+
+    plain_losses, _ = loop(hm.wide_and_deep("subclassed", "add", VOCABS), tf.function)
+    model = htf.keras.optimize(hm.wide_and_deep("subclassed", "add", VOCABS))
+    losses, step = loop(model, htf.function)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5, atol=0)
+    graph = step.get_concrete_function(*batches[0]).graph
+    ops = _hybrid_ops(graph_pruned_op_types(graph))
+    for op_type in ("HybridTF>StitchConcatMatMul", "HybridTF>StitchConcatMatMulGrad", "HybridTF>StitchConcatGrad"):
+        assert ops[op_type] == reference[1][op_type] == 1
+    assert model.hybridtf_fused_dense == ["h0"]

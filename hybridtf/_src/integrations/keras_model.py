@@ -43,7 +43,10 @@ class _HybridModelMixin:
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
-            return base_call(inputs, *args, **kwargs)
+            with dataflow_fusion.fusing(model=self, **self._htf_fusion) as scope:  # this forward pass only
+                result = base_call(inputs, *args, **kwargs)
+            self._htf_note_fusions(scope)
+            return result
         if args:  # e.g. call(inputs, training) from SavedModel tracing: name them
             names = self._call_spec.arg_names[1 : 1 + len(args)]
             kwargs = {**dict(zip(names, args)), **kwargs}
@@ -59,10 +62,13 @@ class _HybridModelMixin:
         fusion = self._htf_fusion
         with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
             result = base_call(inputs, **kwargs)
+        self._htf_note_fusions(scope)
+        return result
+
+    def _htf_note_fusions(self, scope) -> None:
         if scope is not None:  # as last traced
             self._htf_fused_concats[:] = scope.log.concats
             self._htf_fused_dense_names[:] = scope.log.dense
-        return result
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
