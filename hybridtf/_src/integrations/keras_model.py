@@ -33,7 +33,7 @@ from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_i
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
-from hybridtf._src.rewrite.concat_fusion import fuse_concatenates, fuse_dense_layers
+from hybridtf._src.rewrite import dataflow_fusion
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -45,7 +45,10 @@ class _HybridModelMixin:
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
-            return base_call(inputs, *args, **kwargs)
+            with dataflow_fusion.fusing(model=self, **self._htf_fusion) as scope:  # this forward pass only
+                result = base_call(inputs, *args, **kwargs)
+            self._htf_note_fusions(scope)
+            return result
         if args:  # e.g. call(inputs, training) from SavedModel tracing: name them
             names = self._call_spec.arg_names[1 : 1 + len(args)]
             kwargs = {**dict(zip(names, args)), **kwargs}
@@ -58,8 +61,16 @@ class _HybridModelMixin:
                 base_call(inputs, **record_kwargs)
             requests = rec.requests
         outputs = lookup_all(requests)
-        with context.replaying(requests, outputs):
-            return base_call(inputs, **kwargs)
+        fusion = self._htf_fusion
+        with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
+            result = base_call(inputs, **kwargs)
+        self._htf_note_fusions(scope)
+        return result
+
+    def _htf_note_fusions(self, scope) -> None:
+        if scope is not None:  # as last traced
+            self._htf_fused_concats[:] = scope.log.concats
+            self._htf_fused_dense_names[:] = scope.log.dense
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
@@ -203,13 +214,17 @@ class _HybridModelMixin:
 
     @property
     def hybridtf_fused_concats(self) -> list[str]:
-        """Names of the ``Concatenate`` layers that stitch packed lookups straight into their output."""
+        """Where concatenations and sums of packed lookups became one StitchConcat, as last traced.
+
+        Named by the innermost layer whose call created the op (the op's name for
+        the model's own ``call``); empty until a step or prediction is traced.
+        """
         return list(self._htf_fused_concats)
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
-        """Names of the ``Dense`` layers whose input is a fused concatenation (StitchConcatMatMul), as traced."""
-        return [layer.name for layer in self._htf_dense_layers if getattr(layer, "_htf_dense_fused", False)]
+        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
+        return list(self._htf_fused_dense_names)
 
 
 @contextlib.contextmanager
@@ -370,11 +385,18 @@ def optimize(
             spread over the ranks, ``"mod"`` (default) or ``"range"``.
         replicate_below_rows: under Horovod, packed tables with fewer rows
             stay whole on every rank and are trained data-parallel.
-        fuse_concat: a ``tf.keras.layers.Concatenate`` (last axis) whose
-            inputs include packed lookups' outputs computes the concatenation
-            with one StitchConcat op that writes every field straight into its
+        fuse_concat: while a step is traced, a concatenation (``tf.concat``,
+            ``tf.stack``, whatever layer calls it) or a sum (``Add``,
+            ``tf.add_n``, ``+``) of packed lookups' outputs is computed with
+            one StitchConcat op that writes every field straight into its
             columns (no per-field outputs, no concat, no split in the
-            gradient; same values). ``False`` keeps Keras's concatenation.
+            gradient; same values). ``False`` keeps the model's own ops
+            (this and every other dataflow rewrite, see ``fuse_dense``).
+        fuse_dense: a matrix product of such a fused concatenation (the
+            MLP's first ``Dense``) is one StitchConcatMatMul through the
+            distinct rows (same math, another summation order). Also with
+            ``fuse_concat``: a batched matmul of ``[B, m, 1]`` by
+            ``[B, 1, n]`` (DCN's cross layer) is a broadcast multiply.
         share_unique: a packed table whose lookups all use ids that another
             packed table's chain already deduplicates (Wide & Deep: each
             feature's ids feed a wide and a deep table) takes its unique ids
@@ -509,8 +531,9 @@ def optimize(
     object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
-    object.__setattr__(model, "_htf_fused_concats", fuse_concatenates(model) if fuse_concat else [])
-    object.__setattr__(model, "_htf_dense_layers", fuse_dense_layers(model) if fuse_concat and fuse_dense else [])
+    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
+    object.__setattr__(model, "_htf_fused_concats", [])
+    object.__setattr__(model, "_htf_fused_dense_names", [])
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):

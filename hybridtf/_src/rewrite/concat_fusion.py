@@ -1,188 +1,195 @@
-"""Concatenations of packed lookups' outputs become one StitchConcat op.
+"""Column layouts of packed lookups' outputs: what one StitchConcat computes.
 
-CTR models concatenate their fields' embeddings (and the dense features)
-before the MLP. With hundreds of fields the concatenation and, backward, its
-split copy every embedding a second time in hundreds of narrow pieces, which
-can cost as much as the lookups themselves. When a captured
-``tf.keras.layers.Concatenate`` (last axis) is called while tracing and some of
-its inputs are StitchCombine outputs (possibly reshaped from ``[B, 1, d]``), it
-returns one ``StitchConcat`` instead: the fields are stitched straight into
-their columns from the gathered rows.
-The StitchCombine outputs it replaces are then unused, and TensorFlow prunes
-the op when none of its outputs is used elsewhere. The values are the same;
-gradients differ only when a field also feeds other layers (its gradient is
-then a sum of two parts, one per consumer; float rounding only).
+CTR models join their fields' embeddings (and the dense features) before the
+MLP, and sum their dim-1 (wide) embeddings. With hundreds of fields the
+concatenation and, backward, its split copy every embedding a second time in
+hundreds of narrow pieces. ``StitchConcat`` stitches the fields straight from
+the gathered rows into their columns instead.
 
-No global patching: each ``Concatenate`` instance of an optimized model gets a
-run-time subclass (same class name, same config) whose ``_merge_function``
-tries the fusion and otherwise concatenates as usual. Eager calls and
-SavedModel export always concatenate as usual.
+This module holds the pure part of that rewrite, on graph tensors:
 
-Dense fusion: a ``tf.keras.layers.Dense`` whose input is such a fused
-concatenation (the first layer of the MLP) computes ``concat @ kernel`` with one
-``StitchConcatMatMul`` through the distinct rows: every distinct embedding row is
-multiplied by its field's block of the kernel once per step instead of once per
-occurrence, the concatenated matrix is never written, and the embedding rows'
-gradients come out summed per distinct row. Same math; float rounding differs
-(sums in another order). Its bias and activation are applied as Dense does.
+* ``field_source``: which StitchCombine field a tensor holds (seen through
+  shape-only ops: a ``[B, 1, d]`` lookup flattened or reshaped is the same
+  field's rows in the same order);
+* ``column_view``: how a piece of a concatenation (or stack) along some axis
+  reads as a ``[rows, width]`` matrix, so that the concatenation is a
+  column concatenation of those matrices reshaped to the output's shape;
+* ``ColumnLayout``: collects pieces (fields of any number of packed tables,
+  fields of another StitchConcat, dense tensors) and builds the one
+  StitchConcat;
+* ``stitch_concat_source`` and ``fused_matmul``: a matrix product whose left
+  operand is a StitchConcat output becomes one StitchConcatMatMul.
+
+Which ops are rewritten, and when, is decided by ``dataflow_fusion`` (the
+ops a model's forward pass creates, whatever layer or function created them).
 """
 
 from __future__ import annotations
 
-import tensorflow as tf
-from tensorflow.python.saved_model import save_context
+import math
 
-from hybridtf._src.capture.subclassing import runtime_subclass
+import tensorflow as tf
+
 from hybridtf._src.run.stitch_combine import OP_NAME as STITCH_COMBINE
 from hybridtf._src.run.stitch_concat import OP_NAME as STITCH_CONCAT
 from hybridtf._src.run.stitch_concat import StitchGroup, matmul_of_stitch_concat, stitch_concat
 
 # Ops that only change a tensor's shape, never the row-major order of its values.
-_LAYOUT_OPS = ("Identity", "Reshape", "ExpandDims", "Squeeze")
+LAYOUT_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze"})
+FLOAT_DTYPES = (tf.float32, tf.float64)
 
 
-def _stitch_source(t):
-    """``(op, field)`` if the graph tensor ``t`` is an unweighted StitchCombine output, else None.
-
-    Shape-only ops in between are seen through when they keep the rows: a field
-    looked up with ids of shape ``[B, 1]`` gives ``[B, 1, d]``, which a
-    ``Flatten`` or ``Reshape`` turns back into ``[B, d]`` (the same values in the
-    same order as the StitchCombine output ``[B, d]``).
-    """
-    width = t.shape[-1] if t.shape.rank else None
-    while t.op.type in _LAYOUT_OPS and t.op.inputs:
+def _through_layout(t: tf.Tensor) -> tf.Tensor:
+    while t.op.type in LAYOUT_OPS and t.op.inputs:
         t = t.op.inputs[0]
-    op = t.op
-    if op.type != STITCH_COMBINE or t.shape.rank != 2 or t.shape[1] is None or t.shape[1] != width:
+    return t
+
+
+def field_source(t: tf.Tensor):
+    """``(StitchCombine op, field index, dim)`` when ``t`` holds one unweighted field's rows, else None.
+
+    Shape-only ops in between are seen through: a field looked up with ids of
+    shape ``[B, 1]`` gives ``[B, 1, d]``, whose ``Flatten`` or ``Reshape`` holds
+    the same values in the same order as the StitchCombine output ``[B, d]``.
+    The caller checks that the shapes agree (``column_view``).
+    """
+    src = _through_layout(t)
+    op = src.op
+    if op.type != STITCH_COMBINE or src.shape.rank != 2 or src.shape[1] is None:
         return None
     weights = op.inputs[5]
     if weights.shape.rank != 1 or weights.shape[0] != 0:
         return None
-    return op, t.value_index
+    return op, src.value_index, int(src.shape[1])
 
 
-def fused_concat(inputs, axis: int):
-    """One StitchConcat equal to ``tf.concat(inputs, axis)``, or None when it does not apply.
+def stitch_concat_source(t: tf.Tensor, width: int | None):
+    """The StitchConcat op whose ``[B, width]`` output ``t`` holds (through shape-only ops), else None."""
+    src = _through_layout(t)
+    if src.op.type != STITCH_CONCAT or src.shape.rank != 2 or width is None or src.shape[1] != width:
+        return None
+    return src.op
 
-    It applies in graph mode (tf.function), on the last axis of rank-2 float
-    inputs with static widths, when at least one input is a StitchCombine output.
+
+def column_view(t: tf.Tensor, axis: int) -> int | None:
+    """Width of ``t`` read as a ``[t.shape[0], width]`` matrix for a concatenation along ``axis``, or None.
+
+    Concatenating rank-r tensors along ``axis`` (1 <= axis) is a column
+    concatenation of their ``[rows, prod(shape[axis:])]`` views when the axes
+    between the batch and ``axis`` are all 1 (statically): then every piece has
+    the same rows as the batch. ``tf.stack`` along ``axis`` reads the same way.
+    """
+    shape = t.shape
+    if shape.rank is None or not 1 <= axis <= shape.rank:
+        return None
+    dims = shape.as_list()
+    if any(d != 1 for d in dims[1:axis]) or any(d is None for d in dims[axis:]):
+        return None
+    return math.prod(dims[axis:])
+
+
+def _group_key(tensors) -> tuple:
+    return tuple(t.ref() for t in tensors)
+
+
+class ColumnLayout:
+    """The pieces of one StitchConcat ``[B, sum of widths]``, in column order.
 
     Example:
-        >>> fused_concat([emb_a, dense, emb_b], -1)  # inside a traced step: one op
+        >>> layout = ColumnLayout()
+        >>> layout.add(field_a, 8); layout.add(dense, 3); layout.add(field_b, 8)
+        >>> layout.num_fields, layout.build(batch=None).shape
+        (2, TensorShape([None, 19]))
     """
-    if tf.executing_eagerly() or save_context.in_save_context() or len(inputs) < 2:
+
+    def __init__(self):
+        self._group_index: dict = {}
+        self._groups: list[StitchGroup] = []
+        self._dense: list[tf.Tensor] = []
+        self._pieces: list[tuple[int, object]] = []  # (group, field) or (-1, (tensor, width))
+        self._placed: set = set()
+        self.num_fields = 0
+        self.width = 0
+
+    def _group(self, inputs, combiners) -> int:
+        key = _group_key(inputs)
+        if key not in self._group_index:
+            self._group_index[key] = len(self._groups)
+            self._groups.append(StitchGroup(*inputs, combiners=tuple(combiners)))
+        return self._group_index[key]
+
+    def _place_field(self, inputs, combiners, field: int) -> None:
+        g = self._group(inputs, combiners)
+        self._placed.add((g, field))
+        self._pieces.append((g, field))
+        self.num_fields += 1
+
+    def add(self, t: tf.Tensor, width: int) -> None:
+        """Appends ``t`` (read as ``[B, width]``): a field, the fields of a StitchConcat, or a dense piece."""
+        self.width += width
+        src = field_source(t)
+        if src is not None and src[2] == width:
+            op, field, _ = src
+            combiners = [c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")]
+            key = _group_key(op.inputs[:5])
+            if (self._group_index.get(key), field) not in self._placed:
+                self._place_field(op.inputs[:5], combiners, field)
+                return
+        inner = stitch_concat_source(t, width)
+        if inner is not None and self._absorb(inner):
+            return
+        self._pieces.append((-1, (t, width)))
+
+    def _absorb(self, op: tf.Operation) -> bool:
+        """Places the pieces of another StitchConcat here (False if one of its fields is placed already)."""
+        ng, nd = op.get_attr("num_groups"), op.get_attr("num_dense")
+        inputs = list(op.inputs)
+        group_inputs = [[inputs[k * ng + g] for k in range(5)] for g in range(ng)]
+        group_fields = list(op.get_attr("group_fields"))
+        combiners = [c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")]
+        starts = [sum(group_fields[:g]) for g in range(ng)]
+        dense = inputs[5 * ng : 5 * ng + nd]
+        pieces = list(zip(op.get_attr("piece_groups"), op.get_attr("piece_items")))
+        for g, item in pieces:
+            if g >= 0 and (self._group_index.get(_group_key(group_inputs[g])), item) in self._placed:
+                return False
+        for g, item in pieces:
+            if g >= 0:
+                fields = combiners[starts[g] : starts[g] + group_fields[g]]
+                self._place_field(group_inputs[g], fields, item)
+            else:
+                d = dense[item]
+                self._pieces.append((-1, (d, int(d.shape[1]))))
+        return True
+
+    def build(self, batch: int | None) -> tf.Tensor:
+        """Creates the StitchConcat (and the reshapes of dense pieces to matrices); returns ``[B, width]``."""
+        pieces = []
+        for g, item in self._pieces:
+            if g >= 0:
+                pieces.append((g, item))
+                continue
+            t, width = item
+            if t.shape.rank != 2:
+                t = tf.reshape(t, [-1, width])
+            pieces.append((-1, len(self._dense)))
+            self._dense.append(t)
+        out = stitch_concat(self._groups, self._dense, pieces)
+        out.set_shape([batch, self.width])
+        return out
+
+
+def fused_matmul(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor | None:
+    """``x @ kernel`` as one StitchConcatMatMul when ``x`` is a StitchConcat output, else None.
+
+    Example:
+        >>> fused_matmul(concat_output, kernel_value)  # inside a traced step
+    """
+    if x.shape.rank != 2 or kernel.shape.rank != 2 or kernel.dtype != x.dtype:
         return None
-    if any(not isinstance(t, tf.Tensor) or t.shape.rank != 2 or t.shape[1] is None for t in inputs):
+    concat = stitch_concat_source(x, x.shape[1])
+    if concat is None:
         return None
-    if axis not in (-1, 1) or len({t.dtype for t in inputs}) != 1 or inputs[0].dtype not in (tf.float32, tf.float64):
-        return None
-    groups: dict[str, int] = {}
-    group_ops: list = []
-    dense: list = []
-    pieces: list[tuple[int, int]] = []
-    placed: set = set()
-    for t in inputs:
-        source = _stitch_source(t)
-        if source is not None and (source[0].name, source[1]) not in placed:
-            op, field = source
-            if op.name not in groups:
-                groups[op.name] = len(group_ops)
-                group_ops.append(op)
-            placed.add((op.name, field))
-            pieces.append((groups[op.name], field))
-        else:
-            pieces.append((-1, len(dense)))
-            dense.append(t)
-    if not group_ops:
-        return None
-    stitch_groups = [
-        StitchGroup(
-            *op.inputs[:5], combiners=tuple(c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners"))
-        )
-        for op in group_ops
-    ]
-    out = stitch_concat(stitch_groups, dense, pieces)
-    out.set_shape([inputs[0].shape[0], sum(int(t.shape[1]) for t in inputs)])
+    out = matmul_of_stitch_concat(concat, kernel)
+    out.set_shape([x.shape[0], kernel.shape[1]])
     return out
-
-
-class _FusedConcatenateMixin:
-    """Per-instance override of a ``tf.keras.layers.Concatenate`` in an optimized model."""
-
-    @tf.autograph.experimental.do_not_convert
-    def _merge_function(self, inputs):
-        out = fused_concat(list(inputs), self.axis)
-        return out if out is not None else super()._merge_function(inputs)
-
-
-def fused_dense_matmul(inputs, kernel):
-    """``inputs @ kernel`` as one StitchConcatMatMul when ``inputs`` is a fused concatenation, else None.
-
-    Example:
-        >>> fused_dense_matmul(concat_output, dense_layer.kernel)  # inside a traced step
-    """
-    if tf.executing_eagerly() or save_context.in_save_context() or not isinstance(inputs, tf.Tensor):
-        return None
-    t = inputs
-    while t.op.type == "Identity" and t.op.inputs:
-        t = t.op.inputs[0]
-    if t.op.type != STITCH_CONCAT or t.shape.rank != 2 or kernel.dtype != t.dtype or kernel.shape.rank != 2:
-        return None
-    out = matmul_of_stitch_concat(t.op, kernel)
-    out.set_shape([inputs.shape[0], kernel.shape[1]])
-    return out
-
-
-class _FusedDenseMixin:
-    """Per-instance override of a ``tf.keras.layers.Dense`` in an optimized model."""
-
-    @tf.autograph.experimental.do_not_convert
-    def call(self, inputs):
-        outputs = None
-        if isinstance(inputs, tf.Tensor) and inputs.dtype == self._compute_dtype_object:
-            outputs = fused_dense_matmul(inputs, self.kernel)
-        if outputs is None:
-            return super().call(inputs)
-        object.__setattr__(self, "_htf_dense_fused", True)
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, self.bias)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
-
-def fuse_dense_layers(model: tf.keras.Model) -> list:
-    """Gives every plain ``Dense`` layer of ``model`` the fusing subclass; returns the layers.
-
-    A subclass of Dense that overrides ``call`` is left alone (its own call must run).
-
-    Example:
-        >>> [layer.name for layer in fuse_dense_layers(model)]
-        ['dense', 'dense_1', 'dense_2']
-    """
-    layers = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if not isinstance(layer, tf.keras.layers.Dense) or isinstance(layer, _FusedDenseMixin):
-            continue
-        if type(layer).call is not tf.keras.layers.Dense.call:
-            continue
-        layer.__dict__.pop("call", None)
-        layer.__class__ = runtime_subclass(_FusedDenseMixin, type(layer))
-        layers.append(layer)
-    return layers
-
-
-def fuse_concatenates(model: tf.keras.Model) -> list[str]:
-    """Gives every ``Concatenate`` layer of ``model`` the fusing subclass; returns their names.
-
-    Example:
-        >>> fuse_concatenates(model)
-        ['deep_concat']
-    """
-    names = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, tf.keras.layers.Concatenate) and not isinstance(layer, _FusedConcatenateMixin):
-            layer.__dict__.pop("call", None)
-            layer.__class__ = runtime_subclass(_FusedConcatenateMixin, type(layer))
-            names.append(layer.name)
-    return names

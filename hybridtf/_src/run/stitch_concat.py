@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import tensorflow as tf
@@ -173,30 +174,43 @@ def _column_broadcast_source(grad: tf.Tensor) -> tf.Tensor | None:
     The gradient of ``tf.reduce_sum(concat, axis=-1, keepdims=True)`` (the usual
     linear / first-order part of a CTR model) is its output gradient tiled over
     the concatenation's columns: ``Tile([B, 1], [1, W])`` when the batch size is
-    static, ``BroadcastTo([B, 1], shape)`` otherwise. StitchConcatGrad then reads
-    the ``[B, 1]`` column instead of the ``[B, W]`` matrix (which TensorFlow no
+    static, ``BroadcastTo([B, 1], shape)`` otherwise. A sum over a concatenation
+    seen as ``[B, n, k]`` (a stack, DeepCTR's ``[B, 1, n]`` linear logits, a sum
+    without ``keepdims``) broadcasts a ``[B, 1, 1]`` gradient and reshapes it to
+    ``[B, W]``: the same values per row. StitchConcatGrad then reads the
+    ``[B, 1]`` column instead of the ``[B, W]`` matrix (which TensorFlow no
     longer computes): the same values, summed in the same order.
     """
     if not isinstance(grad, tf.Tensor) or grad.shape.rank != 2 or tf.executing_eagerly():
         return None
-    op = grad.op
+    spread = grad
+    if grad.op.type == "Reshape":  # [B, n, k] broadcast, read as [B, W]: rows match when n * k == W
+        spread = grad.op.inputs[0]
+        dims = spread.shape.as_list() if spread.shape.rank is not None else None
+        if not dims or len(dims) < 2 or any(d is None for d in dims[1:]) or grad.shape[1] is None:
+            return None
+        if math.prod(dims[1:]) != grad.shape[1]:
+            return None
+    op = spread.op
     if op.type not in ("Tile", "BroadcastTo"):
         return None
     src = op.inputs[0]
-    if src.shape.rank != 2 or src.shape[1] != 1 or src.dtype != grad.dtype:
+    rank = spread.shape.rank
+    if src.shape.rank != rank or any(d != 1 for d in src.shape.as_list()[1:]) or src.dtype != grad.dtype:
         return None
     if op.type == "Tile":
         multiples = tf.get_static_value(op.inputs[1])
-        if multiples is None or len(multiples) != 2:
+        if multiples is None or len(multiples) != rank:
             return None
-        # [B, 1] tiled once over the rows (an empty batch gives multiples [0, W] for [0, 1])
+        # [B, 1, ...] tiled once over the rows (an empty batch gives multiples [0, W] for [0, 1])
         if int(multiples[0]) == 1 or (int(multiples[0]) == 0 and src.shape[0] == 0):
-            return src
+            return src if rank == 2 else tf.reshape(src, [-1, 1])
         return None
-    target = op.inputs[1]  # BroadcastTo: src may also be [1, 1]; give it the batch of the target shape
-    if target.shape.rank != 1 or target.shape[0] != 2:
+    target = op.inputs[1]  # BroadcastTo: src may also be [1, 1, ...]; give it the batch of the target shape
+    if target.shape.rank != 1 or target.shape[0] != rank:
         return None
-    return tf.broadcast_to(src, tf.concat([target[:1], tf.ones([1], target.dtype)], 0))
+    column = src if rank == 2 else tf.reshape(src, tf.stack([tf.shape(src, out_type=target.dtype)[0], 1]))
+    return tf.broadcast_to(column, tf.concat([target[:1], tf.ones([1], target.dtype)], 0))
 
 
 @tf.RegisterGradient(OP_NAME)

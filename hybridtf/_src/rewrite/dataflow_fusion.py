@@ -1,0 +1,307 @@
+"""Fusions of what consumes packed lookups, matched on the ops the forward pass creates.
+
+While a wrapped model's forward pass is traced (the replay pass, in which the
+captured lookups return their packed chains' StitchCombine outputs), a
+thread-local TensorFlow op callback (``op_callbacks.add_op_callback``; no
+global patching) sees every op the user's code creates, whichever Keras layer,
+DeepCTR layer, custom layer or plain ``tf.*`` call created it. Each op type
+has one rule (``RULES``, op type -> rule) that returns replacement outputs, or
+None to keep the op:
+
+* ``ConcatV2`` / ``Pack`` along a non-batch axis with at least one field among
+  its pieces (through ``Reshape`` / ``ExpandDims`` / ``Squeeze`` /
+  ``Identity``, e.g. ``Flatten`` of a ``[B, 1, d]`` lookup), or the output of
+  another fused concatenation: one ``StitchConcat`` (reshaped to the output's
+  shape when that is not a matrix);
+* ``AddN`` / ``AddV2`` of fields of one shape (Keras ``Add`` is a chain of
+  ``AddV2``; each step's partial sum is recognised by the next): one
+  StitchConcat and one ``Sum`` over the fields. Its gradient is a column
+  broadcast that StitchConcatGrad reads without materialising it
+  (dim-1 fields: the wide part);
+* ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
+  the MLP's first layer): one ``StitchConcatMatMul``;
+* ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
+  a broadcast ``Mul`` (the same products, no batched GEMM per example).
+
+The callback runs after the op wrapper has created the original op and
+before the wrapper records it on the gradient tape; the wrapper then records
+the ORIGINAL op type with the op's inputs and the replacement outputs, which
+would send the replacement's gradient through the original op (right values,
+unfused backward). So before returning, the rule's original op gets its
+float inputs rewired (``Operation._update_input``) to copies made under
+``record.stop_recording()``: the tape does not track them, the wrapper's
+record is skipped, and the replacement ops (created inside the callback, which
+TensorFlow does not call back for) keep their own tape records. The original
+op is left without consumers and pruned before the step runs. Values the
+user's code sees are always real, tracked tensors, so an op no rule knows
+keeps its ordinary gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+
+import tensorflow as tf
+from tensorflow.python.eager import record
+from tensorflow.python.framework import op_callbacks
+from tensorflow.python.saved_model import save_context
+
+from hybridtf._src.rewrite.concat_fusion import (
+    FLOAT_DTYPES,
+    ColumnLayout,
+    column_view,
+    field_source,
+    fused_matmul,
+    stitch_concat_source,
+)
+
+
+@dataclasses.dataclass
+class FusionLog:
+    """What one traced forward pass fused, by where it happened.
+
+    Attributes:
+        concats: concatenations and field sums turned into StitchConcat, named
+            by the innermost Keras layer whose call created them (the op name
+            when the model's own ``call`` did), in trace order, without repeats.
+        dense: matrix products turned into StitchConcatMatMul, named the same way.
+        outer_products: batched 1-deep matrix products turned into a broadcast ``Mul``.
+    """
+
+    concats: list[str] = dataclasses.field(default_factory=list)
+    dense: list[str] = dataclasses.field(default_factory=list)
+    outer_products: list[str] = dataclasses.field(default_factory=list)
+
+
+def _static_target(out: tf.Tensor) -> list[int] | None:
+    """``[-1, d1, d2, ...]`` for ``out``'s shape when every dim but the batch is static."""
+    dims = out.shape.as_list() if out.shape.rank is not None else None
+    if not dims or any(d is None for d in dims[1:]):
+        return None
+    return [-1, *dims[1:]]
+
+
+def _same_shape(a: tf.TensorShape, b: tf.TensorShape) -> bool:
+    if a.rank is None or a.rank != b.rank:
+        return False
+    return all(x == y for x, y in zip(a.as_list(), b.as_list()))
+
+
+def _normalize(axis, rank: int) -> int | None:
+    axis = tf.get_static_value(axis) if isinstance(axis, tf.Tensor) else axis
+    if axis is None or getattr(axis, "ndim", 0) != 0:
+        return None
+    axis = int(axis)
+    return axis + rank if axis < 0 else axis
+
+
+class FusionScope:
+    """The op callback of one traced forward pass (see the module docstring).
+
+    Args:
+        fuse_dense: also turn ``MatMul``s of fused concatenations into StitchConcatMatMul.
+        model: the model whose forward pass this is (ops of its own ``call`` are named by op name).
+    """
+
+    def __init__(self, fuse_dense: bool = True, model=None):
+        self.fuse_dense = fuse_dense
+        self.model = model
+        self.log = FusionLog()
+        self._sums: dict = {}  # ref of a fused field sum -> the tensors it sums
+        self._untracked: dict = {}
+
+    def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        rule = RULES.get(op_type)
+        if rule is None or graph is None or outputs is None or not inputs:
+            return outputs
+        op = outputs[0].op if outputs and hasattr(outputs[0], "op") else graph.get_operation_by_name(op_name)
+        try:
+            replaced = rule(self, op)
+        except (ValueError, TypeError):  # a shape or dtype this rewrite does not cover: keep the op
+            replaced = None
+        if replaced is None:
+            return outputs
+        self._detach(op)
+        return replaced
+
+    def _detach(self, op: tf.Operation) -> None:
+        """Points ``op``'s float inputs at untracked copies, so its wrapper does not record it."""
+        for i, t in enumerate(op.inputs):
+            if not (t.dtype.is_floating or t.dtype.is_complex):
+                continue
+            copy = self._untracked.get(t.ref())
+            if copy is None:
+                with record.stop_recording():
+                    copy = tf.identity(t)
+                self._untracked[t.ref()] = copy
+            op._update_input(i, copy)
+
+    def where(self, op: tf.Operation) -> str:
+        """The innermost Keras layer being called (its name), else ``op``'s name."""
+        from keras.src.engine import base_layer_utils
+
+        layer = base_layer_utils.call_context().layer
+        if layer is None or layer is self.model:
+            return op.name
+        return layer.name
+
+    def note(self, kind: list, op: tf.Operation) -> None:
+        name = self.where(op)
+        if name not in kind:
+            kind.append(name)
+
+    def sum_terms(self, t: tf.Tensor):
+        """The tensors a fused field sum ``t`` adds up (through Identity), or None."""
+        while t.op.type == "Identity" and t.op.inputs:
+            t = t.op.inputs[0]
+        return self._sums.get(t.ref())
+
+
+def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
+    """One StitchConcat for a concatenation (or stack) of ``values`` along ``axis``, or None."""
+    out = op.outputs[0]
+    if axis is None or axis < 1 or len(values) < 2 or out.dtype not in FLOAT_DTYPES:
+        return None
+    target = _static_target(out)
+    widths = [column_view(t, axis) for t in values]
+    if target is None or any(w is None for w in widths):
+        return None
+    if not any(_is_fusable_piece(t, w) for t, w in zip(values, widths)):
+        return None
+    layout = ColumnLayout()
+    for t, w in zip(values, widths):
+        layout.add(t, w)
+    if layout.num_fields == 0:
+        return None
+    fused = layout.build(out.shape[0])
+    if out.shape.rank != 2:
+        fused = tf.reshape(fused, target)
+    scope.note(scope.log.concats, op)
+    return [fused]
+
+
+def _is_fusable_piece(t: tf.Tensor, width: int) -> bool:
+    src = field_source(t)
+    return (src is not None and src[2] == width) or stitch_concat_source(t, width) is not None
+
+
+def _concat_rule(scope: FusionScope, op: tf.Operation):
+    values = op.inputs[:-1]
+    rank = values[0].shape.rank if values else None
+    if rank is None:
+        return None
+    return _columns(scope, op, values, _normalize(op.inputs[-1], rank))
+
+
+def _pack_rule(scope: FusionScope, op: tf.Operation):
+    rank = op.outputs[0].shape.rank
+    if rank is None:
+        return None
+    return _columns(scope, op, op.inputs, _normalize(op.get_attr("axis"), rank))
+
+
+def _sum_rule(scope: FusionScope, op: tf.Operation):
+    """``AddN`` / ``AddV2`` whose terms are all fields (or fused field sums) of the output's shape."""
+    out = op.outputs[0]
+    if out.dtype not in FLOAT_DTYPES or out.shape.rank is None or out.shape.rank < 1:
+        return None
+    target = _static_target(out)
+    if target is None:
+        return None
+    width = math.prod(target[1:])
+    terms = []
+    for t in op.inputs:
+        if not _same_shape(t.shape, out.shape):
+            return None
+        prior = scope.sum_terms(t)
+        if prior is not None:
+            terms.extend(prior)
+            continue
+        src = field_source(t)
+        if src is None or src[2] != width:
+            return None
+        terms.append(t)
+    if len(terms) < 2:
+        return None
+    layout = ColumnLayout()
+    for t in terms:
+        layout.add(t, width)
+    columns = layout.build(out.shape[0])
+    if width == 1:  # the wide part: its gradient is a [B, 1] column that StitchConcatGrad reads in place
+        total = tf.reduce_sum(columns, axis=1, keepdims=True)
+    else:
+        total = tf.reduce_sum(tf.reshape(columns, [-1, len(terms), width]), axis=1)
+    if out.shape.rank != 2:
+        total = tf.reshape(total, target)
+    total.set_shape(out.shape)
+    scope._sums[total.ref()] = terms
+    scope.note(scope.log.concats, op)
+    return [total]
+
+
+def _matmul_rule(scope: FusionScope, op: tf.Operation):
+    if not scope.fuse_dense or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
+        return None
+    x, kernel = op.inputs
+    fused = fused_matmul(x, kernel)
+    if fused is None:
+        return None
+    fused.set_shape(op.outputs[0].shape)
+    scope.note(scope.log.dense, op)
+    return [fused]
+
+
+def _outer_product_rule(scope: FusionScope, op: tf.Operation):
+    """``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]``: an outer product per entry, as a broadcast ``Mul``.
+
+    DCN's cross layer computes ``x0 @ (x_l . w)`` this way; a batched matmul of 1-deep matrices is one product
+    per output value, exactly what ``Mul`` computes, without a batched GEMM call per example.
+    """
+    a, b = op.inputs
+    if op.get_attr("adj_x") or op.get_attr("adj_y") or a.dtype not in FLOAT_DTYPES:
+        return None
+    if a.shape.rank is None or a.shape.rank < 3 or b.shape.rank != a.shape.rank:
+        return None
+    if a.shape[-1] != 1 or b.shape[-2] != 1:
+        return None
+    out = tf.multiply(a, b)
+    out.set_shape(op.outputs[0].shape)
+    scope.note(scope.log.outer_products, op)
+    return [out]
+
+
+# Op type -> rule(scope, op) returning the replacement outputs, or None to keep the op.
+RULES = {
+    "ConcatV2": _concat_rule,
+    "Pack": _pack_rule,
+    "AddN": _sum_rule,
+    "AddV2": _sum_rule,
+    "MatMul": _matmul_rule,
+    "BatchMatMulV2": _outer_product_rule,
+}
+
+
+@contextlib.contextmanager
+def fusing(enabled: bool = True, *, fuse_dense: bool = True, model=None):
+    """Applies the dataflow fusions to the ops created inside (graph mode only); yields the scope or None.
+
+    Eager execution and SavedModel export (``save_context``) run the user's ops
+    as written.
+
+    Example:
+        >>> with context.replaying(requests, outputs), fusing(model=model) as scope:
+        ...     y = model_call(inputs)
+        >>> scope.log.concats
+        ['deep_concat', 'wide_add']
+    """
+    if not enabled or tf.executing_eagerly() or save_context.in_save_context():
+        yield None
+        return
+    scope = FusionScope(fuse_dense=fuse_dense, model=model)
+    op_callbacks.add_op_callback(scope)
+    try:
+        yield scope
+    finally:
+        op_callbacks.remove_op_callback(scope)

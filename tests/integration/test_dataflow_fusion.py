@@ -1,0 +1,229 @@
+"""Dataflow fusions: the same Wide & Deep written three ways gets the same fused ops, with the same numbers.
+
+The model (``benchmarks.handwritten_models``) is written with Keras layers (``Flatten`` + ``Concatenate``), with
+custom layers calling ``tf.concat`` (DeepCTR's ``[B, 1, d]`` concat + ``Flatten``), and as a subclassed model
+calling ``tf.concat`` in ``call``; its wide part (dim-1 embeddings) is summed with a Keras ``Add`` (a chain of
+``AddV2``), ``tf.add_n`` or ``tf.reduce_sum`` over a concat / stack. Every variant must train exactly like its
+plain model (1e-5 relative; all variants compute the same function from the same weights, so each is compared
+with the plain Keras-layers model) and run the same fused ops: the deep input's concatenation and first Dense layer
+become one StitchConcatMatMul, the wide sum one StitchConcat whose gradient reads a [B, 1] column.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+from benchmarks import handwritten_models as hm
+from tests.integration.step_ops import graph_pruned_op_types, pruned_op_types, step_graph
+
+VOCABS = [50, 80, 120, 30, 60, 200]
+STEPS = 12
+
+# (style, wide sum): every style and every wide sum at least once
+VARIANTS = [
+    ("keras", "add"),
+    ("keras", "reduce_sum"),
+    ("custom_layer", "add"),
+    ("custom_layer", "add_n"),
+    ("subclassed", "add"),
+    ("subclassed", "add_n"),
+    ("subclassed", "reduce_sum"),
+]
+
+
+@pytest.fixture(scope="module")
+def batches():
+    return [hm.batch(VOCABS, 3, 64, seed=s) for s in range(STEPS)]
+
+
+def _train(model, batches):
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+
+def _hybrid_ops(types) -> collections.Counter:
+    """hybridtf's ops and the ops a per-field concatenation or sum would multiply."""
+    return collections.Counter(t for t in types if t.startswith("HybridTF>") or t in ("AddV2", "AddN", "MatMul"))
+
+
+@pytest.fixture(scope="module")
+def reference(batches):
+    """Losses of the plain Keras-layers model (every variant computes the same function) and its fused ops."""
+    plain = hm.wide_and_deep("keras", "add", VOCABS)
+    fused = htf.keras.optimize(hm.wide_and_deep("keras", "add", VOCABS))
+    losses = _train(fused, batches)
+    np.testing.assert_allclose(losses, _train(plain, batches), rtol=1e-5, atol=0)
+    return losses, _hybrid_ops(pruned_op_types(fused, batches))
+
+
+@pytest.mark.parametrize("style,wide", VARIANTS)
+def test_same_fused_ops_and_exact_in_every_style(style, wide, batches, reference):
+    ref_losses, ref_ops = reference
+    fused = htf.keras.optimize(hm.wide_and_deep(style, wide, VOCABS))
+    # every style computes the same function from the same weights: exact vs the plain model of the fixture
+    np.testing.assert_allclose(_train(fused, batches), ref_losses, rtol=1e-5, atol=0)
+
+    graph = step_graph(fused, batches)
+    types = graph_pruned_op_types(graph)
+    ops = _hybrid_ops(types)
+    assert ops == ref_ops
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchConcatMatMulGrad"] == 1  # deep input
+    assert ops["HybridTF>StitchConcat"] == 1 and ops["HybridTF>StitchConcatGrad"] == 1  # the wide sum
+    assert ops["HybridTF>StitchCombine"] == 0 and "ConcatV2" not in types and "Pack" not in types
+    (wide_grad,) = [op for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
+    assert wide_grad.get_attr("broadcast_grad")  # reads the [B, 1] column, never a [B, W] tile
+    assert fused.hybridtf_fused_dense == ["h0"]
+    assert len(fused.hybridtf_fused_concats) >= 2  # the deep concatenation(s) and the wide sum
+
+
+def test_fusion_off_keeps_the_users_ops(batches, reference):
+    fused = htf.keras.optimize(hm.wide_and_deep("subclassed", "add", VOCABS), fuse_concat=False)
+    losses = _train(fused, batches)
+    types = pruned_op_types(fused, batches)
+    assert "HybridTF>StitchConcat" not in types and "HybridTF>StitchConcatMatMul" not in types
+    assert "ConcatV2" in types
+    assert types.count("AddV2") >= reference[1]["AddV2"] + len(VOCABS) - 1  # the wide part's chain of adds
+    assert fused.hybridtf_fused_concats == [] and fused.hybridtf_fused_dense == []
+    plain = hm.wide_and_deep("subclassed", "add", VOCABS)
+    np.testing.assert_allclose(losses, _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_field_feeding_a_fusion_and_another_op_gets_both_gradients(batches):
+    """A field that is concatenated and also used elsewhere keeps its StitchCombine output for the other use."""
+
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 4, name=f"e{i}") for i, v in enumerate(VOCABS[:3])]
+            self.out = tf.keras.layers.Dense(1, kernel_initializer="ones", name="out")
+
+        def call(self, x):
+            e = [tf.squeeze(layer(x[f"f{i}"]), 1) for i, layer in enumerate(self.embs)]
+            side = tf.reduce_sum(e[0] * e[1], axis=1, keepdims=True)  # FM-like: not fusable
+            return tf.sigmoid(self.out(tf.concat(e, axis=1)) + side)
+
+    tf.keras.utils.set_random_seed(3)
+    plain = Model()
+    plain(batches[0][0])
+    tf.keras.utils.set_random_seed(3)
+    fused = Model()
+    fused(batches[0][0])
+    fused = htf.keras.optimize(fused)
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    ops = _hybrid_ops(pruned_op_types(fused, batches))
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 1
+
+
+def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
+    model = htf.keras.optimize(hm.wide_and_deep("custom_layer", "add_n", VOCABS))
+    plain = hm.wide_and_deep("custom_layer", "add_n", VOCABS)
+    x = batches[0][0]
+    np.testing.assert_allclose(model(x).numpy(), plain(x).numpy(), rtol=1e-6, atol=1e-7)  # eager: no callback
+    assert model.hybridtf_fused_concats == []
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    fn = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    ops = {node.op for f in fn.graph.as_graph_def().library.function for node in f.node_def}
+    assert not any(op.startswith("HybridTF>Stitch") for op in ops)
+
+
+@pytest.mark.parametrize("name", ["WDL", "DeepFM", "DCN"])
+def test_deepctr_models_get_the_same_fusions(name):
+    """DeepCTR's own Concat / Add / Linear / DNN (tensordot) layers: the linear part, FM and the DNN input fuse;
+    DCN's cross layers' per-example outer products (``BatchMatMulV2`` of ``[B, W, 1]`` by ``[B, 1, 1]``) become
+    broadcast multiplies.
+
+    Its embeddings carry ``embeddings_regularizer`` (not packed on this branch), so they are removed here, in both
+    models alike.
+    """
+    deepctr_models = pytest.importorskip("deepctr.models")
+    from deepctr.feature_column import DenseFeat, SparseFeat
+
+    feats = [SparseFeat(f"C{i}", vocabulary_size=v, embedding_dim=4) for i, v in enumerate(VOCABS)]
+    feats.append(DenseFeat("I0", 1))
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(STEPS):
+        x = {f"C{i}": tf.constant(rng.integers(0, v, 64)) for i, v in enumerate(VOCABS)}
+        x["I0"] = tf.constant(rng.standard_normal(64).astype(np.float32))
+        batches.append((x, tf.constant(rng.integers(0, 2, (64, 1)).astype(np.float32))))
+
+    def build():
+        tf.keras.utils.set_random_seed(1)
+        model = getattr(deepctr_models, name)(feats, feats, seed=1)
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, tf.keras.layers.Embedding):
+                layer.embeddings_regularizer = None
+                layer._callable_losses.clear()
+        return model
+
+    plain, fused = build(), htf.keras.optimize(build())
+    assert fused.hybridtf_skipped == []
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    graph = step_graph(fused, batches)
+    types = graph_pruned_op_types(graph)
+    ops = _hybrid_ops(types)
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 0
+    # the linear logits, plus FM's [B, n, d] (DeepFM) or the cross network's input (DCN)
+    assert ops["HybridTF>StitchConcat"] == (1 if name == "WDL" else 2)
+    grads = [op.get_attr("broadcast_grad") for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
+    assert sorted(grads) == ([True] if name == "WDL" else [False, True])  # the linear part reads a [B, 1] column
+    assert "BatchMatMulV2" not in types
+
+
+def test_per_example_outer_product_becomes_a_broadcast_multiply(batches):
+    """A cross layer (DCN's ``x0 @ (x_l . w)``, a ``[B, W, 1] @ [B, 1, 1]`` batched matmul) is a ``Mul``: exact."""
+
+    class Cross(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 4, name=f"e{i}") for i, v in enumerate(VOCABS[:3])]
+            self.w = tf.keras.layers.Dense(1, use_bias=False, name="w")
+            self.out = tf.keras.layers.Dense(1, name="out")
+
+        def call(self, x):
+            x0 = tf.concat([tf.squeeze(layer(x[f"f{i}"]), 1) for i, layer in enumerate(self.embs)], axis=1)
+            x1 = tf.squeeze(tf.matmul(tf.expand_dims(x0, 2), tf.expand_dims(self.w(x0), 2)), 2) + x0
+            return tf.sigmoid(self.out(x1))
+
+    models = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(5)
+        model = Cross()
+        model(batches[0][0])
+        models.append(model)
+    plain, fused = models[0], htf.keras.optimize(models[1])
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    assert "BatchMatMulV2" in pruned_op_types(plain, batches)
+    assert "BatchMatMulV2" not in pruned_op_types(fused, batches)
+
+
+def test_custom_loop_with_hybridtf_function_gets_the_same_fusions(batches, reference):
+    """Inside ``htf.function`` the model's forward pass is rewritten too (never the user's backward or update)."""
+
+    def loop(model, function):
+        opt = tf.keras.optimizers.Adagrad(0.05)
+
+        @function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, model(x)))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return np.array([step(x, y).numpy() for x, y in batches]), step
+
+    plain_losses, _ = loop(hm.wide_and_deep("subclassed", "add", VOCABS), tf.function)
+    model = htf.keras.optimize(hm.wide_and_deep("subclassed", "add", VOCABS))
+    losses, step = loop(model, htf.function)
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5, atol=0)
+    graph = step.get_concrete_function(*batches[0]).graph
+    ops = _hybrid_ops(graph_pruned_op_types(graph))
+    for op_type in ("HybridTF>StitchConcatMatMul", "HybridTF>StitchConcatMatMulGrad", "HybridTF>StitchConcatGrad"):
+        assert ops[op_type] == reference[1][op_type] == 1
+    assert model.hybridtf_fused_dense == ["h0"]
