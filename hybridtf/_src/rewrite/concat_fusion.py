@@ -112,7 +112,10 @@ class _FusedConcatenateMixin:
     @tf.autograph.experimental.do_not_convert
     def _merge_function(self, inputs):
         out = fused_concat(list(inputs), self.axis)
-        return out if out is not None else super()._merge_function(inputs)
+        if out is None:
+            return super()._merge_function(inputs)
+        object.__setattr__(self, "_htf_concat_fused", True)  # for model.hybridtf_fused_concats
+        return out
 
 
 def fused_dense_matmul(inputs, kernel):
