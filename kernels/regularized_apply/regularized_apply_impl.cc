@@ -97,7 +97,8 @@ void SegmentRows(Kind kind, const Segment& seg, int64_t begin, int64_t end, int6
   }
 }
 
-// A batch row outside every regularized range (Sgd, Adagrad, LazyAdam): kernels/sparse_apply's math.
+// A batch row outside every regularized range (Sgd, Adagrad, LazyAdam): kernels/sparse_apply's
+// math.
 template <typename Idx>
 void SparseRow(Kind kind, int64_t u, float* var, float* s1, float* s2, const SparseGrad<Idx>& grad,
                const Hyper& h) {
@@ -152,10 +153,9 @@ ImplStatus ValidateRanges(const std::vector<RegRange>& ranges, int64_t rows) {
           ") of the table; pass each regularized member table's rows once, in row order.");
     }
     if (!std::isfinite(r.l1) || !std::isfinite(r.l2) || r.l1 < 0.f || r.l2 < 0.f) {
-      return ImplStatus::InvalidArgument("reg_l1 / reg_l2 [" + std::to_string(k) +
-                                         "] must be finite and >= 0, got " +
-                                         std::to_string(r.l1) + " / " + std::to_string(r.l2) +
-                                         " (Keras regularizer factors).");
+      return ImplStatus::InvalidArgument(
+          "reg_l1 / reg_l2 [" + std::to_string(k) + "] must be finite and >= 0, got " +
+          std::to_string(r.l1) + " / " + std::to_string(r.l2) + " (Keras regularizer factors).");
     }
     previous_end = r.end;
   }
@@ -234,11 +234,11 @@ void Apply(Kind kind, float* var, float* s1, float* s2, int64_t rows, const Spar
   });
 }
 
-#define HYBRIDTF_INSTANTIATE(Idx)                                                               \
-  template bool Ascending<Idx>(const SparseGrad<Idx>&);                                         \
-  template SparseGrad<Idx> SortedCopy<Idx>(const SparseGrad<Idx>&, std::vector<Idx>*,           \
-                                           std::vector<float>*);                                \
-  template void Apply<Idx>(Kind, float*, float*, float*, int64_t, const SparseGrad<Idx>&,       \
+#define HYBRIDTF_INSTANTIATE(Idx)                                                         \
+  template bool Ascending<Idx>(const SparseGrad<Idx>&);                                   \
+  template SparseGrad<Idx> SortedCopy<Idx>(const SparseGrad<Idx>&, std::vector<Idx>*,     \
+                                           std::vector<float>*);                          \
+  template void Apply<Idx>(Kind, float*, float*, float*, int64_t, const SparseGrad<Idx>&, \
                            const std::vector<RegRange>&, const Hyper&, const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(int32_t)

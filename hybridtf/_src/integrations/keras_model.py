@@ -32,8 +32,8 @@ from hybridtf._src.integrations import horovod_hooks
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec, UnpackedTable
-from hybridtf._src.rewrite.concat_fusion import fuse_concatenates, fuse_dense_layers
 from hybridtf._src.rewrite import regularization
+from hybridtf._src.rewrite.concat_fusion import fuse_concatenates, fuse_dense_layers
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 

@@ -168,7 +168,6 @@ class _HybridOptimizerMixin:
             lazy=kind == "lazy_adam",
         )
 
-
     def _htf_apply_regularized(self, kind, var, index, lr, values, indices, reg):
         dtype = var.dtype
         ranges, l1, l2 = (tf.constant(x) for x in reg)
