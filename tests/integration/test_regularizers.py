@@ -201,3 +201,23 @@ def test_fused_concats_lists_only_concatenations_traced_as_fused():
     x, y = _batches(regs, 1)[0]
     model.train_on_batch({**x, "dense": tf.ones([BATCH, 3])}, y)
     assert model.hybridtf_fused_concats == ["fused_concat"]
+
+
+def test_saved_formats_keep_weights_and_penalties(tmp_path):
+    regs = {"a": R.l2(0.02), "b": None, "d": R.l1_l2(0.01, 0.02)}
+    plain, packed = _pair(regs)
+    batches = _batches(regs, 5)
+    _train(packed, tf.keras.optimizers.Adagrad(0.05), batches)
+    x = batches[0][0]
+    want, penalties = packed.predict_on_batch(x), [float(v) for v in packed.losses]
+    packed.save(str(tmp_path / "saved_model"))
+    packed.save(str(tmp_path / "model.keras"))
+    packed.save_weights(str(tmp_path / "ckpt" / "w"))
+    plain.load_weights(str(tmp_path / "ckpt" / "w"))
+    for loaded in (
+        tf.keras.models.load_model(str(tmp_path / "saved_model")),
+        tf.keras.models.load_model(str(tmp_path / "model.keras")),
+        plain,
+    ):
+        np.testing.assert_allclose(loaded.predict_on_batch(x), want, rtol=1e-6)
+        np.testing.assert_allclose([float(v) for v in loaded.losses], penalties, rtol=1e-6)
