@@ -92,7 +92,12 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+FUSED = ("adagrad", "adam", "lazy_adam", "sgd")
+
+
+@pytest.mark.parametrize(
+    "opt", [o if o in FUSED else pytest.param(o, marks=pytest.mark.slow) for o in sorted(OPTIMIZERS)]
+)
 def test_regularized_tables_pack_and_train_exactly(opt):
     regs = _regularizers()
     plain, packed = _pair(regs)
@@ -100,7 +105,7 @@ def test_regularized_tables_pack_and_train_exactly(opt):
     assert [pt.member_names for pt in packed.hybridtf_plan.packed_tables] == [[f"emb_{k}" for k in regs]]
     # Same penalty values before training (model.losses, one per regularized layer, same order).
     np.testing.assert_array_equal([float(v) for v in packed.losses], [float(v) for v in plain.losses])
-    batches = _batches(regs, STEPS if opt in ("adagrad", "adam", "lazy_adam", "sgd") else 30)
+    batches = _batches(regs, STEPS if opt in FUSED else 30)
     expected = _train(plain, OPTIMIZERS[opt](), batches)
     got = _train(packed, OPTIMIZERS[opt](), batches)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
@@ -203,6 +208,7 @@ def test_fused_concats_lists_only_concatenations_traced_as_fused():
     assert model.hybridtf_fused_concats == ["fused_concat"]
 
 
+@pytest.mark.slow
 def test_saved_formats_keep_weights_and_penalties(tmp_path):
     regs = {"a": R.l2(0.02), "b": None, "d": R.l1_l2(0.01, 0.02)}
     plain, packed = _pair(regs)
