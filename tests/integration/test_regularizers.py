@@ -25,7 +25,7 @@ from hybridtf._src.capture.keras_capture import is_captured
 R = tf.keras.regularizers
 STEPS = 100
 BATCH = 32
-VOCABS = {"a": 40, "b": 45, "c": 50, "d": 55, "e": 60, "f": 65}
+VOCABS = {"a": 40, "b": 45, "c": 50, "d": 55, "e": 60, "f": 65, "g": 70}
 
 
 def _regularizers():
@@ -36,6 +36,7 @@ def _regularizers():
         "d": R.l1_l2(0.01, 0.02),
         "e": R.l2(0.0),  # strength 0: Keras still gives a dense (zero) gradient
         "f": legacy_regularizers.l2(0.01),
+        "g": R.l1_l2(0.0, 0.0),  # Keras adds a constant 0: no gradient, the table stays sparse (lazy)
     }
 
 
