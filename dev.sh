@@ -29,11 +29,13 @@ setup() {
   fi
   local stamp=$VENV/.hybridtf-deps
   local want
-  want=$(cat requirements/stack.txt requirements/dev.txt | sha256sum | cut -d' ' -f1)
+  want=$(cat requirements/stack.txt requirements/dev.txt requirements/test-nodeps.txt | sha256sum | cut -d' ' -f1)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    log "installing the pinned stack (requirements/stack.txt, requirements/dev.txt)"
+    log "installing the pinned stack (requirements/stack.txt, requirements/dev.txt, requirements/test-nodeps.txt)"
     "$PY" -m pip install -q --upgrade pip
     "$PY" -m pip install -q -r requirements/stack.txt -r requirements/dev.txt
+    # Pure-Python test clients (DeepCTR) without their dependencies: they would pull another TensorFlow.
+    "$PY" -m pip install -q --no-deps -r requirements/test-nodeps.txt
     echo "$want" > "$stamp"
   fi
   if ! "$PY" -c "import horovod.tensorflow as h, sys; sys.exit(0 if h.gloo_built() else 1)" >/dev/null 2>&1; then

@@ -30,6 +30,12 @@ Field sets:
   13 dense features; all one-hot, except for DIN: 10% multi-hot, each attending over a one-hot
   target field of the same dim.
 
+Models: the project's own (``benchmarks/ctr_models.py``: ``wdl``, ``deepfm``, ``dlrm``, ``din``)
+and DeepCTR 0.9.4's with DeepCTR's default arguments (``benchmarks/deepctr_models.py``:
+``deepctr_wdl``, ``deepctr_deepfm``, ``deepctr_dcn``, ``deepctr_xdeepfm``, ``deepctr_din``; their
+hidden widths are DeepCTR's, ``--hidden`` does not apply). DeepCTR's FM and CIN need one embedding
+dim, so the DeepCTR models use dim 8 for every field of ``f200``.
+
 Prints a table, writes a PNG chart (samples/s and op counts per configuration; needs matplotlib,
 skipped with a note without it) and the results as JSON to ``--out-dir`` (default
 ``benchmarks/results/``), and prints one JSON object as the last line of stdout.
@@ -60,6 +66,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 from benchmarks import ctr_data  # noqa: E402  (TensorFlow-free: the parent process never imports TensorFlow)
 
 MODELS = ("wdl", "deepfm", "dlrm", "din")
+DEEPCTR_MODELS = tuple(f"deepctr_{k}" for k in ("wdl", "deepfm", "dcn", "xdeepfm", "din"))
+ALL_MODELS = MODELS + DEEPCTR_MODELS
 FIELD_SETS = ("criteo", "f200")
 OPTIMIZERS = ("adagrad", "adam", "sgd", "lazy_adam")
 N_DENSE = ctr_data.CRITEO_NUM_DENSE
@@ -98,7 +106,7 @@ class Config:
 
 def make_fields(config: Config) -> list[ctr_data.FieldSpec]:
     """The field set of ``config`` (see the module docstring); ``quick`` shrinks it."""
-    din = config.model == "din"
+    din = config.model in ("din", "deepctr_din")
     if config.fields == "criteo":
         fields = ctr_data.criteo_like_fields(
             dim=8 if config.quick else 16, max_vocab=1_000 if config.quick else 100_000
@@ -115,12 +123,16 @@ def make_fields(config: Config) -> list[ctr_data.FieldSpec]:
     if config.fields == "f200":
         return ctr_data.many_fields(
             n_fields=20 if config.quick else 200,
-            dims=(8, 16),
+            dims=(8,) if _deepctr_kind(config) else (8, 16),
             multi_hot_fraction=0.1 if din else 0.0,
             vocab_range=(10, 1_000) if config.quick else (100, 100_000),
             seed=config.seed,
         )
     raise ValueError(f"unknown field set {config.fields!r}; use one of {FIELD_SETS}.")
+
+
+def _deepctr_kind(config: Config) -> str | None:
+    return config.model[len("deepctr_") :] if config.model.startswith("deepctr_") else None
 
 
 def din_pairs(fields) -> dict[str, str] | None:
@@ -141,6 +153,12 @@ def build_model(config: Config, fields, sample_x):
     """The plain Keras model of ``config``, built on ``sample_x`` (same seed: same weights)."""
     from benchmarks import ctr_models
 
+    if _deepctr_kind(config):
+        from benchmarks import deepctr_models
+
+        model = deepctr_models.build(_deepctr_kind(config), fields, N_DENSE, seed=config.seed)
+        model(sample_x)
+        return model
     kwargs = {"hidden": config.hidden, "seed": config.seed}
     if config.model == "din":
         kwargs["attention_pairs"] = din_pairs(fields)
@@ -196,7 +214,12 @@ def run_child(config: Config, variant: str) -> dict:
     fields = make_fields(config)
     num_batches = config.warmup + config.steps
     t0 = time.perf_counter()
-    dataset = ctr_data.make_dataset(fields, N_DENSE, config.batch, num_batches, seed=config.seed).cache()
+    dataset = ctr_data.make_dataset(fields, N_DENSE, config.batch, num_batches, seed=config.seed)
+    if _deepctr_kind(config):
+        from benchmarks import deepctr_models
+
+        dataset = dataset.map(deepctr_models.adapt(_deepctr_kind(config), fields))
+    dataset = dataset.cache()
     for _ in dataset:  # fills the in-memory cache: fit reads memory, generation is not timed
         pass
     out["data_s"] = time.perf_counter() - t0
@@ -392,7 +415,7 @@ def configs_from_args(args) -> list[Config]:
     if not (args.models or args.fields or args.optimizers or args.quick):
         triples = DEFAULT_CONFIGS
     else:
-        models = _split(args.models, MODELS) or (["wdl"] if args.quick else list(MODELS))
+        models = _split(args.models, ALL_MODELS) or (["wdl"] if args.quick else list(MODELS))
         fields = _split(args.fields, FIELD_SETS) or (["criteo"] if args.quick else list(FIELD_SETS))
         optimizers = _split(args.optimizers, OPTIMIZERS) or ["adagrad"]
         triples = [(m, f, o) for f in fields for m in models for o in optimizers]
@@ -411,7 +434,7 @@ def _split(value: str | None, allowed) -> list[str]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", help=f"comma-separated, from {','.join(MODELS)}")
+    parser.add_argument("--models", help=f"comma-separated, from {','.join(ALL_MODELS)}")
     parser.add_argument("--fields", help=f"comma-separated, from {','.join(FIELD_SETS)}")
     parser.add_argument("--optimizers", help=f"comma-separated, from {','.join(OPTIMIZERS)}")
     parser.add_argument("--batch", type=int, help="examples per step (default 4096; --quick: 256)")

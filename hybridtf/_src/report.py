@@ -551,7 +551,7 @@ def report(
         skipped=skipped,
         tables=tuple(_table_stats(model, plan)),
         communication=_communication(model, sample_batch, num_ranks) if optimized else None,
-        fused_concats=tuple(getattr(model, "_htf_fused_concats", ())),
+        fused_concats=tuple(model.hybridtf_fused_concats) if optimized else (),
         fused_dense=tuple(model.hybridtf_fused_dense) if optimized else (),
         shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
         interleaving=_interleaving(model) if optimized else None,

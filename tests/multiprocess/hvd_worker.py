@@ -38,8 +38,27 @@ def fields():
 SKEW_FIELDS = [ctr_data.FieldSpec("a", 50, 8), ctr_data.FieldSpec("b", 50, 8), ctr_data.FieldSpec("c", 1000, 8)]
 
 
+def regularized(fs, seed):
+    """Embeddings with Keras L1 / L2 / L1L2 regularizers (strength 0 included) beside an unregularized one."""
+    tf.keras.utils.set_random_seed(seed)
+    r = tf.keras.regularizers
+    regs = [r.l2(1e-3), r.l1(1e-3), r.l1_l2(1e-3, 2e-3), None, r.l2(0.0)]
+    ids = {f.name: tf.keras.Input(shape=(), dtype=tf.int64, name=f.name) for f in fs}
+    dense = tf.keras.Input(shape=(4,), name="dense")
+    embs = [
+        tf.keras.layers.Embedding(f.vocab, f.dim, name=f"emb_{f.name}", embeddings_regularizer=regs[i % len(regs)])(
+            ids[f.name]
+        )
+        for i, f in enumerate(fs)
+    ]
+    hidden = tf.keras.layers.Dense(16, activation="relu", name="hidden")(tf.keras.layers.Concatenate()([*embs, dense]))
+    return tf.keras.Model({**ids, "dense": dense}, tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden))
+
+
 def build(kind, fs=None, seed=7):
     fs = fs or fields()
+    if kind == "reg":
+        return regularized(fs, seed)
     if kind == "dlrm":
         return ctr_models.dlrm(fs, 4, hidden=(16, 8), bottom=(8,), seed=seed)
     return ctr_models.wide_and_deep(fs, 4, hidden=(16, 8), seed=seed)
@@ -161,6 +180,18 @@ def main():
         replicate_below_rows=10**6,
     )
     result["replicated_sharded"] = len(htf.horovod.local_variables(model))
+
+    # Regularized tables: the penalty's gradient is folded into the shards' fused update after the
+    # 1/N scaling (counted once), and added to the replicated tables' gradient after the allreduce.
+    _, result["reg_losses"] = fit(
+        "reg", tf.keras.optimizers.Adagrad(0.05), rank, size, batches=global_batches(steps=20)
+    )
+    optimizer = tf.keras.optimizers.Adagrad(0.05)
+    if size > 1:
+        optimizer = hvdk.DistributedOptimizer(optimizer)
+    _, result["reg_replicated_losses"] = fit(
+        "reg", optimizer, rank, size, batches=global_batches(steps=20), replicate_below_rows=10**6
+    )
 
     if args.restore:  # a checkpoint of another number of ranks
         restored = build("wdl")

@@ -65,7 +65,18 @@ def _mean_over_ranks(runs, key):
     return np.mean([np.array(r[key]) for r in runs["ranks"]], axis=0)
 
 
-@pytest.mark.parametrize("key", ["wdl_losses", "dlrm_losses", "loop_losses", "skew_losses", "replicated_losses"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "wdl_losses",
+        "dlrm_losses",
+        "loop_losses",
+        "skew_losses",
+        "replicated_losses",
+        "reg_losses",  # regularized tables: the penalty's gradient counted once
+        "reg_replicated_losses",
+    ],
+)
 def test_losses_equal_single_process(runs, key):
     single = np.array(runs["single"][key])
     assert len(single) >= 20 and np.all(np.isfinite(single))

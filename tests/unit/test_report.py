@@ -150,7 +150,7 @@ def test_report_json_round_trip_keeps_plan_and_skipped_layers(models):
     d = json.loads(r.to_json())
     assert d["plan"] == optimized.hybridtf_plan.to_dict()
     assert PackingPlan.from_dict(d["plan"]) == optimized.hybridtf_plan
-    assert {"name": "emb_C1", "reason": "excluded by user"} in d["skipped"]
+    assert any(s["name"] == "emb_C1" and s["reason"].startswith("excluded by user") for s in d["skipped"])
     assert d["fused_concats"] == optimized.hybridtf_fused_concats == ["deep_concat", "concat"]
     # the deep packed table's lookups use the wide table's ids (emb_C1 is excluded: C1's wide lookup
     # is in the wide packed table, but the deep one is not packed)

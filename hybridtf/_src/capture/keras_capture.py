@@ -16,6 +16,7 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.regularizers import RegularizerSpec, find_penalty, regularizer_spec
 from hybridtf._src.capture.subclassing import runtime_subclass
 
 
@@ -28,6 +29,7 @@ class CapturedTable:
     num_rows: int
     dim: int
     dtype: str
+    regularizer: RegularizerSpec | None = None  # an L1/L2 penalty whose gradient is folded into the update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,18 +45,28 @@ def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
     if not layer.built or getattr(layer, "embeddings", None) is None:
         return "not built yet: call or build the model once before optimize()"
     if getattr(layer, "sparse", False):
-        return "sparse=True returns tf.SparseTensor outputs"
-    if layer.embeddings_regularizer is not None:
-        return "embeddings_regularizer needs the table's own variable"
+        return "sparse=True returns tf.SparseTensor outputs; build the layer with sparse=False to pack it"
+    regularizer = getattr(layer, "embeddings_regularizer", None)
+    _, reason = regularizer_spec(regularizer)
+    if reason is not None:
+        return reason
+    if regularizer is not None and find_penalty(layer, layer.embeddings) is None:
+        return (
+            "embeddings_regularizer: its loss is not the one Keras's add_weight registers for the table, so "
+            "hybridtf cannot move it to the packed rows; keep it unpacked or regularize through add_weight"
+        )
     if layer.embeddings_constraint is not None:
-        return "embeddings_constraint needs the table's own variable"
+        return (
+            "embeddings_constraint: Keras projects the table's own variable after every update, which a packed "
+            "table cannot reproduce per member yet; remove the constraint to pack the table (or keep it unpacked)"
+        )
     if not layer.trainable:
-        return "frozen (trainable=False) tables are not packed"
+        return "frozen (trainable=False) tables are not packed; set trainable=True before optimize() to pack it"
     policy = layer.dtype_policy
     if policy.compute_dtype != policy.variable_dtype:
-        return f"mixed precision ({policy.name}) is not supported yet"
+        return f"mixed precision ({policy.name}) is not supported yet; give the layer dtype='float32' to pack it"
     if layer.embeddings.dtype != tf.float32:
-        return f"dtype {layer.embeddings.dtype.name} is not supported yet (float32 only)"
+        return f"dtype {layer.embeddings.dtype.name} is not supported yet (float32 only); use float32 to pack it"
     return None
 
 
@@ -80,7 +92,8 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
             continue
         names.add(name)
         rows, dim = layer.embeddings.shape.as_list()
-        captured.append(CapturedTable(name, layer, rows, dim, layer.embeddings.dtype.name))
+        spec, _ = regularizer_spec(getattr(layer, "embeddings_regularizer", None))
+        captured.append(CapturedTable(name, layer, rows, dim, layer.embeddings.dtype.name, spec))
     return captured, skipped
 
 

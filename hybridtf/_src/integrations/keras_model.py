@@ -20,6 +20,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 
 import tensorflow as tf
@@ -32,10 +33,12 @@ from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_interleave
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
-from hybridtf._src.plan.tables import TableSpec
-from hybridtf._src.rewrite import dataflow_fusion
+from hybridtf._src.plan.tables import TableSpec, UnpackedTable
+from hybridtf._src.rewrite import dataflow_fusion, regularization
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
+
+_log = logging.getLogger("hybridtf")
 
 
 class _HybridModelMixin:
@@ -225,6 +228,49 @@ class _HybridModelMixin:
     def hybridtf_fused_dense(self) -> list[str]:
         """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
         return list(self._htf_fused_dense_names)
+
+
+class _UnpackedModelMixin:
+    """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    @property
+    def hybridtf_plan(self) -> PackingPlan:
+        """The packing plan (no packed tables)."""
+        return self._htf_plan
+
+    @property
+    def hybridtf_skipped(self) -> list[SkippedLayer]:
+        """Embedding layers left unpacked, with the reason."""
+        return list(self._htf_skipped)
+
+    @property
+    def hybridtf_shared_uniques(self) -> dict[str, str]:
+        """Nothing is packed, so no table shares unique ids."""
+        return {}
+
+    @property
+    def hybridtf_fused_concats(self) -> list[str]:
+        """Nothing is packed, so nothing is fused."""
+        return []
+
+    @property
+    def hybridtf_fused_dense(self) -> list[str]:
+        """Nothing is packed, so nothing is fused."""
+        return []
+
+
+def _warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
+    """One warning naming every embedding table left unpacked, with the reason and the fix."""
+    if not skipped:
+        return
+    lines = "\n".join(f"  - {s.name}: {s.reason}" for s in skipped)
+    _log.warning(
+        "hybridtf.keras.optimize packed %d embedding table(s) and left %d unpacked (they run as plain Keras, "
+        "with their own lookup and update ops; model.hybridtf_skipped lists them):\n%s",
+        packed,
+        len(skipped),
+        lines,
+    )
 
 
 @contextlib.contextmanager
@@ -464,7 +510,7 @@ def optimize(
         return build_and_optimize
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"optimize() takes a tf.keras.Model or a function returning one, got {type(model).__name__}.")
-    if is_optimized(model):
+    if is_optimized(model) or isinstance(model, _UnpackedModelMixin):
         return model
     if not model.built:
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
@@ -490,12 +536,19 @@ def optimize(
     else:
         _check_plan_matches(plan, specs)
     if plan is None or not plan.packed_tables:
-        skipped = skipped + [SkippedLayer(s.name, "excluded by user") for s in specs]
+        if plan is None:
+            plan = PackingPlan((), (), (), "uniform", 0.0, max_shards=max_shards or 1)
+        skipped = skipped + [SkippedLayer(u.name, _with_fix(u)) for u in plan.unpacked]
+        _warn_skipped(skipped, 0)
+        model.__dict__.pop("call", None)
+        model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
+        object.__setattr__(model, "_htf_plan", plan)
         object.__setattr__(model, "_htf_skipped", skipped)
         return model
 
     packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
-    skipped = skipped + [SkippedLayer(u.name, u.reason) for u in plan.unpacked]
+    skipped = skipped + [SkippedLayer(u.name, _with_fix(u)) for u in plan.unpacked]
+    _warn_skipped(skipped, len(packed_names))
     tables = {t.name: t for t in captured if t.name in packed_names}
     weighted_layers = {id(layer) for layer in model.layers if layer.weights}
     table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
@@ -516,6 +569,10 @@ def optimize(
             layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
             layer.__class__ = hybrid_class(type(layer))
             layer.embeddings = storage.view(name)
+            if tables[name].regularizer is not None:
+                storage.regularizers[name] = tables[name].regularizer
+            if getattr(layer, "embeddings_regularizer", None) is not None:
+                regularization.replace_penalty(layer, old, layer.embeddings, storage)
             object.__setattr__(layer, "_htf_table", name)
             object.__setattr__(layer, "_htf_runtime", runtime_box[0])
 
@@ -555,6 +612,12 @@ def optimize(
     )
     model.train_function = model.test_function = model.predict_function = None
     return model
+
+
+def _with_fix(unpacked: UnpackedTable) -> str:
+    if unpacked.reason == "excluded by user":
+        return "excluded by user (optimize(exclude=...)); remove it from exclude to pack it"
+    return unpacked.reason
 
 
 def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:

@@ -7,6 +7,10 @@ Keras's per-variable chain (dedup, scatter, gather, sqrt, ...). Everything
 else goes through the Keras optimizer unchanged. Only configurations whose
 math the fused ops reproduce exactly are fused; anything else (momentum,
 AMSGrad, clipping, weight decay, EMA, other optimizers) uses Keras as is.
+
+A packed table with L1/L2-regularized members gets the regularizer's gradient
+from the optimizer (``hybridtf._src.rewrite.regularization``): inside the fused
+update (``HybridTF>RegularizedApply*``), or added to the gradient Keras applies.
 """
 
 from __future__ import annotations
@@ -16,7 +20,8 @@ import tensorflow as tf
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
 from hybridtf._src.integrations import keras_slots
-from hybridtf._src.run import sparse_apply
+from hybridtf._src.rewrite import regularization
+from hybridtf._src.run import regularized_apply, sparse_apply
 
 
 @tf.keras.utils.register_keras_serializable(package="hybridtf")
@@ -142,6 +147,14 @@ class _HybridOptimizerMixin:
         fused = [
             (g, v) for g, v in grads_and_vars if kind and id(v) in self._htf_packed and isinstance(g, tf.IndexedSlices)
         ]
+        if self._htf_reg:  # Keras's own update of a regularized packed table: add the penalty's gradient
+            fused_ids = {id(v) for _, v in fused}
+            grads_and_vars = [
+                (regularization.with_regularization(g, v, self._htf_reg[id(v)]), v)
+                if id(v) in self._htf_reg and id(v) not in fused_ids
+                else (g, v)
+                for g, v in grads_and_vars
+            ]
         if not fused:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         fused_ids = {id(v) for _, v in fused}
@@ -238,6 +251,9 @@ class _HybridOptimizerMixin:
         index = self._index_dict[self._var_key(var)]
         lr = tf.cast(self.learning_rate, dtype)
         values, indices = grad.values, grad.indices
+        reg = self._htf_reg.get(id(var))
+        if reg is not None:
+            return self._htf_apply_regularized(kind, var, index, lr, values, indices, reg)
         if kind == "sgd":
             return sparse_apply.sparse_apply_sgd(var, lr, values, indices)
         if kind == "adagrad":
@@ -253,6 +269,32 @@ class _HybridOptimizerMixin:
             tf.constant(self.epsilon, dtype),
             values,
             indices,
+            lazy=kind == "lazy_adam",
+        )
+
+    def _htf_apply_regularized(self, kind, var, index, lr, values, indices, reg):
+        dtype = var.dtype
+        ranges, l1, l2 = (tf.constant(x) for x in reg)
+        if kind == "sgd":
+            return regularized_apply.regularized_apply_sgd(var, lr, values, indices, ranges, l1, l2)
+        if kind == "adagrad":
+            eps = tf.constant(self.epsilon, dtype)
+            return regularized_apply.regularized_apply_adagrad(
+                var, self._accumulators[index], lr, eps, values, indices, ranges, l1, l2
+            )
+        return regularized_apply.regularized_apply_adam(
+            var,
+            self._momentums[index],
+            self._velocities[index],
+            sparse_apply.adam_alpha(self, dtype),
+            tf.constant(1 - self.beta_1, dtype),
+            tf.constant(1 - self.beta_2, dtype),
+            tf.constant(self.epsilon, dtype),
+            values,
+            indices,
+            ranges,
+            l1,
+            l2,
             lazy=kind == "lazy_adam",
         )
 
@@ -323,6 +365,13 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
         object.__setattr__(optimizer, "_htf_plain", keras_slots.PlainSlots())
         object.__setattr__(optimizer, "_htf_slot_of", {})
     object.__setattr__(optimizer, "_htf_plain_order", plain_order)
+    reg = {}
+    for name, var in storage.packed.items():
+        ranges = storage.regularized_ranges(name)
+        if ranges is not None:
+            reg[id(var)] = ranges
+    object.__setattr__(optimizer, "_htf_reg", reg)
+    storage.fold_regularization = True  # the penalties' gradients come from this optimizer now
     if world.distributed and is_horovod_distributed(optimizer):
         for v in storage.sharded_variables():
             optimizer.register_local_var(v)

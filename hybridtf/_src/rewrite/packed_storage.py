@@ -230,6 +230,10 @@ class PackedTables(tf.Module):
         # Untracked (not part of SavedModels): optimizer state is checkpointed through the optimizer.
         object.__setattr__(self, "_slot_views", {})
         self._slots: list = []
+        # Member table -> its L1/L2 penalty (hybridtf._src.rewrite.regularization).
+        self.regularizers: dict = {}
+        # Set once an optimizer folds the penalties' gradients into its packed updates.
+        self.fold_regularization = False
         for pt in plan.packed_tables:
             for m in pt.members:
                 shape = tuple(tf.TensorShape(initial_values[m.name].shape).as_list())
@@ -336,6 +340,34 @@ class PackedTables(tf.Module):
                 slot, offset, spec.num_rows, table, self.layouts[packed_name], self.world, name=name
             )
         return self._slot_views[key]
+
+    def regularized_ranges(self, packed_name: str):
+        """This rank's rows of ``packed_name``'s regularized members, or None if it has none.
+
+        Returns:
+            ``(ranges, l1, l2)``: int64 ``[R, 2]`` row ranges ``[begin, end)``
+            of the (local) packed variable in ascending order, and float32
+            ``[R]`` factors.
+        """
+        layout = self.layouts[packed_name]
+        found = []
+        for m in self.plan.packed_table(packed_name).members:
+            spec = self.regularizers.get(m.name)
+            if spec is None:
+                continue
+            if layout is None:
+                begin, end = m.row_offset, m.row_offset + m.num_rows
+            else:
+                local = layout.local_slice(m.row_offset, m.num_rows, self.world.rank)
+                begin, end = local.start, local.stop
+            found.append((begin, end, spec.l1, spec.l2))
+        if not found:
+            return None
+        found.sort()
+        ranges = np.array([[b, e] for b, e, _, _ in found], dtype=np.int64)
+        l1 = np.array([x for _, _, x, _ in found], dtype=np.float32)
+        l2 = np.array([x for _, _, _, x in found], dtype=np.float32)
+        return ranges, l1, l2
 
     def members(self, packed_name: str) -> dict[str, tuple[int, int]]:
         """Member table -> (row_offset, num_rows) of packed table ``packed_name``."""

@@ -1,0 +1,69 @@
+// Resource variables of a fused in-place update: looked up, locked in input
+// order, checked (initialized, float32) and made exclusively owned (a buffer
+// someone else still references is copied first).
+#ifndef HYBRIDTF_KERNELS_COMMON_TF_LOCKED_VARS_H_
+#define HYBRIDTF_KERNELS_COMMON_TF_LOCKED_VARS_H_
+
+#include <cstring>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
+
+namespace hybridtf {
+
+class TfLockedVars {
+ public:
+  // Inputs [0, n) of the kernel are the variables' handles.
+  TfLockedVars(::tensorflow::OpKernelContext* ctx, int n) {
+    namespace errors = ::tensorflow::errors;
+    for (int i = 0; i < n; ++i) {
+      ::tensorflow::core::RefCountPtr<::tensorflow::Var> var;
+      status_ = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &var);
+      if (!status_.ok()) return;
+      vars_.push_back(std::move(var));
+    }
+    for (auto& var : vars_) var->mu()->lock();
+    locked_ = true;
+    for (auto& var : vars_) {
+      ::tensorflow::Tensor* t = var->tensor();
+      if (!t->IsInitialized()) {
+        status_ = errors::FailedPrecondition("a variable of the fused update is not initialized.");
+        return;
+      }
+      if (t->dtype() != ::tensorflow::DT_FLOAT) {
+        status_ = errors::InvalidArgument("fused updates take float32 variables, got ",
+                                          ::tensorflow::DataTypeString(t->dtype()), ".");
+        return;
+      }
+      if (!t->RefCountIsOne()) {
+        ::tensorflow::Tensor copy;
+        status_ = ctx->allocate_temp(t->dtype(), t->shape(), &copy);
+        if (!status_.ok()) return;
+        std::memcpy(copy.data(), t->data(), t->TotalBytes());
+        *t = copy;
+      }
+    }
+  }
+  ~TfLockedVars() {
+    if (locked_) {
+      for (auto& var : vars_) var->mu()->unlock();
+    }
+  }
+  TfLockedVars(const TfLockedVars&) = delete;
+  TfLockedVars& operator=(const TfLockedVars&) = delete;
+
+  const ::tensorflow::Status& status() const { return status_; }
+  float* data(int i) { return vars_[i]->tensor()->flat<float>().data(); }
+  const ::tensorflow::TensorShape& shape(int i) { return vars_[i]->tensor()->shape(); }
+
+ private:
+  std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> vars_;
+  ::tensorflow::Status status_;
+  bool locked_ = false;
+};
+
+}  // namespace hybridtf
+
+#endif  // HYBRIDTF_KERNELS_COMMON_TF_LOCKED_VARS_H_
