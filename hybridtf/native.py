@@ -107,8 +107,8 @@ def pack_ids(ids, row_offsets, num_rows, table_names, on_invalid: str = "error")
     arrays = []
     for value in ids:
         arr = np.asarray(value)
-        if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to NumPy: an empty field
-            arr = arr.astype(np.int64)
+        if arr.size == 0 and arr.dtype.kind == "f" and not isinstance(value, np.ndarray):
+            arr = arr.astype(np.int64)  # a Python [] (float64 to NumPy) is an empty field; a float array is not
         arrays.append(np.ascontiguousarray(arr.reshape(-1)))
     # Offsets and row counts go to C++ as they are: a float raises TypeError (never truncated).
     return _native.pack_ids(arrays, list(row_offsets), list(num_rows), [str(t) for t in table_names], on_invalid)
@@ -172,7 +172,8 @@ def stitch_combine_grad(
 def _int_vector(value):
     """An integer vector as given; an empty list (float64 to NumPy) is an empty int64 vector, as in TF."""
     arr = np.asarray(value)
-    return arr.astype(np.int64) if arr.size == 0 and arr.dtype.kind == "f" else arr
+    empty_list = arr.size == 0 and arr.dtype.kind == "f" and not isinstance(value, np.ndarray)
+    return arr.astype(np.int64) if empty_list else arr
 
 
 def _layout(field_sizes, combiners, field_segments, segment_lengths):

@@ -31,10 +31,19 @@ echo "[sanitize] building $MODULE"
 mkdir -p "$OUT/obj"
 OBJS=""
 for src in $SOURCES; do OBJS="$OBJS $OUT/obj/$(echo "$src" | tr / _).o"; done
-# One compiler per source, in parallel; the link names every object.
-# shellcheck disable=SC2086
-printf '%s\n' $SOURCES | xargs -P "$(nproc)" -I{} sh -c \
-  "$CXX $FLAGS -c $INCLUDES {} -o $OUT/obj/\$(echo {} | tr / _).o"
+# One compiler per source, in parallel, for the sources (or headers) newer than their object.
+NEWEST_HEADER=$(find kernels -name '*.h' -newer "$OUT/obj" -print -quit 2>/dev/null || true)
+STALE=""
+for src in $SOURCES; do
+  obj=$OUT/obj/$(echo "$src" | tr / _).o
+  if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ] || [ -n "$NEWEST_HEADER" ]; then STALE="$STALE $src"; fi
+done
+if [ -n "$STALE" ]; then
+  # shellcheck disable=SC2086
+  printf '%s\n' $STALE | xargs -P "$(nproc)" -I{} sh -c \
+    "$CXX $FLAGS -c $INCLUDES {} -o $OUT/obj/\$(echo {} | tr / _).o"
+fi
+touch "$OUT/obj"
 # shellcheck disable=SC2086
 "$CXX" $FLAGS $OBJS -o "$MODULE"
 

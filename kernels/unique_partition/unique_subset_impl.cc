@@ -197,11 +197,16 @@ ImplStatus UniqueSubsetCpu<Id, Idx>::CheckInverseRanges() const {
 
 template <typename Id, typename Idx>
 ImplStatus UniqueSubsetCpu<Id, Idx>::CheckAllInRange(const std::vector<int64_t>& pos_a) const {
-  // Every A field's inverse values, read by B or not, must index A's unique
-  // ids: an out-of-range value in an unread field would otherwise hide that
-  // field's ids from the exclusivity check.
+  // The inverse values of the A fields that B does not read must index A's
+  // unique ids too (CheckInverseRanges checks the read ones against their
+  // segments): an out-of-range value there would otherwise hide that field's
+  // ids from the exclusivity check.
+  std::vector<bool> read(static_cast<size_t>(source_.num_fields), false);
+  for (const Field& f : fields_) read[f.source_field] = true;
   for (int64_t a = 0; a < source_.num_fields; ++a) {
-    if (pos_a[a + 1] == pos_a[a] || (min_a_[a] >= 0 && max_a_[a] < source_.num_unique)) continue;
+    if (read[a] || pos_a[a + 1] == pos_a[a] || (min_a_[a] >= 0 && max_a_[a] < source_.num_unique)) {
+      continue;
+    }
     for (int64_t i = pos_a[a]; i < pos_a[a + 1]; ++i) {
       const int64_t value = static_cast<int64_t>(source_.inverse[i]);
       if (value >= 0 && value < source_.num_unique) continue;
@@ -378,9 +383,9 @@ ImplStatus UniqueSubsetCpu<Id, Idx>::Prepare(const SourceResult<Id, Idx>& source
   num_positions_ = positions_[fb];
 
   InverseIntervals(pos_a);
-  status = CheckAllInRange(pos_a);
-  if (!status.ok()) return status;
   status = CheckInverseRanges();
+  if (!status.ok()) return status;
+  status = CheckAllInRange(pos_a);
   if (!status.ok()) return status;
   status = CheckExclusive();
   if (!status.ok()) return status;

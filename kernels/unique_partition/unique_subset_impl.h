@@ -109,7 +109,7 @@ class UniqueSubsetCpu {
   ImplStatus CheckAscending() const;
   // min/max of every A field's inverse values (fields of size 0 left out).
   void InverseIntervals(const std::vector<int64_t>& pos_a);
-  // Every A field's inverse values in [0, num_unique).
+  // The inverse values of the A fields B does not read in [0, num_unique).
   ImplStatus CheckAllInRange(const std::vector<int64_t>& pos_a) const;
   ImplStatus CheckInverseRanges() const;
   // Every unique id of every B field's segment used by its A field.

@@ -209,7 +209,10 @@ def test_pack_ids_accepts_python_and_numpy_ints():
     for ids in ([1, 2], np.array([1, 2], np.int32), np.array([1, 2]), tf.constant([1, 2]), []):
         packed = htf.ops.pack_ids([ids], [3], [10], ["t"])[0].numpy()
         np.testing.assert_array_equal(packed, np.asarray(ids, np.int64).reshape(-1) + 3)
-        np.testing.assert_array_equal(htf.native.pack_ids([np.asarray(ids)], [3], [10], ["t"])[0], packed)
+        native_ids = ids.numpy() if isinstance(ids, tf.Tensor) else ids
+        np.testing.assert_array_equal(htf.native.pack_ids([native_ids], [3], [10], ["t"])[0], packed)
+    with pytest.raises(TypeError, match="int32 or int64"):  # an empty float array is still a float array
+        htf.ops.pack_ids([np.zeros([0], np.float32)], [0], [10], ["t"])
 
 
 def test_unique_subset_out_of_range_inverse_in_unread_field():

@@ -32,8 +32,8 @@ def _ids_tensor(value, table) -> tf.Tensor:
     """
     if isinstance(value, (np.ndarray, np.generic, list, tuple, int)):
         arr = np.asarray(value)
-        if arr.size == 0 and arr.dtype.kind == "f":  # [] is float64 to NumPy: an empty field
-            arr = arr.astype(np.int64)
+        if arr.size == 0 and arr.dtype.kind == "f" and not isinstance(value, np.ndarray):
+            arr = arr.astype(np.int64)  # a Python [] (float64 to NumPy) is an empty field; a float array is not
         if arr.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise TypeError(
                 f"ids of table {table!r} must be int32 or int64, got a {arr.dtype} array. "
