@@ -48,7 +48,7 @@ class _HybridModelMixin:
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
-            with dataflow_fusion.fusing(model=self, **self._htf_fusion) as scope:  # this forward pass only
+            with dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope:  # this forward pass only
                 result = base_call(inputs, *args, **kwargs)
             self._htf_note_fusions(scope)
             return result
@@ -64,11 +64,16 @@ class _HybridModelMixin:
                 base_call(inputs, **record_kwargs)
             requests = rec.requests
         outputs = lookup_all(requests)
-        fusion = self._htf_fusion
-        with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
+        with (
+            context.replaying(requests, outputs),
+            dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope,
+        ):
             result = base_call(inputs, **kwargs)
         self._htf_note_fusions(scope)
         return result
+
+    def _htf_fusion_options(self) -> dict:
+        return getattr(self, "_htf_fusion", None) or {"enabled": False}
 
     def _htf_note_fusions(self, scope) -> None:
         if scope is not None:  # as last traced

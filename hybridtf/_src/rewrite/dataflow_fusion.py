@@ -116,7 +116,8 @@ class FusionScope:
         rule = RULES.get(op_type)
         if rule is None or graph is None or outputs is None or not inputs:
             return outputs
-        op = outputs[0].op if outputs and hasattr(outputs[0], "op") else graph.get_operation_by_name(op_name)
+        # by name: an earlier callback may have replaced ``outputs`` already
+        op = graph.get_operation_by_name(op_name) if op_name else outputs[0].op
         try:
             replaced = rule(self, op)
         except (ValueError, TypeError):  # a shape or dtype this rewrite does not cover: keep the op
