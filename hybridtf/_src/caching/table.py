@@ -120,6 +120,8 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         self._config = config
         self._shared_name = f"{config.name}_hybrid_hash_{next(_uid)}"
         super().__init__()
+        with tf.init_scope():  # created once, outside any function being traced
+            self.resource_handle  # noqa: B018
 
     @property
     def config(self) -> TableConfig:
