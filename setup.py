@@ -31,7 +31,14 @@ class BuildExt(build_ext):
 
 native = Pybind11Extension(
     "hybridtf._native",
-    sources=["kernels/python/native_module.cc", "kernels/unique_partition/unique_partition_impl.cc"],
+    sources=[
+        "kernels/python/native_module.cc",
+        "kernels/unique_partition/unique_partition_impl.cc",
+        # HybridHash (kernels/hybrid_hash): its binding and TF-free store
+        "kernels/python/hybrid_hash_binding.cc",
+        "kernels/hybrid_hash/hybrid_hash_impl.cc",
+        "kernels/hybrid_hash/hybrid_hash_apply_impl.cc",
+    ],
     include_dirs=[str(ROOT)],
     cxx_std=17,
     extra_compile_args=["-O3", "-DNDEBUG"],

@@ -2,7 +2,9 @@
 
 The same TF-free C++ implementation layer that the CPU kernels use, bound with
 pybind11 (module ``hybridtf._native``). The planner's warm-up statistics,
-data-side tools and the reference tests use it.
+data-side tools and the reference tests use it. ``HybridHashStore`` is the
+dynamic embedding table's store (Algorithm 1, hot/cold tiers) for the
+hit-ratio benchmark and reference tests.
 """
 
 from __future__ import annotations
@@ -64,4 +66,8 @@ def unique_partition(
     return UniquePartitionResult(*out)
 
 
-__all__ = ["unique_partition"]
+# HybridHash (kernels/hybrid_hash): the dynamic table's TF-free store on NumPy arrays.
+HybridHashStore = _native.HybridHashStore
+hybrid_hash_initial_rows = _native.hybrid_hash_initial_rows
+
+__all__ = ["HybridHashStore", "hybrid_hash_initial_rows", "unique_partition"]

@@ -13,6 +13,10 @@
 namespace py = pybind11;
 
 namespace hybridtf {
+void BindHybridHash(py::module_& m);  // kernels/python/hybrid_hash_binding.cc
+}  // namespace hybridtf
+
+namespace hybridtf {
 namespace {
 
 using unique_partition::PartitionSpec;
@@ -107,4 +111,5 @@ PYBIND11_MODULE(_native, m) {
         py::arg("inverse64") = false, py::arg("sort_ids") = false,
         "Fused unique + partition of a 1-D int32/int64 array; returns "
         "(unique_ids, partition_sizes, inverse). Same contract as the TF op.");
+  hybridtf::BindHybridHash(m);  // HybridHash (kernels/hybrid_hash)
 }

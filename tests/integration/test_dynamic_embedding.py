@@ -202,3 +202,33 @@ def test_unhooked_non_fusable_optimizer_is_refused():
     model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
     with pytest.raises(ValueError, match="DynamicEmbedding tables train with"):
         model.fit(x, y, batch_size=BATCH, verbose=0)
+
+
+def test_saved_model_serves_without_hybridtf(tmp_path):
+    x, y = _data(steps=10)
+    dyn, m1, _ = _pair("adagrad", hot_rows=8, warmup_steps=2, flush_every=3)
+    _fit(m1, x, y)
+    probe = np.concatenate([x[:6], np.array([[2**50, -1, 5]], np.int64)])  # the last row has unseen ids
+    expected = m1.predict(probe, verbose=0)
+    ids, rows = dyn.table.export()[:2]
+    tf.saved_model.save(m1, str(tmp_path / "sm"))
+    np.save(tmp_path / "probe.npy", probe)
+    code = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        f"m = tf.saved_model.load({str(tmp_path / 'sm')!r})\n"
+        "f = m.signatures['serving_default']\n"
+        f"probe = np.load({str(tmp_path / 'probe.npy')!r})\n"
+        "out = list(f(tf.constant(probe)).values())[0].numpy()\n"
+        f"np.save({str(tmp_path / 'out.npy')!r}, out)\n"
+        "assert 'hybridtf' not in sys.modules\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    out = np.load(tmp_path / "out.npy")
+    np.testing.assert_allclose(out[:6], expected[:6], rtol=1e-6)
+    # unseen ids: zero rows in the export (the id 5 row is the learned one)
+    unseen = np.concatenate([np.zeros((1, 2 * D), np.float32), rows.numpy()[np.searchsorted(ids.numpy(), 5)][None]], 1)
+    head = tf.keras.Sequential(m1.layers[-2:])
+    np.testing.assert_allclose(out[6:], head(unseen).numpy(), rtol=1e-5, atol=1e-6)

@@ -21,9 +21,10 @@ from __future__ import annotations
 import zlib
 
 import tensorflow as tf
+from tensorflow.python.saved_model import save_context
 
-from hybridtf._src.capture.lookup_api import prepare_ids
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from hybridtf._src.capture.lookup_api import prepare_ids
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -135,10 +136,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             evict_policy=evict_policy,
             ttl_steps=ttl_steps,
         )
-        self.table = None
+        object.__setattr__(self, "table", None)
 
     def build(self, input_shape=None):
-        self.table = HybridHashTable(self._table_config)
+        # Not auto-tracked: _trackable_children names it for checkpoints and leaves it out of SavedModels.
+        object.__setattr__(self, "table", HybridHashTable(self._table_config))
         # Untracked (never checkpointed): the distinct rows of the current step and their ids.
         with tf.init_scope():
             buffer = tf.Variable(
@@ -161,6 +163,29 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def non_trainable_weights(self):
         return []
 
+    def _serving_snapshot(self):
+        """Plain-TF copies of the learned rows for a SavedModel (no hybridtf needed to load it).
+
+        A ``tf.lookup.StaticHashTable`` maps each stored id to its row in a
+        ``[n + 1, dim]`` variable whose last row, the default row of unseen
+        ids, is zeros (their initial rows need hybridtf's hash).
+        """
+        with tf.init_scope():
+            s = self.table.stats()
+            version = (s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
+            current = getattr(self, "_serving", None)
+            if current is not None and current.version == version:  # unchanged: one snapshot per save
+                return current
+            ids, rows = self.table.export()[:2]
+            n = tf.shape(ids, out_type=tf.int64)[0]
+            init = tf.lookup.KeyValueTensorInitializer(ids, tf.range(n), tf.int64, tf.int64)
+            serving = tf.Module(name=f"{self.name}_serving")
+            serving.version = version
+            serving.index = tf.lookup.StaticHashTable(init, default_value=n)
+            serving.rows = tf.Variable(tf.concat([rows, tf.zeros([1, self.output_dim])], 0), trainable=False)
+        object.__setattr__(self, "_serving", serving)
+        return serving
+
     def call(self, inputs, training=None):
         ids = inputs
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
@@ -170,7 +195,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         flat = tf.cast(flat, tf.int64)
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
-        if training:
+        if save_context.in_save_context():  # SavedModel export: a static lookup + gather
+            serving = self._serving_snapshot()
+            embedded = tf.gather(tf.gather(serving.rows, serving.index.lookup(unique)), inverse)
+            training = None
+        elif training:
             rows = self.table.lookup(unique, counts, insert=True)
             assign_rows = self._rows_buffer.assign(rows)
             assign_ids = self._ids_buffer.assign(unique)
@@ -178,6 +207,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 embedded = tf.gather(self._rows_buffer, inverse)
         else:
             embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
+        return self._combine(ids, embedded)
+
+    def _combine(self, ids, embedded):
         if self.combiner is None:
             shape = tf.concat([tf.shape(ids), [self.output_dim]], 0)
             out = tf.reshape(embedded, shape)
@@ -231,8 +263,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return self.table.stats()
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
+        serving = self._serving_snapshot() if save_type == "savedmodel" and self.table is not None else None
         children = dict(super()._trackable_children(save_type, **kwargs))
-        if self.table is not None:
+        if serving is not None:  # the export holds plain-TF copies, never the HybridHash resource
+            children["serving"] = serving
+        elif save_type != "savedmodel" and self.table is not None:
             children["table"] = self.table
         return children
 
