@@ -175,7 +175,7 @@ def main():
     parser.add_argument("--batch", type=int, default=2048)
     parser.add_argument("--alpha", type=float, default=1.05)
     parser.add_argument(
-        "--drift", type=float, default=0.002, help="fraction of the id space the hot set moves per step"
+        "--drift", type=float, default=0.0005, help="fraction of the id space the hot set moves per step"
     )
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--flush-every", type=int, default=10)

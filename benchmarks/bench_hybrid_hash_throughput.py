@@ -52,13 +52,13 @@ class TfLookupEmbedding(tf.keras.layers.Layer):
     def call(self, ids, training=None):
         flat = tf.reshape(ids, [-1])
         unique, inverse = tf.unique(flat)
-        found = self.index.lookup(unique)
+        found = tf.reshape(self.index.lookup(unique), [-1])
         missing = tf.boolean_mask(unique, found < 0)
         n_new = tf.size(missing, out_type=tf.int64)
         start = self.next_row.assign_add(n_new) - n_new
         new_rows = start + tf.range(n_new)
         with tf.control_dependencies([self.index.insert(missing, new_rows)]):
-            rows_index = self.index.lookup(unique)
+            rows_index = tf.reshape(self.index.lookup(unique), [-1])
         emb = tf.gather(self.rows, tf.gather(rows_index, inverse))
         return tf.reshape(emb, tf.concat([tf.shape(ids), [self.dim]], 0))
 

@@ -174,7 +174,7 @@ class Store {
     uint32_t last_step;
     uint32_t mark;
   };
-  static constexpr int64_t kChunkBits = 12;
+  static constexpr int64_t kChunkBits = 10;
   static constexpr int64_t kChunkRows = int64_t{1} << kChunkBits;
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
   static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
