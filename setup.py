@@ -38,6 +38,7 @@ native = Pybind11Extension(
         "kernels/python/hybrid_hash_binding.cc",
         "kernels/hybrid_hash/hybrid_hash_impl.cc",
         "kernels/hybrid_hash/hybrid_hash_apply_impl.cc",
+        "kernels/hybrid_hash/hybrid_hash_io_impl.cc",
     ],
     include_dirs=[str(ROOT)],
     cxx_std=17,
