@@ -232,3 +232,15 @@ def test_saved_model_serves_without_hybridtf(tmp_path):
     unseen = np.concatenate([np.zeros((1, 2 * D), np.float32), rows.numpy()[np.searchsorted(ids.numpy(), 5)][None]], 1)
     head = tf.keras.Sequential(m1.layers[-2:])
     np.testing.assert_allclose(out[6:], head(unseen).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_called_twice_in_a_training_step_is_refused():
+    dyn = htf.layers.DynamicEmbedding(D, name="shared", hot_rows=4)
+    a = tf.keras.Input((1,), dtype=tf.int64)
+    b = tf.keras.Input((1,), dtype=tf.int64)
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(dyn(a)), tf.keras.layers.Flatten()(dyn(b))])
+    model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    ids = np.zeros((4, 1), np.int64)
+    with pytest.raises(ValueError, match=r"'shared' is called twice in one training step"):
+        model.fit([ids, ids], np.zeros((4, 1), np.float32), verbose=0)

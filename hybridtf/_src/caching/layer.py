@@ -200,6 +200,14 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             embedded = tf.gather(tf.gather(serving.rows, serving.index.lookup(unique)), inverse)
             training = None
         elif training:
+            graph = tf.compat.v1.get_default_graph()
+            if not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
+                raise ValueError(
+                    f"DynamicEmbedding {self.name!r} is called twice in one training step; its distinct-rows buffer "
+                    "holds one call's rows. Look all ids of the shared table up in one call (e.g. tf.concat the "
+                    "features' ids and split the output), or use one layer per feature."
+                )
+            object.__setattr__(self, "_training_graph", graph)
             rows = self.table.lookup(unique, counts, insert=True)
             assign_rows = self._rows_buffer.assign(rows)
             assign_ids = self._ids_buffer.assign(unique)
