@@ -82,16 +82,16 @@ def _pair(kind, combiner=None, **table):
     return dyn, m1, m2
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "adam", "sgd", "lazy_adam"])
-def test_dynamic_embedding_equals_keras_embedding(kind):
-    x, y = _data()
+@pytest.mark.parametrize("kind, steps", [("adagrad", STEPS), ("adam", STEPS), ("sgd", 40), ("lazy_adam", 40)])
+def test_dynamic_embedding_equals_keras_embedding(kind, steps):
+    x, y = _data(steps)
     dyn, m1, m2 = _pair(kind, hot_rows=16, warmup_steps=10, flush_every=7)
     l1 = _fit(m1, x, y)
     l2 = _fit(m2, x, y)
-    assert len(l1) == STEPS
+    assert len(l1) == steps
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     stats = dyn.stats()
-    assert stats["flushes"] >= 10 and stats["hot_used"] == 16 and stats["step"] == STEPS
+    assert stats["flushes"] >= (steps - 10) // 7 and stats["hot_used"] == 16 and stats["step"] == steps
     assert stats["size"] == len(np.unique(x))
     assert 0 < stats["hits"] < stats["lookups"]
     # the learned rows are the plain model's rows
@@ -204,6 +204,7 @@ def test_unhooked_non_fusable_optimizer_is_refused():
         model.fit(x, y, batch_size=BATCH, verbose=0)
 
 
+@pytest.mark.slow  # ~20 s: a SavedModel export and a fresh TensorFlow process
 def test_saved_model_serves_without_hybridtf(tmp_path):
     x, y = _data(steps=10)
     dyn, m1, _ = _pair("adagrad", hot_rows=8, warmup_steps=2, flush_every=3)
