@@ -48,6 +48,15 @@ Status Scalar(OpKernelContext* ctx, int i, float* out) {
 
 std::string Name(const Store& store) { return "HybridHash table '" + store.config().name + "'"; }
 
+// Small batches run on the op's own thread: a model has one lookup and one
+// update per table per step, and TensorFlow already runs the tables' ops in
+// parallel (inter-op); sharding a few thousand rows costs more than it saves.
+ParallelFor ChoosePf(OpKernelContext* ctx, int64_t n, int64_t dim) {
+  constexpr int64_t kSequentialFloats = 1 << 16;
+  if (n * dim < kSequentialFloats) return SequentialFor;
+  return CpuParallelFor(ctx);
+}
+
 }  // namespace
 
 class TableOp : public OpKernel {
@@ -142,7 +151,7 @@ class LookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToTfStatus(store->Lookup(
                             ids.flat<int64_t>().data(),
                             counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
-                            insert_, rows->flat<float>().data(), CpuParallelFor(ctx))));
+                            insert_, rows->flat<float>().data(), ChoosePf(ctx, n, dim_))));
   }
 
  private:
@@ -178,7 +187,7 @@ class ApplyOp : public OpKernel {
     const int64_t* id = ids.flat<int64_t>().data();
     const float* g = grad.flat<float>().data();
     const int64_t n = ids.NumElements();
-    const ParallelFor pf = CpuParallelFor(ctx);
+    const ParallelFor pf = ChoosePf(ctx, n, store->dim());
     ImplStatus status;
     switch (kind_) {
       case Kind::kSgd:
