@@ -7,7 +7,9 @@ Example:
     >>> model.fit(dataset)
 """
 
+from hybridtf._src.caching.metrics import HybridHashMetrics
+from hybridtf._src.caching.optimizer import dynamic_optimizer
 from hybridtf._src.integrations.keras_model import is_optimized, optimize
 from hybridtf._src.integrations.keras_optimizers import LazyAdam
 
-__all__ = ["LazyAdam", "is_optimized", "optimize"]
+__all__ = ["HybridHashMetrics", "LazyAdam", "dynamic_optimizer", "is_optimized", "optimize"]

@@ -2,7 +2,9 @@
 
 The same TF-free C++ implementation layer that the CPU kernels use, bound with
 pybind11 (module ``hybridtf._native``). The planner's warm-up statistics,
-data-side tools and the reference tests use it.
+data-side tools and the reference tests use it. ``HybridHashStore`` is the
+dynamic embedding table's store (Algorithm 1, hot/cold tiers) for the
+hit-ratio benchmark and reference tests.
 """
 
 from __future__ import annotations
@@ -213,4 +215,17 @@ def unique_subset(unique_ids, inverse, field_sizes, source_fields, source_offset
     )
 
 
-__all__ = ["pack_ids", "stitch_combine", "stitch_combine_grad", "unique_partition", "unique_subset"]
+# HybridHash (kernels/hybrid_hash): the dynamic table's TF-free store on NumPy arrays.
+HybridHashStore = _native.HybridHashStore
+hybrid_hash_initial_rows = _native.hybrid_hash_initial_rows
+
+
+__all__ = [
+    "HybridHashStore",
+    "hybrid_hash_initial_rows",
+    "pack_ids",
+    "stitch_combine",
+    "stitch_combine_grad",
+    "unique_partition",
+    "unique_subset",
+]

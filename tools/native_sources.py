@@ -10,6 +10,11 @@ NATIVE_SOURCES = [
     "kernels/stitch_combine/stitch_combine_impl.cc",
     "kernels/unique_partition/unique_partition_impl.cc",
     "kernels/unique_partition/unique_subset_impl.cc",
+    # HybridHash (kernels/hybrid_hash): its binding and TF-free store
+    "kernels/python/hybrid_hash_binding.cc",
+    "kernels/hybrid_hash/hybrid_hash_impl.cc",
+    "kernels/hybrid_hash/hybrid_hash_apply_impl.cc",
+    "kernels/hybrid_hash/hybrid_hash_io_impl.cc",
 ]
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@
 namespace py = pybind11;
 
 namespace hybridtf {
+void BindHybridHash(py::module_& m);  // kernels/python/hybrid_hash_binding.cc
+}  // namespace hybridtf
+
+namespace hybridtf {
 namespace {
 
 using unique_partition::PartitionSpec;
@@ -110,4 +114,5 @@ PYBIND11_MODULE(_native, m) {
         "Fused unique + partition of a 1-D int32/int64 array; returns "
         "(unique_ids, partition_sizes, inverse). Same contract as the TF op.");
   hybridtf::RegisterLayerBindings(m);
+  hybridtf::BindHybridHash(m);  // HybridHash (kernels/hybrid_hash)
 }

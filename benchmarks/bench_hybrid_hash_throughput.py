@@ -1,0 +1,168 @@
+"""Training throughput with dynamic tables: DynamicEmbedding vs a tf.lookup table vs static packed tables.
+
+One model, three storages for its F one-hot fields (26 or 200), run in the same
+process on the same batches (Zipf ids, raw 64-bit values for the dynamic
+variants, their ranks for the static one), Keras ``fit`` with Adagrad:
+
+* ``dynamic``: one ``hybridtf.layers.DynamicEmbedding`` per field (HybridHash,
+  fused lookup and update, ``dynamic_optimizer``);
+* ``tf_lookup``: what a user writes today without hybridtf: per field a
+  ``tf.lookup.experimental.MutableHashTable`` id -> row index, new ids get the
+  next free rows of a ``[capacity, dim]`` variable, gather + Keras' sparse
+  update;
+* ``static_packed``: ``tf.keras.layers.Embedding`` per field over the ranks,
+  packed by ``hybridtf.keras.optimize`` (the upper bound: no hashing at all).
+
+Prints samples/s per variant and one JSON line; writes JSON + PNG to ``--out-dir``.
+Short runs: the numbers are for comparing variants in one run, not absolute.
+
+    python benchmarks/bench_hybrid_hash_throughput.py [--fields 26] [--batch 1024] [--steps 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import tensorflow as tf
+
+import hybridtf as htf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class TfLookupEmbedding(tf.keras.layers.Layer):
+    """A dynamic table in plain TF: MutableHashTable id -> index, rows in a variable, ids inserted on first sight."""
+
+    def __init__(self, capacity, dim, **kwargs):
+        super().__init__(**kwargs)
+        self.capacity, self.dim = capacity, dim
+
+    def build(self, input_shape):
+        self.rows = self.add_weight("rows", (self.capacity, self.dim), initializer="uniform")
+        self.next_row = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self.index = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, default_value=-1)
+
+    def call(self, ids, training=None):
+        flat = tf.reshape(ids, [-1])
+        unique, inverse = tf.unique(flat)
+        found = tf.reshape(self.index.lookup(unique), [-1])
+        missing = tf.boolean_mask(unique, found < 0)
+        n_new = tf.size(missing, out_type=tf.int64)
+        start = self.next_row.assign_add(n_new) - n_new
+        new_rows = start + tf.range(n_new)
+        with tf.control_dependencies([self.index.insert(missing, new_rows)]):
+            rows_index = tf.reshape(self.index.lookup(unique), [-1])
+        emb = tf.gather(self.rows, tf.gather(rows_index, inverse))
+        return tf.reshape(emb, tf.concat([tf.shape(ids), [self.dim]], 0))
+
+
+def make_model(fields, dim, kind, vocab):
+    inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(fields)]
+    outs = []
+    for i, x in enumerate(inputs):
+        if kind == "dynamic":
+            layer = htf.layers.DynamicEmbedding(
+                dim, hot_rows=vocab // 5, warmup_steps=5, flush_every=10, name=f"emb{i}"
+            )
+        elif kind == "tf_lookup":
+            layer = TfLookupEmbedding(vocab, dim, name=f"emb{i}")
+        else:
+            layer = tf.keras.layers.Embedding(vocab, dim, name=f"emb{i}")
+        outs.append(tf.keras.layers.Flatten()(layer(x)))
+    h = tf.keras.layers.Concatenate()(outs)
+    h = tf.keras.layers.Dense(64, activation="relu")(h)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+    opt = tf.keras.optimizers.Adagrad(0.05)
+    if kind == "dynamic":
+        opt = htf.keras.dynamic_optimizer(opt)
+    if kind == "static_packed":
+        model = htf.keras.optimize(model)
+    model.compile(optimizer=opt, loss="binary_crossentropy")
+    return model
+
+
+def batches(fields, batch, steps, vocab, seed=0):
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, vocab + 1) ** 1.05
+    p /= p.sum()
+    hashes = rng.integers(-(2**62), 2**62, size=(fields, vocab), dtype=np.int64)
+    ranks = [rng.choice(vocab, size=(steps * batch, 1), p=p) for _ in range(fields)]
+    y = rng.integers(0, 2, size=(steps * batch, 1)).astype(np.float32)
+    raw = {f"f{i}": hashes[i][ranks[i]] for i in range(fields)}
+    static = {f"f{i}": ranks[i].astype(np.int64) for i in range(fields)}
+    return raw, static, y
+
+
+class _Timer(tf.keras.callbacks.Callback):
+    def __init__(self, skip):
+        super().__init__()
+        self.skip, self.times = skip, []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.times.append(time.perf_counter())
+
+
+def run_variant(kind, args, raw, static, y):
+    model = make_model(args.fields, args.dim, kind, args.vocab)
+    x = static if kind == "static_packed" else raw
+    timer = _Timer(args.warmup)
+    model.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, shuffle=False, callbacks=[timer])
+    t = timer.times[args.warmup :]
+    return args.batch * (len(t) - 1) / (t[-1] - t[0])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fields", type=int, default=26)
+    parser.add_argument("--dim", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--variants", nargs="+", default=["dynamic", "tf_lookup", "static_packed"])
+    parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args()
+    raw, static, y = batches(args.fields, args.batch, args.steps, args.vocab)
+    results = {}
+    for kind in args.variants:
+        results[kind] = run_variant(kind, args, raw, static, y)
+        print(f"{args.fields} fields, {kind:14s} {results[kind]:10.0f} samples/s", flush=True)
+    payload = {
+        "benchmark": "hybrid_hash_throughput",
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "samples_per_s": results,
+    }
+    if "dynamic" in results and "tf_lookup" in results:
+        payload["dynamic_over_tf_lookup"] = results["dynamic"] / results["tf_lookup"]
+    if "dynamic" in results and "static_packed" in results:
+        payload["dynamic_over_static_packed"] = results["dynamic"] / results["static_packed"]
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"bench_hybrid_hash_throughput-{args.fields}f-{stamp}"
+    (args.out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.bar(list(results), list(results.values()))
+        ax.set_ylabel("samples/s")
+        ax.set_title(f"{args.fields} fields, batch {args.batch}, Adagrad (loaded 2-core CPU)")
+        fig.tight_layout()
+        fig.savefig(args.out_dir / f"{name}.png", dpi=110)
+    except ImportError:
+        print("matplotlib is not installed: no chart")
+    print(json.dumps(payload))
+
+
+if __name__ == "__main__":
+    main()

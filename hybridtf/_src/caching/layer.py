@@ -1,0 +1,307 @@
+"""``DynamicEmbedding``: a Keras embedding layer over a HybridHash table.
+
+No ``input_dim``: any int64 id gets a row on first sight (its initial row
+depends only on the layer's seed, the id and the initializer), so raw 64-bit
+hashed ids need no bucketing.
+
+How a step trains the table. The layer computes the distinct ids of its
+input (``tf.unique_with_counts``), looks their rows up (find-or-insert; the
+counts feed Algorithm 1's frequencies) and, when training, writes them into a
+per-layer trainable buffer variable ``[n_distinct, dim]`` whose rows the
+output gathers. The buffer's gradient is therefore the gradient of the
+distinct rows; an optimizer hooked by ``dynamic_optimizer`` (or
+``hook_optimizer``) sums it per distinct id and sends it, with the ids, to the
+table's fused update (SGD, Adagrad, Adam, LazyAdam with the table's own
+slots), which then ends Algorithm 1's step (flush check). The buffer is not
+checkpointed; the table is (ids, rows, slots, counts).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import tensorflow as tf
+from tensorflow.python.saved_model import save_context
+
+from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from hybridtf._src.capture.lookup_api import prepare_ids
+
+BAG_COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def _initializer_args(initializer, name: str) -> tuple[str, float, float]:
+    """(kind, a, b) of a supported initializer (name, dict or Keras initializer instance)."""
+    if isinstance(initializer, str):
+        kinds = {"uniform": ("uniform", -0.05, 0.05), "normal": ("normal", 0.0, 0.05), "zeros": ("zeros", 0.0, 0.0)}
+        if initializer not in kinds:
+            raise ValueError(
+                f"DynamicEmbedding {name!r}: initializer must be 'uniform', 'normal', 'zeros', a "
+                f"tf.keras.initializers RandomUniform/RandomNormal/Zeros/Constant, got {initializer!r}."
+            )
+        return kinds[initializer]
+    init = tf.keras.initializers
+    if isinstance(initializer, init.RandomUniform):
+        return "uniform", float(initializer.minval), float(initializer.maxval)
+    if isinstance(initializer, init.RandomNormal):
+        return "normal", float(initializer.mean), float(initializer.stddev)
+    if isinstance(initializer, init.Zeros):
+        return "zeros", 0.0, 0.0
+    if isinstance(initializer, init.Constant):
+        return "constant", float(initializer.value), 0.0
+    raise ValueError(
+        f"DynamicEmbedding {name!r}: unsupported initializer {initializer!r}; rows must be a function of (seed, id) "
+        "only, so use 'uniform', 'normal', 'zeros' or RandomUniform/RandomNormal/Zeros/Constant."
+    )
+
+
+@tf.keras.utils.register_keras_serializable(package="hybridtf")
+class DynamicEmbedding(tf.keras.layers.Layer):
+    """Embeddings of unbounded int64 ids, stored in a HybridHash table (hot/cold tiers).
+
+    Like ``tf.keras.layers.Embedding`` (``combiner=None``: output
+    ``ids.shape + [output_dim]``) or ``hybridtf.layers.EmbeddingBag``
+    (``combiner="sum" | "mean" | "sqrtn"``: ragged, sparse or dense
+    ``[batch, L]`` ids pooled to ``[batch, output_dim]``), but without
+    ``input_dim``: every id (any int64 value, e.g. a 64-bit hash of a string)
+    gets a row the first time it is seen in training. In inference, an unseen
+    id gets its initial row and is not inserted.
+
+    Train it with an optimizer passed through ``hybridtf.keras.dynamic_optimizer``
+    (SGD without momentum, Adagrad, Adam or ``hybridtf.keras.LazyAdam``): the
+    table's rows are updated by one fused op with the table's own slots.
+
+    Args:
+        output_dim: row width.
+        combiner: None (one row per id) or ``"sum" | "mean" | "sqrtn"``.
+        hot_rows: rows of the hot tier (Algorithm 1's top-k).
+        warmup_steps: steps that only count frequencies before the first flush.
+        flush_every: the hot tier is refilled every that many steps after warm-up.
+        capacity: 0 (unbounded) or the most rows kept; rarer rows are evicted.
+        embeddings_initializer: ``"uniform"`` (Keras' default, [-0.05, 0.05]),
+            ``"normal"``, ``"zeros"`` or a Keras RandomUniform / RandomNormal /
+            Zeros / Constant (its seed is ignored: see ``seed``).
+        seed: the table's seed; default: derived from the layer's name.
+        count_decay: counts are multiplied by it after each flush (1 = never).
+        evict_policy: ``"lfu"`` or ``"lru"`` (with a capacity).
+        ttl_steps: > 0: rows not seen for that many steps are evicted at flushes.
+        **kwargs: ``tf.keras.layers.Layer`` arguments (``name``, ...).
+
+    Raises:
+        ValueError: bad sizes, combiner or initializer.
+
+    Example:
+        >>> ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
+        >>> emb = htf.layers.DynamicEmbedding(16, hot_rows=10_000, name="user")(ids)   # [batch, 1, 16]
+        >>> model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb)))
+        >>> model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.05)), loss="mse")
+    """
+
+    def __init__(
+        self,
+        output_dim: int,
+        combiner: str | None = None,
+        hot_rows: int = 100_000,
+        warmup_steps: int = 100,
+        flush_every: int = 100,
+        capacity: int = 0,
+        embeddings_initializer="uniform",
+        seed: int | None = None,
+        count_decay: float = 1.0,
+        evict_policy: str = "lfu",
+        ttl_steps: int = 0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if combiner is not None and combiner not in BAG_COMBINERS:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r}: combiner must be None or one of {BAG_COMBINERS}, got {combiner!r}."
+            )
+        kind, a, b = _initializer_args(embeddings_initializer, self.name)
+        self.output_dim = output_dim
+        self.combiner = combiner
+        self.embeddings_initializer = embeddings_initializer
+        self.seed = seed
+        self._table_config = TableConfig(
+            name=self.name,
+            dim=output_dim,
+            hot_rows=hot_rows,
+            capacity=capacity,
+            warmup_steps=warmup_steps,
+            flush_every=flush_every,
+            seed=zlib.crc32(self.name.encode()) if seed is None else int(seed),
+            initializer=kind,
+            init_a=a,
+            init_b=b,
+            count_decay=count_decay,
+            evict_policy=evict_policy,
+            ttl_steps=ttl_steps,
+        )
+        object.__setattr__(self, "table", None)
+
+    def build(self, input_shape=None):
+        # Not auto-tracked: _trackable_children names it for checkpoints and leaves it out of SavedModels.
+        object.__setattr__(self, "table", HybridHashTable(self._table_config))
+        # Untracked (never checkpointed): the distinct rows of the current step and their ids.
+        with tf.init_scope():
+            buffer = tf.Variable(
+                tf.zeros([0, self.output_dim]),
+                shape=tf.TensorShape([None, self.output_dim]),
+                trainable=True,
+                name=f"{self.name}_distinct_rows",
+            )
+            ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+        object.__setattr__(self, "_rows_buffer", buffer)
+        object.__setattr__(self, "_ids_buffer", ids)
+        buffer._htf_dynamic_embedding = self  # the optimizer hook finds the layer through it
+        self.built = True
+
+    @property
+    def trainable_weights(self):
+        return [self._rows_buffer] if self.trainable and self.built else []
+
+    @property
+    def non_trainable_weights(self):
+        return []
+
+    def _serving_snapshot(self):
+        """Plain-TF copies of the learned rows for a SavedModel (no hybridtf needed to load it).
+
+        A ``tf.lookup.StaticHashTable`` maps each stored id to its row in a
+        ``[n + 1, dim]`` variable whose last row, the default row of unseen
+        ids, is zeros (their initial rows need hybridtf's hash).
+        """
+        with tf.init_scope():
+            s = self.table.stats()
+            version = (s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
+            current = getattr(self, "_serving", None)
+            if current is not None and current.version == version:  # unchanged: one snapshot per save
+                return current
+            ids, rows = self.table.export()[:2]
+            n = tf.shape(ids, out_type=tf.int64)[0]
+            init = tf.lookup.KeyValueTensorInitializer(ids, tf.range(n), tf.int64, tf.int64)
+            serving = tf.Module(name=f"{self.name}_serving")
+            serving.version = version
+            serving.index = tf.lookup.StaticHashTable(init, default_value=n)
+            serving.rows = tf.Variable(tf.concat([rows, tf.zeros([1, self.output_dim])], 0), trainable=False)
+        object.__setattr__(self, "_serving", serving)
+        return serving
+
+    def call(self, inputs, training=None):
+        ids = inputs
+        if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+            ids = tf.convert_to_tensor(ids)
+        self.table.check_ids(ids)
+        ids = prepare_ids(ids, self.combiner or "none", self.name)
+        flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+        flat = tf.cast(flat, tf.int64)
+        unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
+        if save_context.in_save_context():  # SavedModel export: a static lookup + gather
+            serving = self._serving_snapshot()
+            embedded = tf.gather(tf.gather(serving.rows, serving.index.lookup(unique)), inverse)
+            training = None
+        elif training:
+            graph = tf.compat.v1.get_default_graph()
+            if not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
+                raise ValueError(
+                    f"DynamicEmbedding {self.name!r} is called twice in one training step; its distinct-rows buffer "
+                    "holds one call's rows. Look all ids of the shared table up in one call (e.g. tf.concat the "
+                    "features' ids and split the output), or use one layer per feature."
+                )
+            object.__setattr__(self, "_training_graph", graph)
+            rows = self.table.lookup(unique, counts, insert=True)
+            assign_rows = self._rows_buffer.assign(rows)
+            assign_ids = self._ids_buffer.assign(unique)
+            with tf.control_dependencies([assign_rows, assign_ids]):
+                embedded = tf.gather(self._rows_buffer, inverse)
+        else:
+            embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
+        return self._combine(ids, embedded)
+
+    def _combine(self, ids, embedded):
+        if self.combiner is None:
+            shape = tf.concat([tf.shape(ids), [self.output_dim]], 0)
+            out = tf.reshape(embedded, shape)
+        else:
+            out = tf.math.unsorted_segment_sum(embedded, ids.value_rowids(), ids.nrows())
+            n = tf.cast(tf.maximum(ids.row_lengths(), 1), out.dtype)[:, None]
+            if self.combiner == "mean":
+                out = out / n
+            elif self.combiner == "sqrtn":
+                out = out / tf.sqrt(n)
+        return tf.cast(out, self.compute_dtype) if out.dtype != self.compute_dtype else out
+
+    def apply_gradient(self, grad, optimizer, kind: str):
+        """The fused table update for the buffer's gradient (called by the hooked optimizer)."""
+        from hybridtf._src.run import sparse_apply
+
+        ids = self._ids_buffer.read_value()
+        n = tf.shape(ids)[0]
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
+        grad = tf.cast(grad, tf.float32)
+        lr = tf.cast(optimizer.learning_rate, tf.float32)
+        if kind == "sgd":
+            return self.table.apply_sgd(ids, grad, lr)
+        if kind == "adagrad":
+            return self.table.apply_adagrad(
+                ids,
+                grad,
+                lr,
+                tf.constant(optimizer.epsilon, tf.float32),
+                initial_accumulator_value=float(optimizer.initial_accumulator_value),
+            )
+        return self.table.apply_adam(
+            ids,
+            grad,
+            sparse_apply.adam_alpha(optimizer, tf.float32),
+            tf.constant(1 - optimizer.beta_1, tf.float32),
+            tf.constant(1 - optimizer.beta_2, tf.float32),
+            tf.constant(optimizer.epsilon, tf.float32),
+            lazy=kind == "lazy_adam",
+        )
+
+    def initial_rows(self, ids):
+        """The rows ``ids`` (int64) get on first sight; the table is not changed."""
+        if not self.built:
+            self.build(None)
+        return self.table.lookup(tf.reshape(tf.cast(ids, tf.int64), [-1]), insert=False)
+
+    def stats(self) -> dict:
+        """The table's statistics (eager): size, hot_used, inserts, evictions, lookups, hits, ..."""
+        return self.table.stats()
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        serving = self._serving_snapshot() if save_type == "savedmodel" and self.table is not None else None
+        children = dict(super()._trackable_children(save_type, **kwargs))
+        if serving is not None:  # the export holds plain-TF copies, never the HybridHash resource
+            children["serving"] = serving
+        elif save_type != "savedmodel" and self.table is not None:
+            children["table"] = self.table
+        return children
+
+    def compute_output_shape(self, input_shape):
+        if self.combiner is not None:
+            return tf.TensorShape([tf.TensorShape(input_shape)[0], self.output_dim])
+        return tf.TensorShape(input_shape).concatenate([self.output_dim])
+
+    def get_config(self):
+        config = super().get_config()
+        c = self._table_config
+        config.update(
+            {
+                "output_dim": self.output_dim,
+                "combiner": self.combiner,
+                "hot_rows": c.hot_rows,
+                "warmup_steps": c.warmup_steps,
+                "flush_every": c.flush_every,
+                "capacity": c.capacity,
+                "embeddings_initializer": self.embeddings_initializer
+                if isinstance(self.embeddings_initializer, str)
+                else tf.keras.initializers.serialize(self.embeddings_initializer),
+                "seed": self.seed,
+                "count_decay": c.count_decay,
+                "evict_policy": c.evict_policy,
+                "ttl_steps": c.ttl_steps,
+            }
+        )
+        return config

@@ -1,0 +1,87 @@
+"""Training DynamicEmbedding tables with a Keras optimizer.
+
+``dynamic_optimizer(opt)`` hooks a Keras optimizer in place (this instance
+only, a run-time subclass as ``hybridtf.keras.optimize`` does): the gradient
+of each DynamicEmbedding's distinct-rows buffer goes to that table's fused
+update with the optimizer's hyperparameters (learning rate, epsilon, betas,
+Adam's bias correction from ``optimizer.iterations``) and the table's own
+slots; every other gradient goes through the Keras optimizer unchanged.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.integrations.keras_optimizers import LazyAdam
+
+
+def _layer_of(variable):
+    return getattr(variable, "_htf_dynamic_embedding", None)
+
+
+def update_kind(optimizer) -> str | None:
+    """The table update that reproduces ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
+    base = next(c for c in type(optimizer).__mro__ if not issubclass(c, _DynamicOptimizerMixin))
+    if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
+        return None
+    if getattr(optimizer, "use_ema", False) or getattr(optimizer, "weight_decay", None):
+        return None
+    if base is tf.keras.optimizers.SGD:
+        return "sgd" if optimizer.momentum == 0 and not optimizer.nesterov else None
+    if base is tf.keras.optimizers.Adagrad:
+        return "adagrad"
+    if base in (tf.keras.optimizers.Adam, LazyAdam):
+        return None if optimizer.amsgrad else ("adam" if base is tf.keras.optimizers.Adam else "lazy_adam")
+    return None
+
+
+class _DynamicOptimizerMixin:
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        dynamic = [(g, v) for g, v in grads_and_vars if _layer_of(v) is not None]
+        if not dynamic:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        kind = update_kind(self)
+        if kind is None:
+            raise ValueError(
+                f"DynamicEmbedding tables train with SGD (momentum 0), Adagrad, Adam (amsgrad=False) or "
+                f"hybridtf.keras.LazyAdam without clipping, weight decay or EMA; got {type(self).__name__} "
+                "with other settings. Use one of those optimizers."
+            )
+        rest = [(g, v) for g, v in grads_and_vars if _layer_of(v) is None]
+        updates = []
+        with tf.name_scope("hybridtf_dynamic_update"):
+            for g, v in dynamic:
+                if g is not None:
+                    updates.append(_layer_of(v).apply_gradient(g, self, kind))
+        with tf.control_dependencies(updates):
+            if rest:
+                return super().apply_gradients(rest, *args, **kwargs)
+            return self.iterations.assign_add(1)
+
+
+def dynamic_optimizer(optimizer):
+    """Hooks ``optimizer`` (in place) to train ``DynamicEmbedding`` tables; returns it.
+
+    Args:
+        optimizer: a ``tf.keras.optimizers`` SGD (no momentum), Adagrad, Adam
+            or ``hybridtf.keras.LazyAdam`` instance (or its string name).
+
+    Returns:
+        The same optimizer object, now routing DynamicEmbedding gradients to
+        the tables' fused updates.
+
+    Raises:
+        TypeError: not a Keras optimizer.
+
+    Example:
+        >>> model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adam(1e-3)), loss="mse")
+    """
+    if isinstance(optimizer, str):
+        optimizer = tf.keras.optimizers.get(optimizer)
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
+        raise TypeError(f"dynamic_optimizer needs a tf.keras.optimizers.Optimizer, got {type(optimizer).__name__}.")
+    if not isinstance(optimizer, _DynamicOptimizerMixin):
+        optimizer.__class__ = runtime_subclass(_DynamicOptimizerMixin, type(optimizer))
+    return optimizer

@@ -1,0 +1,243 @@
+"""``HybridHashTable``: a HybridHash store held by a TF resource handle.
+
+The store (kernels/hybrid_hash) keeps each id's row and optimizer slots in a
+cold hash map + arena, and the top-k most frequent rows in a dense hot tier
+refreshed by Algorithm 1 (warm-up counting, a flush every ``flush_every``
+steps). This class is a ``TrackableResource``: it is created on first use (in
+eager mode or under ``tf.init_scope``), destroyed with its Python object, and
+checkpointed (``tf.train.Checkpoint``, ``Model.save_weights``) as the tensors
+of its export: ids (ascending), rows, slots, counts, slot initial values,
+step and the table's name. The hot tier is written back before the export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import tensorflow as tf
+
+from hybridtf._src.run.loader import load_ops
+
+STAT_NAMES = (
+    "size",
+    "hot_used",
+    "hot_rows",
+    "inserts",
+    "evictions",
+    "lookups",
+    "hits",
+    "occurrences",
+    "occurrence_hits",
+    "step",
+    "flushes",
+    "last_step_lookups",
+    "last_step_hits",
+    "bytes",
+    "hot_bytes",
+    "num_slots",
+)
+INITIALIZERS = ("zeros", "constant", "uniform", "normal")
+EVICT_POLICIES = ("lfu", "lru")
+_uid = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """What a HybridHash table is: validated in Python, then again in the kernel.
+
+    Args:
+        name: the table's name (errors and checkpoints name it).
+        dim: row width.
+        hot_rows: rows of the hot tier (> 0).
+        capacity: 0 = unbounded, else the most rows kept (least-frequent evicted).
+        warmup_steps: Algorithm 1's warm-up iterations (counting only).
+        flush_every: the hot tier is refilled when ``step >= warmup_steps`` and
+            ``step % flush_every == 0``.
+        seed: the initial rows depend only on (seed, id, initializer).
+        initializer: ``zeros | constant | uniform | normal``.
+        init_a: minval (uniform), mean (normal) or the constant.
+        init_b: maxval (uniform) or stddev (normal).
+        count_decay: counts are multiplied by it after each flush (1 = never).
+        evict_policy: ``lfu`` or ``lru`` (when the capacity is reached).
+        ttl_steps: > 0: rows not seen for this many steps are evicted at flushes.
+    """
+
+    name: str
+    dim: int
+    hot_rows: int
+    capacity: int = 0
+    warmup_steps: int = 0
+    flush_every: int = 1
+    seed: int = 0
+    initializer: str = "uniform"
+    init_a: float = -0.05
+    init_b: float = 0.05
+    count_decay: float = 1.0
+    evict_policy: str = "lfu"
+    ttl_steps: int = 0
+
+    def __post_init__(self):
+        t = f"HybridHash table {self.name!r}"
+        for what in ("dim", "hot_rows"):
+            value = getattr(self, what)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{t}: {what} must be a positive int, got {value!r}.")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
+            raise ValueError(f"{t}: capacity must be 0 (unbounded) or a positive int, got {self.capacity!r}.")
+        if self.warmup_steps < 0 or self.flush_every < 1 or self.ttl_steps < 0:
+            raise ValueError(
+                f"{t}: need warmup_steps >= 0, flush_every >= 1 and ttl_steps >= 0, got "
+                f"{self.warmup_steps}, {self.flush_every}, {self.ttl_steps}."
+            )
+        if self.initializer not in INITIALIZERS:
+            raise ValueError(f"{t}: initializer must be one of {INITIALIZERS}, got {self.initializer!r}.")
+        if self.evict_policy not in EVICT_POLICIES:
+            raise ValueError(f"{t}: evict_policy must be one of {EVICT_POLICIES}, got {self.evict_policy!r}.")
+        if not 0.0 < self.count_decay <= 1.0:
+            raise ValueError(f"{t}: count_decay must be in (0, 1], got {self.count_decay!r}.")
+
+    def op_attrs(self) -> dict:
+        attrs = dataclasses.asdict(self)
+        attrs["table_name"] = attrs.pop("name")
+        attrs["seed"] = int(self.seed) & 0x7FFFFFFFFFFFFFFF
+        return attrs
+
+
+class HybridHashTable(tf.saved_model.experimental.TrackableResource):
+    """A HybridHash dynamic embedding table (any int64 id -> row).
+
+    Args:
+        config: a ``TableConfig``.
+
+    Example:
+        >>> table = HybridHashTable(TableConfig("items", dim=8, hot_rows=1000))
+        >>> rows = table.lookup(tf.constant([3, 2**60], tf.int64))      # inserted
+        >>> table.apply_adagrad(ids, grad_rows, lr=0.1, epsilon=1e-7)
+    """
+
+    def __init__(self, config: TableConfig):
+        self._config = config
+        self._shared_name = f"{config.name}_hybrid_hash_{next(_uid)}"
+        super().__init__()
+        with tf.init_scope():  # created once, outside any function being traced
+            self.resource_handle  # noqa: B018
+
+    @property
+    def config(self) -> TableConfig:
+        return self._config
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    def _create_resource(self):
+        return load_ops().hybrid_tf_hybrid_hash_table(shared_name=self._shared_name, **self._config.op_attrs())
+
+    def _destroy_resource(self):
+        tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
+
+    # --- ops -------------------------------------------------------------------------------------
+    def check_ids(self, ids):
+        """Raises a TypeError naming the table unless ids are integers; returns them as int64."""
+        dtype = tf.as_dtype(ids.dtype)
+        if dtype not in (tf.int64, tf.int32):
+            raise TypeError(
+                f"HybridHash table {self.name!r}: ids must be int64 (or int32), got {dtype.name}. Fix: map "
+                "strings to int64 ids first, e.g. tf.strings.to_hash_bucket_fast(x, 2**63 - 1) or "
+                "tf.fingerprint; cast floats with tf.cast(x, tf.int64)."
+            )
+        return tf.cast(ids, tf.int64) if dtype != tf.int64 else ids
+
+    def lookup(self, ids, counts=None, insert: bool = True):
+        """Rows ``[n, dim]`` of the 1-D ids (training: find-or-insert and count; else read only)."""
+        ids = self.check_ids(tf.convert_to_tensor(ids))
+        counts = tf.zeros([0], tf.int64) if counts is None else tf.cast(counts, tf.int64)
+        return load_ops().hybrid_tf_hybrid_hash_lookup(
+            self.resource_handle, ids, counts, dim=self._config.dim, insert=insert
+        )
+
+    def apply_sgd(self, ids, grad, lr, end_step=True):
+        return load_ops().hybrid_tf_hybrid_hash_apply_sgd(self.resource_handle, ids, grad, lr, end_step=end_step)
+
+    def apply_adagrad(self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True):
+        return load_ops().hybrid_tf_hybrid_hash_apply_adagrad(
+            self.resource_handle,
+            ids,
+            grad,
+            lr,
+            epsilon,
+            initial_accumulator_value=initial_accumulator_value,
+            end_step=end_step,
+        )
+
+    def apply_adam(self, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, lazy=False, end_step=True):
+        return load_ops().hybrid_tf_hybrid_hash_apply_adam(
+            self.resource_handle,
+            ids,
+            grad,
+            alpha,
+            one_minus_beta1,
+            one_minus_beta2,
+            epsilon,
+            lazy=lazy,
+            end_step=end_step,
+        )
+
+    def end_step(self):
+        """Ends a step that had no update (Algorithm 1's flush check, step + 1)."""
+        return load_ops().hybrid_tf_hybrid_hash_end_step(self.resource_handle)
+
+    def flush(self):
+        """Writes the hot tier back and refills it with the top-k rows by frequency now."""
+        return load_ops().hybrid_tf_hybrid_hash_flush(self.resource_handle)
+
+    def stats_tensor(self):
+        """An int64 vector in ``STAT_NAMES`` order."""
+        return load_ops().hybrid_tf_hybrid_hash_stats(self.resource_handle)
+
+    def stats(self) -> dict:
+        """The statistics as a dict of Python ints (eager), see ``STAT_NAMES``."""
+        return dict(zip(STAT_NAMES, (int(v) for v in self.stats_tensor().numpy())))
+
+    def export(self):
+        """``(ids, rows, slots, counts, slot_init, step)``; ids ascending, hot tier written back first."""
+        return load_ops().hybrid_tf_hybrid_hash_export(self.resource_handle, dim=self._config.dim)
+
+    def import_(self, ids, rows, slots, counts, slot_init, step):
+        """Replaces the content with an export (same table, same dim)."""
+        return load_ops().hybrid_tf_hybrid_hash_import(self.resource_handle, ids, rows, slots, counts, slot_init, step)
+
+    # --- checkpoints -----------------------------------------------------------------------------
+    def _serialize_to_tensors(self):
+        ids, rows, slots, counts, slot_init, step = self.export()
+        return {
+            "ids": ids,
+            "rows": rows,
+            "slots": slots,
+            "counts": counts,
+            "slot_init": slot_init,
+            "step": step,
+            "table_name": tf.constant(self.name),
+        }
+
+    def _restore_from_tensors(self, restored_tensors):
+        t = restored_tensors
+        saved_name = t["table_name"]
+        if tf.executing_eagerly():
+            saved = saved_name.numpy().decode()
+            if saved != self.name:
+                raise ValueError(
+                    f"HybridHash table {self.name!r}: the checkpoint entry holds table {saved!r}. Restore a "
+                    f"checkpoint of this model (same layers and names), or rename the layer to {saved!r}."
+                )
+            check = tf.no_op()
+        else:
+            check = tf.debugging.assert_equal(
+                saved_name,
+                tf.constant(self.name),
+                message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table; restore a "
+                "checkpoint of this model (same layers and names)",
+            )
+        with tf.control_dependencies([check]):
+            return self.import_(t["ids"], t["rows"], t["slots"], t["counts"], t["slot_init"], t["step"])

@@ -1,0 +1,162 @@
+// HybridHash fused optimizer updates. Each row update repeats, operation by
+// operation, the formulas of kernels/sparse_apply/sparse_apply_impl.cc (Keras
+// 2.15 exact); they are restated here because a HybridHash row is reached
+// through its record (hot or cold tier), not through a row index of one
+// array. Rows move with their slots, so the tier a row is in never matters.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/hybrid_hash/hybrid_hash_impl.h"
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+namespace {
+ImplStatus CheckSlots(const Config& config, int held, int needed, const char* what) {
+  if (held == needed) return ImplStatus::Ok();
+  return ImplStatus::InvalidArgument(std::string(what) + " of HybridHash table '" + config.name +
+                                     "' needs " + std::to_string(needed) +
+                                     " optimizer slot(s) per row, the table holds " +
+                                     std::to_string(held) + ". Call EnsureSlots first.");
+}
+}  // namespace
+
+template <typename RowFn>
+ImplStatus Store::ApplyRows(const int64_t* ids, int64_t n, const char* what, const ParallelFor& pf,
+                            RowFn&& fn) {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const uint32_t serial =
+      (__atomic_add_fetch(&update_serial_, 1, __ATOMIC_RELAXED) % 0xFFFFFFF0u) + 1;
+  std::vector<uint32_t> records(static_cast<size_t>(n));
+  std::atomic<int64_t> bad{n};  // first bad position
+  pf(n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t r = Find(ids[i]);
+      records[i] = r;
+      bool ok = r != kEmpty;
+      if (ok) ok = __atomic_exchange_n(&Record(r)->mark, serial, __ATOMIC_RELAXED) != serial;
+      if (!ok) {
+        int64_t cur = bad.load();
+        while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+        }
+      }
+    }
+  });
+  const int64_t b = bad.load();
+  if (b < n) {
+    const bool absent = records[b] == kEmpty;
+    // A duplicate: its first occurrence is before b, so b's record holds our serial.
+    return ImplStatus::InvalidArgument(
+        std::string(what) + " of HybridHash table '" + config_.name + "': ids[" +
+        std::to_string(b) + "] = " + std::to_string(ids[b]) +
+        (absent ? " is not in the table. Update only ids looked up (with training=True) in "
+                  "this step."
+                : " is repeated; fused updates need distinct ids (sum the gradient rows of "
+                  "repeated ids first, e.g. with tf.math.unsorted_segment_sum)."));
+  }
+  const int64_t dim = config_.dim;
+  pf(n, 8 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::lock_guard<std::mutex> row_lock(Stripe(records[i]));
+      fn(Floats(Record(records[i])), i);
+    }
+  });
+  return ImplStatus::Ok();
+}
+
+ImplStatus Store::ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
+                           const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  return ApplyRows(ids, n, "SGD update", pf, [&](float* w, int64_t i) {
+    const float* g = grad + i * dim;
+    for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
+  });
+}
+
+ImplStatus Store::ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr,
+                               float eps, const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  const float neg_lr = -lr;
+  ImplStatus slots = CheckSlots(config_, num_slots_, 1, "Adagrad update");
+  if (!slots.ok()) return slots;
+  return ApplyRows(ids, n, "Adagrad update", pf, [&](float* w, int64_t i) {
+    const float* g = grad + i * dim;
+    float* a = w + dim;
+    for (int64_t c = 0; c < dim; ++c) {
+      const float acc = a[c] + g[c] * g[c];
+      a[c] = acc;
+      w[c] = w[c] + (neg_lr * g[c]) / std::sqrt(acc + eps);
+    }
+  });
+}
+
+ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
+                            float c2, float eps, bool lazy, const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  ImplStatus slots = CheckSlots(config_, num_slots_, 2, "Adam update");
+  if (!slots.ok()) return slots;
+  if (lazy) {
+    return ApplyRows(ids, n, "LazyAdam update", pf, [&](float* w, int64_t i) {
+      const float* g = grad + i * dim;
+      float* m = w + dim;
+      float* v = w + 2 * dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        float mi = m[c];
+        float vi = v[c];
+        mi = (mi + (-mi) * c1) + g[c] * c1;
+        vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
+        m[c] = mi;
+        v[c] = vi;
+        w[c] = w[c] - (mi * alpha) / (std::sqrt(vi) + eps);
+      }
+    });
+  }
+  // Keras Adam on an IndexedSlices gradient: the moments of every row decay,
+  // the touched rows get the gradient, every row moves. Rows never inserted
+  // have zero moments in Keras too, so they would not move: skipping them is
+  // exact. Runs under the exclusive lock (it touches every row).
+  // Validate and add the gradient first (through ApplyRows, so that a bad id
+  // changes nothing), keeping decay-then-add order per element:
+  //   m' = (m + (-m) * c1) + g * c1.
+  ImplStatus status = ApplyRows(ids, n, "Adam update", pf, [&](float* w, int64_t) {
+    (void)w;  // validation pass only
+  });
+  if (!status.ok()) return status;
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  std::vector<float*> touched_grad(static_cast<size_t>(next_record_), nullptr);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t r = Find(ids[i]);
+    if (r == kEmpty) {
+      return ImplStatus::InvalidArgument("Adam update of HybridHash table '" + config_.name +
+                                         "': ids[" + std::to_string(i) +
+                                         "] was evicted concurrently.");
+    }
+    touched_grad[r] = const_cast<float*>(grad + i * dim);
+  }
+  pf(next_record_, 12 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      Header* h = Record(static_cast<uint32_t>(r));
+      if (h->mark == kDead) continue;
+      float* w = Floats(h);
+      float* m = w + dim;
+      float* v = w + 2 * dim;
+      const float* g = touched_grad[r];
+      for (int64_t c = 0; c < dim; ++c) {
+        m[c] = m[c] + (-m[c]) * c1;
+        v[c] = v[c] + (-v[c]) * c2;
+      }
+      if (g != nullptr) {
+        for (int64_t c = 0; c < dim; ++c) {
+          m[c] = m[c] + g[c] * c1;
+          v[c] = v[c] + (g[c] * g[c]) * c2;
+        }
+      }
+      for (int64_t c = 0; c < dim; ++c) w[c] = w[c] - (m[c] * alpha) / (std::sqrt(v[c]) + eps);
+    }
+  });
+  return ImplStatus::Ok();
+}
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf

@@ -1,0 +1,536 @@
+// HybridHash store: hash map, arena, hot tier, Algorithm 1, eviction, export
+// and import. The optimizer updates are in hybrid_hash_apply_impl.cc. See
+// hybrid_hash_impl.h for the design and the locking.
+#include "kernels/hybrid_hash/hybrid_hash_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <utility>
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+namespace {
+
+inline uint64_t Mix(uint64_t x) {  // splitmix64
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::string Quoted(const Config& c) { return "HybridHash table '" + c.name + "'"; }
+
+inline void AddSaturating(uint32_t* counter, int64_t add) {
+  uint32_t old = __atomic_load_n(counter, __ATOMIC_RELAXED);
+  for (;;) {
+    const int64_t sum = std::min<int64_t>(int64_t{old} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
+    if (__atomic_compare_exchange_n(counter, &old, static_cast<uint32_t>(sum), true,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+bool ParseInitializer(const std::string& name, Initializer* out) {
+  if (name == "zeros")
+    *out = Initializer::kZeros;
+  else if (name == "constant")
+    *out = Initializer::kConstant;
+  else if (name == "uniform")
+    *out = Initializer::kUniform;
+  else if (name == "normal")
+    *out = Initializer::kNormal;
+  else
+    return false;
+  return true;
+}
+
+bool ParseEvictPolicy(const std::string& name, EvictPolicy* out) {
+  if (name == "lfu")
+    *out = EvictPolicy::kLfu;
+  else if (name == "lru")
+    *out = EvictPolicy::kLru;
+  else
+    return false;
+  return true;
+}
+
+ImplStatus ValidateConfig(const Config& c) {
+  const std::string t = Quoted(c);
+  if (c.dim < 1 || c.dim > kMaxDim) {
+    return ImplStatus::InvalidArgument(t + ": output_dim must be in [1, " +
+                                       std::to_string(kMaxDim) + "], got " + std::to_string(c.dim) +
+                                       ".");
+  }
+  if (c.hot_rows < 1 || c.hot_rows > kMaxRows) {
+    return ImplStatus::InvalidArgument(
+        t + ": hot_rows must be in [1, " + std::to_string(kMaxRows) + "], got " +
+        std::to_string(c.hot_rows) +
+        ". Pass the number of rows the hot tier holds (e.g. 10-20% of the distinct ids).");
+  }
+  if (c.capacity < 0 || c.capacity > kMaxRows) {
+    return ImplStatus::InvalidArgument(
+        t + ": capacity must be 0 (unbounded) or a row count in [1, " + std::to_string(kMaxRows) +
+        "], got " + std::to_string(c.capacity) + ".");
+  }
+  if (c.warmup_steps < 0 || c.warmup_steps > 0xFFFFFFFFll) {
+    return ImplStatus::InvalidArgument(t + ": warmup_steps must be >= 0, got " +
+                                       std::to_string(c.warmup_steps) + ".");
+  }
+  if (c.flush_every < 1 || c.flush_every > 0xFFFFFFFFll) {
+    return ImplStatus::InvalidArgument(t + ": flush_every must be >= 1, got " +
+                                       std::to_string(c.flush_every) + ".");
+  }
+  if (!(c.count_decay > 0.f && c.count_decay <= 1.f)) {
+    return ImplStatus::InvalidArgument(t + ": count_decay must be in (0, 1], got " +
+                                       std::to_string(c.count_decay) + ".");
+  }
+  if (c.ttl_steps < 0) {
+    return ImplStatus::InvalidArgument(t + ": ttl_steps must be >= 0 (0 = off), got " +
+                                       std::to_string(c.ttl_steps) + ".");
+  }
+  if (c.initializer == Initializer::kUniform && !(c.init_a < c.init_b)) {
+    return ImplStatus::InvalidArgument(t + ": a uniform initializer needs minval < maxval.");
+  }
+  if (c.initializer == Initializer::kNormal && !(c.init_b > 0.f)) {
+    return ImplStatus::InvalidArgument(t + ": a normal initializer needs stddev > 0.");
+  }
+  return ImplStatus::Ok();
+}
+
+void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows) {
+  const int64_t dim = config.dim;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = rows + i * dim;
+    const uint64_t base = Mix(config.seed ^ Mix(static_cast<uint64_t>(ids[i])));
+    for (int64_t c = 0; c < dim; ++c) {
+      const uint64_t x = Mix(base + static_cast<uint64_t>(c));
+      switch (config.initializer) {
+        case Initializer::kZeros:
+          row[c] = 0.f;
+          break;
+        case Initializer::kConstant:
+          row[c] = config.init_a;
+          break;
+        case Initializer::kUniform: {
+          const double u = static_cast<double>(x >> 40) * (1.0 / 16777216.0);
+          row[c] = static_cast<float>(config.init_a + (double{config.init_b} - config.init_a) * u);
+          break;
+        }
+        case Initializer::kNormal: {
+          const double u1 = static_cast<double>((x >> 40) + 1) * (1.0 / 16777216.0);
+          const double u2 = static_cast<double>((x >> 16) & 0xFFFFFF) * (1.0 / 16777216.0);
+          const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+          row[c] = static_cast<float>(config.init_a + double{config.init_b} * z);
+          break;
+        }
+      }
+    }
+  }
+}
+
+void StatsToArray(const Stats& s, int64_t* out) {
+  const int64_t values[kNumStats] = {s.size,           s.hot_used,    s.hot_rows,
+                                     s.inserts,        s.evictions,   s.lookups,
+                                     s.hits,           s.occurrences, s.occurrence_hits,
+                                     s.step,           s.flushes,     s.last_step_lookups,
+                                     s.last_step_hits, s.bytes,       s.hot_bytes,
+                                     s.num_slots};
+  std::memcpy(out, values, sizeof(values));
+}
+
+Store::Store(const Config& config) : config_(config) {
+  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+  map_.assign(16, kEmpty);
+}
+
+Store::~Store() = default;
+
+ImplStatus Store::Create(const Config& config, std::unique_ptr<Store>* out) {
+  ImplStatus status = ValidateConfig(config);
+  if (!status.ok()) return status;
+  out->reset(new Store(config));
+  return ImplStatus::Ok();
+}
+
+Store::Header* Store::Record(uint32_t index) const {
+  return reinterpret_cast<Header*>(chunks_[index >> kChunkBits].get() +
+                                   (index & (kChunkRows - 1)) * record_bytes_);
+}
+
+float* Store::Floats(Header* h) const {
+  if (h->hot >= 0) return const_cast<float*>(hot_.data()) + int64_t{h->hot} * RowFloats();
+  return ColdFloats(h);
+}
+
+uint64_t Store::Slot(int64_t id) const {
+  return Mix(static_cast<uint64_t>(id)) & (map_.size() - 1);
+}
+
+uint32_t Store::Find(int64_t id) const {
+  const uint64_t mask = map_.size() - 1;
+  for (uint64_t s = Slot(id);; s = (s + 1) & mask) {
+    const uint32_t index = map_[s];
+    if (index == kEmpty || Record(index)->id == id) return index;
+  }
+}
+
+void Store::MapInsert(int64_t id, uint32_t index) {
+  const uint64_t mask = map_.size() - 1;
+  uint64_t s = Slot(id);
+  while (map_[s] != kEmpty) s = (s + 1) & mask;
+  map_[s] = index;
+}
+
+void Store::MapErase(int64_t id) {  // backward-shift deletion
+  const uint64_t mask = map_.size() - 1;
+  uint64_t i = Slot(id);
+  while (map_[i] != kEmpty && Record(map_[i])->id != id) i = (i + 1) & mask;
+  if (map_[i] == kEmpty) return;
+  uint64_t j = i;
+  for (;;) {
+    j = (j + 1) & mask;
+    if (map_[j] == kEmpty) break;
+    const uint64_t k = Slot(Record(map_[j])->id);
+    const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+    if (stays) continue;
+    map_[i] = map_[j];
+    i = j;
+  }
+  map_[i] = kEmpty;
+}
+
+ImplStatus Store::GrowMap() {
+  const uint64_t size = map_.size() * 2;
+  if (size > (uint64_t{1} << 33)) {
+    return ImplStatus::InvalidArgument(Quoted(config_) + " cannot hold more than " +
+                                       std::to_string(kMaxRows) + " rows.");
+  }
+  map_.assign(size, kEmpty);
+  for (uint32_t r = 0; r < next_record_; ++r) {
+    Header* h = Record(r);
+    if (h->mark != kDead) MapInsert(h->id, r);
+  }
+  return ImplStatus::Ok();
+}
+
+ImplStatus Store::AllocRecord(uint32_t* index) {
+  if (!free_.empty()) {
+    *index = free_.back();
+    free_.pop_back();
+    return ImplStatus::Ok();
+  }
+  if (int64_t{next_record_} >= kMaxRows) {
+    return ImplStatus::InvalidArgument(Quoted(config_) + " is full: it holds " +
+                                       std::to_string(kMaxRows) +
+                                       " rows. Set a capacity to evict rare ids.");
+  }
+  if ((int64_t{next_record_} >> kChunkBits) >= static_cast<int64_t>(chunks_.size())) {
+    int64_t bytes = 0;
+    if (__builtin_mul_overflow(kChunkRows, record_bytes_, &bytes)) {
+      return ImplStatus::InvalidArgument(Quoted(config_) + ": row size overflows.");
+    }
+    chunks_.emplace_back(new (std::nothrow) char[bytes]);
+    if (!chunks_.back()) {
+      chunks_.pop_back();
+      return ImplStatus::Internal(Quoted(config_) + ": out of memory growing the row arena.");
+    }
+  }
+  *index = next_record_++;
+  return ImplStatus::Ok();
+}
+
+ImplStatus Store::Insert(int64_t id, uint32_t* index) {
+  if (config_.capacity > 0 && size_ >= config_.capacity) {
+    ImplStatus status = EvictFor(size_ - config_.capacity + 1);
+    if (!status.ok()) return status;
+  }
+  if ((size_ + 1) * 10 > static_cast<int64_t>(map_.size()) * 7) {
+    ImplStatus status = GrowMap();
+    if (!status.ok()) return status;
+  }
+  ImplStatus status = AllocRecord(index);
+  if (!status.ok()) return status;
+  Header* h = Record(*index);
+  h->id = id;
+  h->count = 0;
+  h->hot = -1;
+  h->last_step = step_;
+  h->mark = 0;
+  float* f = ColdFloats(h);
+  InitialRows(config_, &id, 1, f);
+  for (int s = 0; s < num_slots_; ++s) {
+    std::fill(f + (1 + s) * config_.dim, f + (2 + s) * config_.dim, slot_init_[s]);
+  }
+  if (hot_phase_ && hot_used_ < static_cast<int64_t>(hot_owner_.size())) {  // it fits: hot
+    // Hot entries are only freed by a flush, which fills [0, hot_used_): the free ones follow.
+    const int64_t e = hot_used_++;
+    std::memcpy(hot_.data() + e * RowFloats(), f, 4 * RowFloats());
+    hot_owner_[e] = *index;
+    h->hot = static_cast<int32_t>(e);
+  }
+  MapInsert(id, *index);
+  ++size_;
+  inserts_.fetch_add(1, std::memory_order_relaxed);
+  return ImplStatus::Ok();
+}
+
+ImplStatus Store::EvictFor(int64_t needed) {
+  std::vector<uint32_t> candidates;
+  for (uint32_t r = 0; r < next_record_; ++r) {
+    const Header* h = Record(r);
+    if (h->mark != kDead && h->hot < 0 && h->last_step != step_) candidates.push_back(r);
+  }
+  if (static_cast<int64_t>(candidates.size()) < needed) {
+    return ImplStatus::InvalidArgument(
+        Quoted(config_) + " is full (capacity " + std::to_string(config_.capacity) +
+        ") and every row is hot or used in the current step. Raise capacity above the distinct "
+        "ids of one step plus hot_rows (" +
+        std::to_string(config_.hot_rows) + ").");
+  }
+  const int64_t k = std::min<int64_t>(std::max<int64_t>(needed, config_.capacity / 32),
+                                      static_cast<int64_t>(candidates.size()));
+  const bool lfu = config_.evict_policy == EvictPolicy::kLfu;
+  auto colder = [&](uint32_t a, uint32_t b) {
+    const Header* x = Record(a);
+    const Header* y = Record(b);
+    if (lfu && x->count != y->count) return x->count < y->count;
+    if (x->last_step != y->last_step) return x->last_step < y->last_step;
+    if (!lfu && x->count != y->count) return x->count < y->count;
+    return x->id < y->id;
+  };
+  std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(), colder);
+  candidates.resize(k);
+  EvictIndices(candidates);
+  return ImplStatus::Ok();
+}
+
+void Store::EvictIndices(const std::vector<uint32_t>& victims) {
+  for (uint32_t r : victims) {
+    Header* h = Record(r);
+    MapErase(h->id);
+    h->mark = kDead;
+    free_.push_back(r);
+    --size_;
+  }
+  evictions_.fetch_add(static_cast<int64_t>(victims.size()), std::memory_order_relaxed);
+}
+
+ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
+                         float* out, const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  std::vector<char> missing(static_cast<size_t>(n), 0);
+  std::atomic<int64_t> num_missing{0};
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    const uint32_t step = step_;
+    pf(n, 16 + 2 * dim, [&](int64_t begin, int64_t end) {
+      int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
+      for (int64_t i = begin; i < end; ++i) {
+        const uint32_t r = Find(ids[i]);
+        if (r == kEmpty) {
+          missing[i] = 1;
+          ++miss;
+          continue;
+        }
+        Header* h = Record(r);
+        {
+          std::lock_guard<std::mutex> row_lock(Stripe(r));
+          std::memcpy(out + i * dim, Floats(h), 4 * dim);
+        }
+        if (insert) {
+          const int64_t c = counts ? counts[i] : 1;
+          AddSaturating(&h->count, c);
+          __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
+          occ += c;
+          if (h->hot >= 0) {
+            ++hits;
+            occ_hits += c;
+          }
+        }
+      }
+      num_missing.fetch_add(miss, std::memory_order_relaxed);
+      if (insert) {
+        hits_.fetch_add(hits, std::memory_order_relaxed);
+        step_hits_.fetch_add(hits, std::memory_order_relaxed);
+        occurrences_.fetch_add(occ, std::memory_order_relaxed);
+        occurrence_hits_.fetch_add(occ_hits, std::memory_order_relaxed);
+      }
+    });
+  }
+  if (insert) {
+    lookups_.fetch_add(n, std::memory_order_relaxed);
+    step_lookups_.fetch_add(n, std::memory_order_relaxed);
+  }
+  if (num_missing.load() == 0) return ImplStatus::Ok();
+  if (!insert) {  // a pure read: absent ids get their initial rows
+    for (int64_t i = 0; i < n; ++i) {
+      if (missing[i]) InitialRows(config_, ids + i, 1, out + i * dim);
+    }
+    return ImplStatus::Ok();
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (int64_t i = 0; i < n; ++i) {
+    if (!missing[i]) continue;
+    uint32_t r = Find(ids[i]);
+    if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
+      ImplStatus status = Insert(ids[i], &r);
+      if (!status.ok()) return status;
+    }
+    Header* h = Record(r);
+    std::memcpy(out + i * dim, Floats(h), 4 * dim);
+    const int64_t c = counts ? counts[i] : 1;
+    AddSaturating(&h->count, c);
+    h->last_step = step_;
+    occurrences_.fetch_add(c, std::memory_order_relaxed);
+  }
+  return ImplStatus::Ok();
+}
+
+void Store::RelayoutLocked(int num_slots, const float* slot_init) {
+  WriteBackLocked();
+  const int64_t dim = config_.dim;
+  const int64_t old_bytes = record_bytes_;
+  std::vector<std::unique_ptr<char[]>> old = std::move(chunks_);
+  chunks_.clear();
+  num_slots_ = num_slots;
+  slot_init_.assign(slot_init, slot_init + num_slots);
+  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+  for (size_t c = 0; c < old.size(); ++c) {
+    chunks_.emplace_back(new char[kChunkRows * record_bytes_]);
+    for (int64_t i = 0; i < kChunkRows; ++i) {
+      const char* src = old[c].get() + i * old_bytes;
+      char* dst = chunks_[c].get() + i * record_bytes_;
+      std::memcpy(dst, src, sizeof(Header) + 4 * dim);
+      float* f = reinterpret_cast<float*>(dst + sizeof(Header));
+      for (int s = 0; s < num_slots; ++s) {
+        std::fill(f + (1 + s) * dim, f + (2 + s) * dim, slot_init[s]);
+      }
+    }
+  }
+  if (!hot_.empty()) hot_.assign(hot_owner_.size() * RowFloats(), 0.f);
+  for (size_t e = 0; e < hot_owner_.size(); ++e) {
+    if (hot_owner_[e] != kEmpty) {
+      std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(Record(hot_owner_[e])),
+                  4 * RowFloats());
+    }
+  }
+}
+
+ImplStatus Store::EnsureSlots(int num_slots, const float* slot_init) {
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    if (num_slots == num_slots_) return ImplStatus::Ok();
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (num_slots == num_slots_) return ImplStatus::Ok();
+  if (num_slots_ != 0) {
+    return ImplStatus::InvalidArgument(
+        Quoted(config_) + " holds " + std::to_string(num_slots_) +
+        " optimizer slot(s) per row, but this update needs " + std::to_string(num_slots) +
+        ". A table trains with one optimizer kind: keep the optimizer it was trained (or "
+        "restored) with, or start a new table.");
+  }
+  RelayoutLocked(num_slots, slot_init);
+  return ImplStatus::Ok();
+}
+
+void Store::WriteBackLocked() {
+  for (size_t e = 0; e < hot_owner_.size(); ++e) {
+    if (hot_owner_[e] == kEmpty) continue;
+    std::memcpy(ColdFloats(Record(hot_owner_[e])), hot_.data() + e * RowFloats(), 4 * RowFloats());
+  }
+}
+
+void Store::FlushLocked() {
+  WriteBackLocked();
+  for (size_t e = 0; e < hot_owner_.size(); ++e) {
+    if (hot_owner_[e] != kEmpty) Record(hot_owner_[e])->hot = -1;
+  }
+  hot_owner_.assign(static_cast<size_t>(config_.hot_rows), kEmpty);
+  hot_used_ = 0;
+  std::vector<uint32_t> live;
+  std::vector<uint32_t> stale;
+  for (uint32_t r = 0; r < next_record_; ++r) {
+    const Header* h = Record(r);
+    if (h->mark == kDead) continue;
+    if (config_.ttl_steps > 0 && int64_t{step_} - h->last_step > config_.ttl_steps) {
+      stale.push_back(r);
+    } else {
+      live.push_back(r);
+    }
+  }
+  if (!stale.empty()) EvictIndices(stale);
+  const int64_t k = std::min<int64_t>(config_.hot_rows, static_cast<int64_t>(live.size()));
+  if (k < static_cast<int64_t>(live.size())) {  // top-k by count, ties by smaller id
+    std::nth_element(live.begin(), live.begin() + k, live.end(), [&](uint32_t a, uint32_t b) {
+      const Header* x = Record(a);
+      const Header* y = Record(b);
+      return x->count != y->count ? x->count > y->count : x->id < y->id;
+    });
+  }
+  hot_.assign(static_cast<size_t>(config_.hot_rows * RowFloats()), 0.f);
+  for (int64_t e = 0; e < k; ++e) {
+    Header* h = Record(live[e]);
+    std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(h), 4 * RowFloats());
+    h->hot = static_cast<int32_t>(e);
+    hot_owner_[e] = live[e];
+  }
+  hot_used_ = k;
+  hot_phase_ = true;
+}
+
+void Store::EndStep() {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  last_step_lookups_.store(step_lookups_.exchange(0));
+  last_step_hits_.store(step_hits_.exchange(0));
+  if (step_ >= config_.warmup_steps && step_ % config_.flush_every == 0) {
+    FlushLocked();
+    flushes_.fetch_add(1, std::memory_order_relaxed);
+    if (config_.count_decay < 1.f) {
+      for (uint32_t r = 0; r < next_record_; ++r) {
+        Header* h = Record(r);
+        if (h->mark != kDead) h->count = static_cast<uint32_t>(h->count * config_.count_decay);
+      }
+    }
+  }
+  ++step_;
+}
+
+void Store::Flush() {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  FlushLocked();
+  flushes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+Stats Store::GetStats() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  Stats s;
+  s.size = size_;
+  s.hot_used = hot_used_;
+  s.hot_rows = config_.hot_rows;
+  s.inserts = inserts_.load();
+  s.evictions = evictions_.load();
+  s.lookups = lookups_.load();
+  s.hits = hits_.load();
+  s.occurrences = occurrences_.load();
+  s.occurrence_hits = occurrence_hits_.load();
+  s.step = step_;
+  s.flushes = flushes_.load();
+  s.last_step_lookups = last_step_lookups_.load();
+  s.last_step_hits = last_step_hits_.load();
+  s.bytes = static_cast<int64_t>(chunks_.size()) * kChunkRows * record_bytes_ +
+            static_cast<int64_t>(map_.capacity() + free_.capacity()) * 4;
+  s.hot_bytes =
+      static_cast<int64_t>(hot_.capacity()) * 4 + static_cast<int64_t>(hot_owner_.capacity()) * 4;
+  s.num_slots = num_slots_;
+  return s;
+}
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf

@@ -1,0 +1,232 @@
+// TF-free implementation layer of HybridHash: a dynamic embedding table with
+// a cold tier (hash map + row arena) and a hot tier (dense rows), driven by
+// PICASSO's Algorithm 1.
+//
+// Storage
+//   cold tier: an open-addressing (linear probing, backward-shift deletion)
+//     hash map from any int64 id to a uint32 record index, and an arena of
+//     fixed-size records allocated in chunks of kChunkRows records (no per-row
+//     heap allocation). A record is contiguous:
+//       [id int64][count uint32][hot int32][last_step uint32][mark uint32]
+//       [row: dim floats][slot 0: dim floats]...[slot S-1: dim floats]
+//   hot tier: a dense array of hot_rows entries of (1 + S) * dim floats, the
+//     row and its optimizer slots together. A record with hot >= 0 lives in
+//     hot entry `hot`: that copy is the authoritative one until the next
+//     flush writes it back.
+//
+// Algorithm 1 (itr = the store's step, advanced by EndStep after each update)
+//   * every training lookup adds the id's occurrences to its count
+//     (FCounter); during warm-up (itr < warmup_steps) nothing is hot;
+//   * EndStep(): if itr >= warmup_steps and itr % flush_every == 0, flush:
+//     write the hot tier back, then move the top-k records by count
+//     (k = hot_rows, ties by smaller id) into the hot tier, each with its
+//     slots, so a flush never changes a value. If every row fits, every row
+//     becomes hot, and ids inserted later go to free hot entries.
+//   * after a flush counts are multiplied by count_decay (1 = never decay,
+//     Algorithm 1 as published; < 1 lets the hot set follow drift).
+//
+// Initial rows depend only on (seed, id, initializer, element index): a
+// counter-based hash (splitmix64) gives uniform bits, so a row is the same
+// whatever the arrival order, batch or rank.
+//
+// Capacity (optional, 0 = unbounded): an insert into a full table first
+// evicts max(needed, capacity / 32) records that are neither hot nor touched
+// in the current step, least-frequent first ("lfu": count, then oldest) or
+// least-recently-seen first ("lru"). With ttl_steps > 0, each flush also
+// evicts rows not seen for more than ttl_steps steps. Every eviction is
+// counted in Stats::evictions.
+//
+// Locking: one std::shared_mutex. Shared: lookups of present ids, sparse
+// row updates (SGD, Adagrad, LazyAdam), stats. Exclusive: inserts,
+// evictions, flushes, EndStep, dense Adam, slot layout changes, export
+// (which writes the hot tier back first) and import. Under the shared lock
+// the location of every row is fixed; the floats of one record are guarded
+// by one of kStripes striped mutexes (record index % kStripes), so a lookup
+// never copies a row that an update is half-way through; counts and
+// statistics are atomic.
+#ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
+#define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/common/parallel_for.h"
+#include "kernels/common/status.h"
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+enum class Initializer { kZeros, kConstant, kUniform, kNormal };
+enum class EvictPolicy { kLfu, kLru };
+
+bool ParseInitializer(const std::string& name, Initializer* out);
+bool ParseEvictPolicy(const std::string& name, EvictPolicy* out);
+
+constexpr int kMaxSlots = 2;
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
+
+struct Config {
+  std::string name = "hybrid_hash";  // the table's name, used in every message
+  int64_t dim = 0;
+  int64_t hot_rows = 0;      // > 0
+  int64_t capacity = 0;      // 0 = unbounded, else > 0
+  int64_t warmup_steps = 0;  // >= 0
+  int64_t flush_every = 1;   // > 0
+  uint64_t seed = 0;
+  Initializer initializer = Initializer::kUniform;
+  float init_a = -0.05f;    // minval (uniform), mean (normal), value (constant)
+  float init_b = 0.05f;     // maxval (uniform), stddev (normal)
+  float count_decay = 1.f;  // in (0, 1]
+  EvictPolicy evict_policy = EvictPolicy::kLfu;
+  int64_t ttl_steps = 0;  // 0 = off
+};
+
+ImplStatus ValidateConfig(const Config& config);
+
+// Fills rows[i * dim + c] with the initial row of ids[i] (no table needed).
+void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows);
+
+struct Stats {
+  int64_t size = 0;         // rows stored
+  int64_t hot_used = 0;     // rows in the hot tier
+  int64_t hot_rows = 0;     // hot tier capacity
+  int64_t inserts = 0;      // rows ever inserted
+  int64_t evictions = 0;    // rows ever evicted
+  int64_t lookups = 0;      // training lookups, distinct ids per call
+  int64_t hits = 0;         // ... of them served by the hot tier
+  int64_t occurrences = 0;  // training lookups weighted by counts
+  int64_t occurrence_hits = 0;
+  int64_t step = 0;
+  int64_t flushes = 0;
+  int64_t last_step_lookups = 0;  // distinct ids of the last completed step
+  int64_t last_step_hits = 0;
+  int64_t bytes = 0;      // cold tier: arena chunks + hash map + free list
+  int64_t hot_bytes = 0;  // hot tier array + owners
+  int64_t num_slots = 0;
+};
+constexpr int kNumStats = 16;
+void StatsToArray(const Stats& stats, int64_t* out);  // kNumStats values, field order above
+
+// An export: ids ascending, rows [n, dim], slots [n, num_slots, dim], counts.
+struct Snapshot {
+  std::vector<int64_t> ids;
+  std::vector<float> rows;
+  std::vector<float> slots;
+  std::vector<int64_t> counts;
+  std::vector<float> slot_init;
+  int64_t num_slots = 0;
+  int64_t step = 0;
+};
+
+class Store {
+ public:
+  static ImplStatus Create(const Config& config, std::unique_ptr<Store>* out);
+  ~Store();
+
+  const Config& config() const { return config_; }
+  int64_t dim() const { return config_.dim; }
+  int num_slots() const { return num_slots_; }
+
+  // Rows of ids (distinct or not) into out[n * dim]. insert: find-or-insert,
+  // count frequencies (counts[i] occurrences, 1 each if counts is null) and
+  // hit statistics (training); else a pure read that returns the initial row
+  // of an absent id without inserting it.
+  ImplStatus Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert, float* out,
+                    const ParallelFor& pf);
+
+  // Sets the optimizer slot layout (num_slots values of slot_init). A table
+  // without slots gets them (existing rows are given slot_init); asking for a
+  // different layout than the one held is an error.
+  ImplStatus EnsureSlots(int num_slots, const float* slot_init);
+
+  // Fused updates of distinct present ids with gradient rows grad[n * dim],
+  // the same float operations as kernels/sparse_apply (Keras 2.15 exact).
+  ImplStatus ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
+                      const ParallelFor& pf);
+  ImplStatus ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr, float eps,
+                          const ParallelFor& pf);
+  ImplStatus ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
+                       float c2, float eps, bool lazy, const ParallelFor& pf);
+
+  // Ends a training step: Algorithm 1's flush check (L23-26), then step + 1.
+  void EndStep();
+  // Forced flush: write back and re-select the top-k (also the warm-up's).
+  void Flush();
+
+  Stats GetStats() const;
+  void Export(Snapshot* out);
+  // Replaces the content. ids distinct; rows [n, dim]; slots [n, num_slots, dim].
+  ImplStatus Import(const int64_t* ids, const float* rows, const float* slots,
+                    const int64_t* counts, int64_t n, int64_t num_slots, const float* slot_init,
+                    int64_t step);
+
+ private:
+  struct Header {
+    int64_t id;
+    uint32_t count;
+    int32_t hot;
+    uint32_t last_step;
+    uint32_t mark;
+  };
+  static constexpr int64_t kChunkBits = 10;
+  static constexpr int64_t kChunkRows = int64_t{1} << kChunkBits;
+  static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+  static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
+  static constexpr int kStripes = 64;
+
+  explicit Store(const Config& config);
+  int64_t RowFloats() const { return (1 + num_slots_) * config_.dim; }
+  Header* Record(uint32_t index) const;
+  float* ColdFloats(Header* h) const { return reinterpret_cast<float*>(h + 1); }
+  float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
+  uint64_t Slot(int64_t id) const;
+  uint32_t Find(int64_t id) const;                 // record index or kEmpty
+  ImplStatus Insert(int64_t id, uint32_t* index);  // exclusive lock held
+  void MapInsert(int64_t id, uint32_t index);
+  void MapErase(int64_t id);
+  ImplStatus GrowMap();
+  ImplStatus AllocRecord(uint32_t* index);
+  ImplStatus EvictFor(int64_t needed);
+  void EvictIndices(const std::vector<uint32_t>& victims);
+  void WriteBackLocked();
+  void FlushLocked();
+  void RelayoutLocked(int num_slots, const float* slot_init);
+  void ClearLocked();
+  std::mutex& Stripe(uint32_t index) const { return stripes_[index % kStripes]; }
+  template <typename RowFn>
+  ImplStatus ApplyRows(const int64_t* ids, int64_t n, const char* what, const ParallelFor& pf,
+                       RowFn&& fn);
+
+  Config config_;
+  int num_slots_ = 0;
+  std::vector<float> slot_init_;
+  int64_t record_bytes_ = 0;
+  std::vector<std::unique_ptr<char[]>> chunks_;
+  uint32_t next_record_ = 0;    // records [0, next_record_) were handed out
+  std::vector<uint32_t> free_;  // dead records to reuse
+  std::vector<uint32_t> map_;   // open addressing, kEmpty or record index
+  int64_t size_ = 0;
+  std::vector<float> hot_;  // hot_rows * RowFloats()
+  std::vector<uint32_t> hot_owner_;
+  int64_t hot_used_ = 0;
+  bool hot_phase_ = false;  // a flush happened: free hot entries take new rows
+  uint32_t step_ = 0;
+  uint32_t update_serial_ = 0;
+
+  mutable std::shared_mutex mu_;
+  mutable std::mutex stripes_[kStripes];
+  std::atomic<int64_t> inserts_{0}, evictions_{0}, lookups_{0}, hits_{0}, occurrences_{0},
+      occurrence_hits_{0}, flushes_{0}, step_lookups_{0}, step_hits_{0}, last_step_lookups_{0},
+      last_step_hits_{0};
+};
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf
+
+#endif  // HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_

@@ -1,0 +1,106 @@
+// HybridHash store: export (checkpoints, the hot tier written back first)
+// and import. See hybrid_hash_impl.h.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/hybrid_hash/hybrid_hash_impl.h"
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+namespace {
+std::string Quoted(const Config& c) { return "HybridHash table '" + c.name + "'"; }
+}  // namespace
+
+void Store::Export(Snapshot* out) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  WriteBackLocked();  // the hot tier is written back first
+  std::vector<uint32_t> live;
+  live.reserve(static_cast<size_t>(size_));
+  for (uint32_t r = 0; r < next_record_; ++r) {
+    if (Record(r)->mark != kDead) live.push_back(r);
+  }
+  std::sort(live.begin(), live.end(),
+            [&](uint32_t a, uint32_t b) { return Record(a)->id < Record(b)->id; });
+  const int64_t dim = config_.dim, n = static_cast<int64_t>(live.size());
+  out->num_slots = num_slots_;
+  out->slot_init = slot_init_;
+  out->step = step_;
+  out->ids.resize(n);
+  out->counts.resize(n);
+  out->rows.resize(n * dim);
+  out->slots.resize(n * num_slots_ * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    Header* h = Record(live[i]);
+    const float* f = ColdFloats(h);
+    out->ids[i] = h->id;
+    out->counts[i] = h->count;
+    std::memcpy(out->rows.data() + i * dim, f, 4 * dim);
+    std::memcpy(out->slots.data() + i * num_slots_ * dim, f + dim, 4 * num_slots_ * dim);
+  }
+}
+
+void Store::ClearLocked() {
+  chunks_.clear();
+  next_record_ = 0;
+  free_.clear();
+  map_.assign(16, kEmpty);
+  size_ = 0;
+  hot_.clear();
+  hot_owner_.clear();
+  hot_used_ = 0;
+  hot_phase_ = false;
+}
+
+ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slots,
+                         const int64_t* counts, int64_t n, int64_t num_slots,
+                         const float* slot_init, int64_t step) {
+  const std::string t = Quoted(config_);
+  if (num_slots < 0 || num_slots > kMaxSlots) {
+    return ImplStatus::InvalidArgument(t + ": a checkpoint with " + std::to_string(num_slots) +
+                                       " slots per row; at most " + std::to_string(kMaxSlots) +
+                                       " are supported.");
+  }
+  if (config_.capacity > 0 && n > config_.capacity) {
+    return ImplStatus::InvalidArgument(
+        t + ": the checkpoint holds " + std::to_string(n) + " rows, more than capacity " +
+        std::to_string(config_.capacity) + ". Restore into a table with a larger capacity.");
+  }
+  if (step < 0 || step > 0xFFFFFFFFll) {
+    return ImplStatus::InvalidArgument(t + ": bad step " + std::to_string(step) + ".");
+  }
+  std::vector<int64_t> sorted(ids, ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return ImplStatus::InvalidArgument(t + ": the imported ids are not distinct.");
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ClearLocked();
+  num_slots_ = static_cast<int>(num_slots);
+  slot_init_.assign(slot_init, slot_init + num_slots);
+  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+  step_ = static_cast<uint32_t>(step);
+  const int64_t dim = config_.dim;
+  const int64_t saved_capacity = config_.capacity;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t r;
+    ImplStatus status = Insert(ids[i], &r);
+    if (!status.ok()) return status;
+    inserts_.fetch_sub(1, std::memory_order_relaxed);  // restored, not inserted
+    Header* h = Record(r);
+    h->count =
+        static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(counts[i], 0), 0xFFFFFFFFll));
+    float* f = ColdFloats(h);
+    std::memcpy(f, rows + i * dim, 4 * dim);
+    std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);
+  }
+  (void)saved_capacity;
+  // The hot tier as the last flush before `step` left it (values do not depend on it).
+  if (step_ > config_.warmup_steps) FlushLocked();
+  return ImplStatus::Ok();
+}
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf

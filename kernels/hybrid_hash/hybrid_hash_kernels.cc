@@ -1,0 +1,344 @@
+// CPU kernels of HybridHash: thin OpKernels over the TF-free store. The store
+// does its own locking (hybrid_hash_impl.h), so kernels run concurrently.
+#include "kernels/hybrid_hash/hybrid_hash_kernels.h"
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_parallel_for.h"
+#include "kernels/common/tf_status.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+namespace {
+
+Status GetTable(OpKernelContext* ctx, ::tensorflow::core::RefCountPtr<HybridHashResource>* out) {
+  Status s = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), out);
+  if (!s.ok()) {
+    return errors::FailedPrecondition(
+        "the HybridHash table of this op does not exist (", s.message(),
+        "). Create it first (build the DynamicEmbedding layer / HybridHashTable).");
+  }
+  return Status();
+}
+
+Status Scalar(OpKernelContext* ctx, int i, float* out) {
+  const Tensor& t = ctx->input(i);
+  if (t.dims() != 0) {
+    return errors::InvalidArgument("input ", i, " must be a scalar, got shape ",
+                                   t.shape().DebugString(), ".");
+  }
+  *out = t.scalar<float>()();
+  return Status();
+}
+
+std::string Name(const Store& store) { return "HybridHash table '" + store.config().name + "'"; }
+
+// Small batches run on the op's own thread: a model has one lookup and one
+// update per table per step, and TensorFlow already runs the tables' ops in
+// parallel (inter-op); sharding a few thousand rows costs more than it saves.
+ParallelFor ChoosePf(OpKernelContext* ctx, int64_t n, int64_t dim) {
+  constexpr int64_t kSequentialFloats = 1 << 16;
+  if (n * dim < kSequentialFloats) return SequentialFor;
+  return CpuParallelFor(ctx);
+}
+
+}  // namespace
+
+class TableOp : public OpKernel {
+ public:
+  explicit TableOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    ::tensorflow::int64 seed;
+    std::string init, policy;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &config_.name));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &config_.dim));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("hot_rows", &config_.hot_rows));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("capacity", &config_.capacity));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("warmup_steps", &config_.warmup_steps));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("flush_every", &config_.flush_every));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &init));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_a", &config_.init_a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_b", &config_.init_b));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("count_decay", &config_.count_decay));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_policy", &policy));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
+    config_.seed = static_cast<uint64_t>(seed);
+    OP_REQUIRES(ctx, ParseInitializer(init, &config_.initializer),
+                errors::InvalidArgument("HybridHash table '", config_.name,
+                                        "': initializer must be zeros, constant, uniform or "
+                                        "normal, got '",
+                                        init, "'."));
+    OP_REQUIRES(
+        ctx, ParseEvictPolicy(policy, &config_.evict_policy),
+        errors::InvalidArgument("HybridHash table '", config_.name,
+                                "': evict_policy must be 'lfu' or 'lru', got '", policy, "'."));
+    OP_REQUIRES_OK(ctx, ToTfStatus(ValidateConfig(config_)));
+    if (shared_name_.empty()) shared_name_ = name();
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    HybridHashResource* resource = nullptr;
+    const std::string container =
+        container_.empty() ? ctx->resource_manager()->default_container() : container_;
+    OP_REQUIRES_OK(ctx, ctx->resource_manager()->LookupOrCreate<HybridHashResource>(
+                            container, shared_name_, &resource, [this](HybridHashResource** out) {
+                              std::unique_ptr<Store> store;
+                              ImplStatus s = Store::Create(config_, &store);
+                              if (!s.ok()) return ToTfStatus(s);
+                              *out = new HybridHashResource(std::move(store));
+                              return Status();
+                            }));
+    ::tensorflow::core::ScopedUnref unref(resource);
+    const Config& held = resource->store()->config();
+    OP_REQUIRES(ctx, held.dim == config_.dim && held.name == config_.name,
+                errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
+                                        Name(*resource->store()), " of dim ", held.dim,
+                                        "; give table '", config_.name, "' its own shared_name."));
+    Tensor* handle;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
+    handle->scalar<::tensorflow::ResourceHandle>()() =
+        ::tensorflow::MakeResourceHandle<HybridHashResource>(ctx, container, shared_name_);
+  }
+
+ private:
+  Config config_;
+  std::string container_, shared_name_;
+};
+
+class LookupOp : public OpKernel {
+ public:
+  explicit LookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Store* store = table->store();
+    const Tensor& ids = ctx->input(1);
+    const Tensor& counts = ctx->input(2);
+    OP_REQUIRES(ctx, ids.dims() == 1,
+                errors::InvalidArgument(Name(*store), ": ids must be a vector, got shape ",
+                                        ids.shape().DebugString(), ". Flatten them first."));
+    OP_REQUIRES(ctx, counts.NumElements() == 0 || counts.shape() == ids.shape(),
+                errors::InvalidArgument(Name(*store), ": counts must be empty or match ids ",
+                                        ids.shape().DebugString(), ", got ",
+                                        counts.shape().DebugString(), "."));
+    OP_REQUIRES(ctx, dim_ == store->dim(),
+                errors::InvalidArgument(Name(*store), " has dim ", store->dim(),
+                                        ", the lookup asks for ", dim_, "."));
+    const int64_t n = ids.NumElements();
+    Tensor* rows;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
+    if (n == 0) return;
+    OP_REQUIRES_OK(ctx, ToTfStatus(store->Lookup(
+                            ids.flat<int64_t>().data(),
+                            counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
+                            insert_, rows->flat<float>().data(), ChoosePf(ctx, n, dim_))));
+  }
+
+ private:
+  bool insert_ = true;
+  ::tensorflow::int64 dim_ = 0;
+};
+
+class ApplyOp : public OpKernel {
+ public:
+  enum class Kind { kSgd, kAdagrad, kAdam };
+  ApplyOp(OpKernelConstruction* ctx, Kind kind) : OpKernel(ctx), kind_(kind) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("end_step", &end_step_));
+    if (kind_ == Kind::kAdam) OP_REQUIRES_OK(ctx, ctx->GetAttr("lazy", &lazy_));
+    if (kind_ == Kind::kAdagrad) {
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("initial_accumulator_value", &acc_init_));
+    }
+  }
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Store* store = table->store();
+    const Tensor& ids = ctx->input(1);
+    const Tensor& grad = ctx->input(2);
+    OP_REQUIRES(ctx,
+                ids.dims() == 1 && grad.dims() == 2 && grad.dim_size(0) == ids.dim_size(0) &&
+                    grad.dim_size(1) == store->dim(),
+                errors::InvalidArgument(Name(*store), ": the update needs ids [n] and grad [n, ",
+                                        store->dim(), "], got ", ids.shape().DebugString(), " and ",
+                                        grad.shape().DebugString(), "."));
+    const int num_scalars = kind_ == Kind::kSgd ? 1 : (kind_ == Kind::kAdagrad ? 2 : 4);
+    float s[4];
+    for (int i = 0; i < num_scalars; ++i) OP_REQUIRES_OK(ctx, Scalar(ctx, 3 + i, &s[i]));
+    const int64_t* id = ids.flat<int64_t>().data();
+    const float* g = grad.flat<float>().data();
+    const int64_t n = ids.NumElements();
+    const ParallelFor pf = ChoosePf(ctx, n, store->dim());
+    ImplStatus status;
+    switch (kind_) {
+      case Kind::kSgd:
+        status = store->ApplySgd(id, g, n, s[0], pf);
+        break;
+      case Kind::kAdagrad:
+        status = store->EnsureSlots(1, &acc_init_);
+        if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf);
+        break;
+      case Kind::kAdam: {
+        const float zeros[2] = {0.f, 0.f};
+        status = store->EnsureSlots(2, zeros);
+        if (status.ok()) status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf);
+        break;
+      }
+    }
+    OP_REQUIRES_OK(ctx, ToTfStatus(status));
+    if (end_step_) store->EndStep();
+  }
+
+ private:
+  Kind kind_;
+  bool end_step_ = true;
+  bool lazy_ = false;
+  float acc_init_ = 0.1f;
+};
+
+class SgdOp : public ApplyOp {
+ public:
+  explicit SgdOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kSgd) {}
+};
+class AdagradOp : public ApplyOp {
+ public:
+  explicit AdagradOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdagrad) {}
+};
+class AdamOp : public ApplyOp {
+ public:
+  explicit AdamOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdam) {}
+};
+
+class EndStepOp : public OpKernel {
+ public:
+  explicit EndStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    table->store()->EndStep();
+  }
+};
+
+class FlushOp : public OpKernel {
+ public:
+  explicit FlushOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    table->store()->Flush();
+  }
+};
+
+class StatsOp : public OpKernel {
+ public:
+  explicit StatsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({kNumStats}), &out));
+    StatsToArray(table->store()->GetStats(), out->flat<int64_t>().data());
+  }
+};
+
+class ExportOp : public OpKernel {
+ public:
+  explicit ExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Store* store = table->store();
+    Snapshot snap;
+    store->Export(&snap);
+    const int64_t n = static_cast<int64_t>(snap.ids.size()), dim = store->dim();
+    Tensor *ids, *rows, *slots, *counts, *slot_init, *step;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &ids));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim}), &rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, snap.num_slots, dim}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n}), &counts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({snap.num_slots}), &slot_init));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &step));
+    std::memcpy(ids->flat<int64_t>().data(), snap.ids.data(), 8 * n);
+    std::memcpy(rows->flat<float>().data(), snap.rows.data(), 4 * snap.rows.size());
+    std::memcpy(slots->flat<float>().data(), snap.slots.data(), 4 * snap.slots.size());
+    std::memcpy(counts->flat<int64_t>().data(), snap.counts.data(), 8 * n);
+    std::memcpy(slot_init->flat<float>().data(), snap.slot_init.data(), 4 * snap.slot_init.size());
+    step->scalar<int64_t>()() = snap.step;
+  }
+};
+
+class ImportOp : public OpKernel {
+ public:
+  explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    Store* store = table->store();
+    const Tensor& ids = ctx->input(1);
+    const Tensor& rows = ctx->input(2);
+    const Tensor& slots = ctx->input(3);
+    const Tensor& counts = ctx->input(4);
+    const Tensor& slot_init = ctx->input(5);
+    const Tensor& step = ctx->input(6);
+    const int64_t n = ids.dims() == 1 ? ids.dim_size(0) : -1;
+    OP_REQUIRES(
+        ctx, n >= 0 && counts.shape() == ids.shape() && step.dims() == 0,
+        errors::InvalidArgument(Name(*store), ": the checkpoint's ids ", ids.shape().DebugString(),
+                                " and counts ", counts.shape().DebugString(),
+                                " must be vectors of the same length."));
+    OP_REQUIRES(ctx, rows.dims() == 2 && rows.dim_size(0) == n && rows.dim_size(1) == store->dim(),
+                errors::InvalidArgument(
+                    Name(*store), " has dim ", store->dim(), " but the checkpoint's rows are ",
+                    rows.shape().DebugString(),
+                    ". Restore a checkpoint of this table, or build the layer with output_dim ",
+                    rows.dims() == 2 ? rows.dim_size(1) : -1, "."));
+    OP_REQUIRES(ctx,
+                slots.dims() == 3 && slots.dim_size(0) == n &&
+                    slots.dim_size(1) == slot_init.NumElements() &&
+                    slots.dim_size(2) == store->dim(),
+                errors::InvalidArgument(Name(*store), ": the checkpoint's slots ",
+                                        slots.shape().DebugString(), " do not match [", n, ", ",
+                                        slot_init.NumElements(), ", ", store->dim(), "]."));
+    OP_REQUIRES_OK(
+        ctx, ToTfStatus(store->Import(ids.flat<int64_t>().data(), rows.flat<float>().data(),
+                                      slots.flat<float>().data(), counts.flat<int64_t>().data(), n,
+                                      slots.dim_size(1), slot_init.flat<float>().data(),
+                                      step.scalar<int64_t>()())));
+  }
+};
+
+#define HYBRIDTF_REGISTER(name, Op) \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP(name)).Device(::tensorflow::DEVICE_CPU), Op);
+HYBRIDTF_REGISTER("HybridHashTable", TableOp)
+HYBRIDTF_REGISTER("HybridHashLookup", LookupOp)
+HYBRIDTF_REGISTER("HybridHashApplySgd", SgdOp)
+HYBRIDTF_REGISTER("HybridHashApplyAdagrad", AdagradOp)
+HYBRIDTF_REGISTER("HybridHashApplyAdam", AdamOp)
+HYBRIDTF_REGISTER("HybridHashEndStep", EndStepOp)
+HYBRIDTF_REGISTER("HybridHashFlush", FlushOp)
+HYBRIDTF_REGISTER("HybridHashStats", StatsOp)
+HYBRIDTF_REGISTER("HybridHashExport", ExportOp)
+HYBRIDTF_REGISTER("HybridHashImport", ImportOp)
+#undef HYBRIDTF_REGISTER
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf

@@ -1,0 +1,157 @@
+// Op definitions of HybridHash, the dynamic embedding table (resource).
+#include "kernels/common/op_prefix.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace hybridtf {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+Status NoOutputs(InferenceContext*) { return Status(); }
+
+Status RowsShape(InferenceContext* c) {
+  ::tensorflow::int64 dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle ids;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &ids));
+  c->set_output(0, c->Matrix(c->Dim(ids, 0), dim));
+  return Status();
+}
+
+}  // namespace
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashTable"))
+    .Output("table: resource")
+    .Attr("table_name: string")
+    .Attr("dim: int")
+    .Attr("hot_rows: int")
+    .Attr("capacity: int = 0")
+    .Attr("warmup_steps: int = 0")
+    .Attr("flush_every: int = 1")
+    .Attr("seed: int = 0")
+    .Attr("initializer: string = 'uniform'")
+    .Attr("init_a: float = -0.05")
+    .Attr("init_b: float = 0.05")
+    .Attr("count_decay: float = 1.0")
+    .Attr("evict_policy: string = 'lfu'")
+    .Attr("ttl_steps: int = 0")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return Status();
+    })
+    .Doc("Creates (or finds, by shared_name) a HybridHash table and returns its handle.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashLookup"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("counts: int64")
+    .Output("rows: float")
+    .Attr("dim: int")
+    .Attr("insert: bool = true")
+    .SetIsStateful()
+    .SetShapeFn(RowsShape)
+    .Doc(R"doc(
+Rows of ids. insert=true (training): find-or-insert, counts[i] occurrences of
+ids[i] are added to its frequency (counts empty: 1 each), hit statistics.
+insert=false: a pure read; absent ids get their initial rows, not inserted.
+)doc");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgd"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("Keras SGD (no momentum) on the rows of distinct ids; then Algorithm 1's step end.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdagrad"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Input("epsilon: float")
+    .Attr("initial_accumulator_value: float = 0.1")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("Keras Adagrad on the rows (and accumulators) of distinct ids.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdam"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("alpha: float")
+    .Input("one_minus_beta1: float")
+    .Input("one_minus_beta2: float")
+    .Input("epsilon: float")
+    .Attr("lazy: bool = false")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("Keras Adam (every stored row's moments decay) or LazyAdam (lazy=true).");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashEndStep"))
+    .Input("table: resource")
+    .SetShapeFn(NoOutputs)
+    .Doc("Ends a training step without an update: Algorithm 1's flush check, step + 1.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashFlush"))
+    .Input("table: resource")
+    .SetShapeFn(NoOutputs)
+    .Doc("Writes the hot tier back and refills it with the top-k rows by frequency.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashStats"))
+    .Input("table: resource")
+    .Output("stats: int64")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(16));
+      return Status();
+    })
+    .Doc(
+        "size, hot_used, hot_rows, inserts, evictions, lookups, hits, occurrences, "
+        "occurrence_hits, step, flushes, last_step_lookups, last_step_hits, bytes, hot_bytes, "
+        "num_slots.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashExport"))
+    .Input("table: resource")
+    .Output("ids: int64")
+    .Output("rows: float")
+    .Output("slots: float")
+    .Output("counts: int64")
+    .Output("slot_init: float")
+    .Output("step: int64")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      ::tensorflow::int64 dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->MakeShape({n, c->UnknownDim(), c->MakeDim(dim)}));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Vector(c->UnknownDim()));
+      c->set_output(5, c->Scalar());
+      return Status();
+    })
+    .Doc("All rows, ids ascending, hot tier written back first.");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashImport"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("rows: float")
+    .Input("slots: float")
+    .Input("counts: int64")
+    .Input("slot_init: float")
+    .Input("step: int64")
+    .SetShapeFn(NoOutputs)
+    .Doc("Replaces the table's content with an export.");
+
+}  // namespace hybridtf

@@ -1,0 +1,247 @@
+"""DynamicEmbedding (HybridHash) trains exactly like a Keras Embedding, on unbounded ids, and checkpoints.
+
+The backbone: ids in [0, V), 100 steps, flushes during the run; a model with
+DynamicEmbedding and a plain Keras model whose Embedding rows are the
+DynamicEmbedding's deterministic initial rows agree in every per-step loss
+within 1e-5 relative (fp32), for every fused optimizer.
+"""
+
+from __future__ import annotations
+
+import csv
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+
+V, D, FIELDS, BATCH, STEPS = 64, 8, 3, 32, 100
+_HERE = pathlib.Path(__file__).resolve()
+# ../shared/data beside the checkout (also from a worktree one level deeper)
+DATA = next(
+    (p / "shared" / "data" / "avazu_sample.txt" for p in _HERE.parents[3:5] if (p / "shared" / "data").is_dir()),
+    _HERE.parents[3] / "shared" / "data" / "avazu_sample.txt",
+)
+
+
+def _data(steps=STEPS, seed=0):
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, V + 1) ** 1.1  # Zipf-like, so the hot tier matters
+    x = rng.choice(V, size=(steps * BATCH, FIELDS), p=p / p.sum()).astype(np.int64)
+    y = rng.normal(size=(steps * BATCH, 1)).astype(np.float32)
+    return x, y
+
+
+def _model(embedding, combiner_input=False):
+    ids = tf.keras.Input((FIELDS,), dtype=tf.int64)
+    e = embedding(ids)
+    h = e if combiner_input else tf.keras.layers.Flatten()(e)
+    h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
+    return tf.keras.Model(ids, out)
+
+
+class _Losses(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(logs["loss"])
+
+
+def _optimizer(kind):
+    return {
+        "sgd": lambda: tf.keras.optimizers.SGD(0.1),
+        "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
+        "adam": lambda: tf.keras.optimizers.Adam(0.01),
+        "lazy_adam": lambda: htf.keras.LazyAdam(0.01),
+    }[kind]()
+
+
+def _fit(model, x, y, callbacks=()):
+    losses = _Losses()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[*callbacks, losses])
+    return np.array(losses.losses)
+
+
+def _pair(kind, combiner=None, **table):
+    dyn = htf.layers.DynamicEmbedding(D, combiner=combiner, name="items", **table)
+    m1 = _model(dyn, combiner is not None)
+    init = dyn.initial_rows(np.arange(V)).numpy()
+    const = tf.keras.initializers.Constant(init)
+    if combiner is None:
+        plain = tf.keras.layers.Embedding(V, D, embeddings_initializer=const)
+    else:
+        plain = htf.layers.EmbeddingBag(V, D, combiner=combiner, embeddings_initializer=const)
+    m2 = _model(plain, combiner is not None)
+    m1.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer(kind)), loss="mse")
+    m2.compile(optimizer=_optimizer(kind), loss="mse")
+    return dyn, m1, m2
+
+
+@pytest.mark.parametrize("kind, steps", [("adagrad", STEPS), ("adam", STEPS), ("sgd", 40), ("lazy_adam", 40)])
+def test_dynamic_embedding_equals_keras_embedding(kind, steps):
+    x, y = _data(steps)
+    dyn, m1, m2 = _pair(kind, hot_rows=16, warmup_steps=10, flush_every=7)
+    l1 = _fit(m1, x, y)
+    l2 = _fit(m2, x, y)
+    assert len(l1) == steps
+    np.testing.assert_allclose(l1, l2, rtol=1e-5)
+    stats = dyn.stats()
+    assert stats["flushes"] >= (steps - 10) // 7 and stats["hot_used"] == 16 and stats["step"] == steps
+    assert stats["size"] == len(np.unique(x))
+    assert 0 < stats["hits"] < stats["lookups"]
+    # the learned rows are the plain model's rows
+    ids, rows = dyn.table.export()[:2]
+    np.testing.assert_allclose(rows.numpy(), m2.layers[1].embeddings.numpy()[ids.numpy()], rtol=1e-5, atol=1e-7)
+
+
+def test_pooled_bags_equal_embedding_bag():
+    x, y = _data(steps=30)
+    _, m1, m2 = _pair("adagrad", combiner="mean", hot_rows=8, warmup_steps=5, flush_every=5)
+    np.testing.assert_allclose(_fit(m1, x, y), _fit(m2, x, y), rtol=1e-5)
+
+
+def test_everything_hot_when_it_fits_and_inference_does_not_insert():
+    x, y = _data(steps=20)
+    dyn, m1, _ = _pair("adagrad", hot_rows=1000, warmup_steps=2, flush_every=5)
+    _fit(m1, x, y)
+    s = dyn.stats()
+    assert s["hot_used"] == s["size"] == len(np.unique(x))
+    assert s["last_step_hits"] == s["last_step_lookups"] > 0
+    unseen = np.array([[10**15, -3, 7 * 10**17]], np.int64)
+    before = m1.predict(unseen, verbose=0)
+    assert dyn.stats()["size"] == s["size"]
+    np.testing.assert_allclose(dyn.initial_rows(unseen[0]).numpy(), dyn.initial_rows(unseen[0]).numpy())
+    np.testing.assert_array_equal(before, m1.predict(unseen, verbose=0))
+
+
+def _avazu_strings(n=256):
+    with open(DATA) as f:
+        rows = list(csv.DictReader(f))[:n]
+    cols = ["site_id", "app_id", "device_ip"]
+    return np.array([[r[c] for c in cols] for r in rows]), np.array([[float(r["click"])] for r in rows], np.float32)
+
+
+@pytest.mark.skipif(not DATA.exists(), reason="the Avazu sample is not shipped here")
+def test_raw_fingerprint64_ids_grow_the_table():
+    strings, y = _avazu_strings()
+    ids = tf.reshape(tf.bitcast(tf.fingerprint(tf.reshape(strings, [-1])), tf.int64), strings.shape).numpy()
+    assert np.abs(ids).max() > 2**40  # raw 64-bit hashes, no bucketing
+    dyn = htf.layers.DynamicEmbedding(D, hot_rows=32, warmup_steps=2, flush_every=2, name="avazu")
+    model = _model(dyn)
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.05)), loss="mse")
+    history = model.fit(ids, y, batch_size=32, verbose=0, callbacks=[htf.keras.HybridHashMetrics()])
+    assert dyn.stats()["size"] == len(np.unique(ids)) == dyn.stats()["inserts"]
+    assert history.history["avazu/size"] == [len(np.unique(ids))]
+    assert 0 <= history.history["avazu/hit_ratio"][0] <= 1
+
+
+def test_checkpoint_round_trip_is_bit_identical(tmp_path):
+    x, y = _data(steps=40)
+    dyn, m1, _ = _pair("adam", hot_rows=8, warmup_steps=4, flush_every=3)
+    m1.fit(x[: 20 * BATCH], y[: 20 * BATCH], batch_size=BATCH, verbose=0, shuffle=False)
+    m1.save_weights(str(tmp_path / "w"))
+    saved = [t.numpy() for t in dyn.table.export()]
+    rest = _fit(m1, x[20 * BATCH :], y[20 * BATCH :])
+
+    dyn2, m2, _ = _pair("adam", hot_rows=8, warmup_steps=4, flush_every=3)
+    m2.optimizer.build(m2.trainable_variables[1:])
+    m2.load_weights(str(tmp_path / "w"))
+    for a, b in zip(saved, dyn2.table.export()):
+        np.testing.assert_array_equal(a, b.numpy())
+    np.testing.assert_array_equal(rest, _fit(m2, x[20 * BATCH :], y[20 * BATCH :]))
+
+    ckpt = tf.train.Checkpoint(table=dyn.table)
+    path = ckpt.write(str(tmp_path / "c"))
+    other = htf.layers.DynamicEmbedding(D, name="items", hot_rows=3)
+    other.build(None)
+    tf.train.Checkpoint(table=other.table).read(path).assert_consumed()
+    for a, b in zip(dyn.table.export(), other.table.export()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_bad_inputs_name_the_table_and_the_fix(tmp_path):
+    dyn = htf.layers.DynamicEmbedding(D, name="users", hot_rows=4)
+    with pytest.raises(TypeError, match=r"'users'.*int64.*Fix"):
+        dyn(tf.constant([[1.5]]))
+    with pytest.raises(TypeError, match=r"'users'.*int64"):
+        dyn(tf.constant([["a"]]))
+    for kwargs, what in (({"hot_rows": 0}, "hot_rows"), ({"capacity": -1}, "capacity"), ({"hot_rows": -5}, "hot_rows")):
+        with pytest.raises(ValueError, match=rf"'bad'.*{what}"):
+            htf.layers.DynamicEmbedding(D, name="bad", **kwargs)
+    with pytest.raises(ValueError, match="combiner"):
+        htf.layers.DynamicEmbedding(D, combiner="max")
+    dyn.build(None)
+    dyn.table.lookup(tf.constant([1, 2], tf.int64))
+    path = tf.train.Checkpoint(table=dyn.table).write(str(tmp_path / "u"))
+    wide = htf.layers.DynamicEmbedding(D + 1, name="users", hot_rows=4)
+    wide.build(None)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'users' has dim 9.*output_dim 8"):
+        tf.train.Checkpoint(table=wide.table).read(path)
+    renamed = htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)
+    renamed.build(None)
+    with pytest.raises(ValueError, match=r"'items'.*holds table 'users'"):
+        tf.train.Checkpoint(table=renamed.table).read(path)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'users'.*not in the table"):
+        dyn.table.apply_sgd(tf.constant([99], tf.int64), tf.ones([1, D]), 0.1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'users'.*grad \[n, 8\]"):
+        dyn.table.apply_sgd(tf.constant([1], tf.int64), tf.ones([1, 3]), 0.1)
+    dyn.table.apply_adagrad(tf.constant([1], tf.int64), tf.ones([1, D]), 0.1, 1e-7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'users' holds 1 optimizer slot"):
+        dyn.table.apply_adam(tf.constant([1], tf.int64), tf.ones([1, D]), 0.1, 0.1, 0.01, 1e-7)
+
+
+def test_unhooked_non_fusable_optimizer_is_refused():
+    x, y = _data(steps=2)
+    dyn = htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)
+    model = _model(dyn)
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
+    with pytest.raises(ValueError, match="DynamicEmbedding tables train with"):
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+
+
+@pytest.mark.slow  # ~20 s: a SavedModel export and a fresh TensorFlow process
+def test_saved_model_serves_without_hybridtf(tmp_path):
+    x, y = _data(steps=10)
+    dyn, m1, _ = _pair("adagrad", hot_rows=8, warmup_steps=2, flush_every=3)
+    _fit(m1, x, y)
+    probe = np.concatenate([x[:6], np.array([[2**50, -1, 5]], np.int64)])  # the last row has unseen ids
+    expected = m1.predict(probe, verbose=0)
+    ids, rows = dyn.table.export()[:2]
+    tf.saved_model.save(m1, str(tmp_path / "sm"))
+    np.save(tmp_path / "probe.npy", probe)
+    code = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        f"m = tf.saved_model.load({str(tmp_path / 'sm')!r})\n"
+        "f = m.signatures['serving_default']\n"
+        f"probe = np.load({str(tmp_path / 'probe.npy')!r})\n"
+        "out = list(f(tf.constant(probe)).values())[0].numpy()\n"
+        f"np.save({str(tmp_path / 'out.npy')!r}, out)\n"
+        "assert 'hybridtf' not in sys.modules\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    out = np.load(tmp_path / "out.npy")
+    np.testing.assert_allclose(out[:6], expected[:6], rtol=1e-6)
+    # unseen ids: zero rows in the export (the id 5 row is the learned one)
+    unseen = np.concatenate([np.zeros((1, 2 * D), np.float32), rows.numpy()[np.searchsorted(ids.numpy(), 5)][None]], 1)
+    head = tf.keras.Sequential(m1.layers[-2:])
+    np.testing.assert_allclose(out[6:], head(unseen).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_layer_called_twice_in_a_training_step_is_refused():
+    dyn = htf.layers.DynamicEmbedding(D, name="shared", hot_rows=4)
+    a = tf.keras.Input((1,), dtype=tf.int64)
+    b = tf.keras.Input((1,), dtype=tf.int64)
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(dyn(a)), tf.keras.layers.Flatten()(dyn(b))])
+    model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    ids = np.zeros((4, 1), np.int64)
+    with pytest.raises(ValueError, match=r"'shared' is called twice in one training step"):
+        model.fit([ids, ids], np.zeros((4, 1), np.float32), verbose=0)

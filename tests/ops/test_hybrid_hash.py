@@ -1,0 +1,200 @@
+"""HybridHash store and ops: deterministic rows, Algorithm 1, eviction, Adam, concurrency, bad input.
+
+The TF ops and the NumPy binding (``hybridtf.native.HybridHashStore``) run the
+same TF-free store; each test checks a property against a NumPy reference.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridtf import native
+from hybridtf._src.caching.table import HybridHashTable, TableConfig
+
+
+def _table(name="t", **kw):
+    kw.setdefault("dim", 4)
+    kw.setdefault("hot_rows", 4)
+    return HybridHashTable(TableConfig(name, **kw))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=40, unique=True), st.integers(1, 5))
+def test_initial_rows_depend_only_on_seed_and_id(ids, batches):
+    ids = np.array(ids, np.int64)
+    a = _table(seed=7)
+    rows_a = a.lookup(tf.constant(ids)).numpy()
+    b = _table(seed=7)
+    for part in np.array_split(ids[::-1], batches):  # other order, other batches
+        b.lookup(tf.constant(part))
+    exported = b.export()
+    order = np.argsort(ids)
+    np.testing.assert_array_equal(exported[0].numpy(), ids[order])
+    np.testing.assert_array_equal(exported[1].numpy(), rows_a[order])
+    np.testing.assert_array_equal(rows_a, native.hybrid_hash_initial_rows(ids, 4, 7))
+    assert np.all(np.abs(rows_a) <= 0.05)
+    assert not np.array_equal(rows_a, native.hybrid_hash_initial_rows(ids, 4, 8))
+
+
+def test_initializers_have_their_distributions():
+    ids = np.arange(20000, dtype=np.int64)
+    normal = native.hybrid_hash_initial_rows(ids, 8, 1, "normal", 0.5, 2.0)
+    assert abs(normal.mean() - 0.5) < 0.03 and abs(normal.std() - 2.0) < 0.03
+    uniform = native.hybrid_hash_initial_rows(ids, 8, 1, "uniform", -1.0, 3.0)
+    assert uniform.min() >= -1 and uniform.max() < 3 and abs(uniform.mean() - 1.0) < 0.03
+    assert np.all(native.hybrid_hash_initial_rows(ids[:5], 3, 1, "constant", 0.25) == 0.25)
+    assert np.all(native.hybrid_hash_initial_rows(ids[:5], 3, 1, "zeros") == 0)
+
+
+def test_algorithm1_warmup_then_top_k_flushes():
+    s = native.HybridHashStore("alg1", dim=2, hot_rows=2, warmup_steps=2, flush_every=2)
+    counts = {10: 5, 20: 1, 30: 3, 40: 2}
+    for _ in range(3):  # steps 0, 1: warm-up; the end of step 2 flushes (2 >= 2, 2 % 2 == 0)
+        ids = np.array(list(counts), np.int64)
+        s.lookup(ids, np.array(list(counts.values())))
+        assert s.stats()["hits"] == 0
+        s.end_step()
+    st_ = s.stats()
+    assert st_["flushes"] == 1 and st_["hot_used"] == 2
+    s.lookup(np.array([10, 30, 20], np.int64))  # top-2 by count: 10 and 30
+    st_ = s.stats()
+    assert st_["hits"] == 2 and st_["lookups"] == 15
+    s.end_step()  # step 3: no flush (3 % 2 != 0)
+    assert s.stats()["flushes"] == 1
+    for _ in range(20):  # 20 becomes the most frequent
+        s.lookup(np.array([20], np.int64), np.array([10]))
+    s.end_step()  # step 4 flushes
+    before = s.stats()["hits"]
+    s.lookup(np.array([20, 10, 30], np.int64))
+    assert s.stats()["hits"] - before == 2  # 20 and 10 (count 16 > 30's 10)
+
+
+def test_flush_never_changes_a_value_and_everything_fits_hot():
+    s = native.HybridHashStore("f", dim=3, hot_rows=3, warmup_steps=0, flush_every=1)
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        ids = np.unique(rng.integers(0, 8, 5)).astype(np.int64)
+        s.lookup(ids)
+        s.apply_adagrad(ids, rng.normal(size=(len(ids), 3)).astype(np.float32), 0.1)  # ends the step
+        if step % 3 == 0:
+            before = s.export()
+            s.flush()
+            after = s.export()
+            for a, b in zip(before[:5], after[:5]):
+                np.testing.assert_array_equal(a, b)
+    big = native.HybridHashStore("g", dim=3, hot_rows=100, warmup_steps=0, flush_every=1)
+    big.lookup(np.arange(10, dtype=np.int64))
+    big.end_step()
+    big.lookup(np.arange(20, dtype=np.int64))  # new ids go to free hot entries
+    assert big.stats()["hot_used"] == big.stats()["size"] == 20
+
+
+def _np_adam(rows, m, v, touched, g, alpha, c1, c2, eps):
+    m[:] = m + (-m) * c1
+    v[:] = v + (-v) * c2
+    m[touched] = m[touched] + g * c1
+    v[touched] = v[touched] + (g * g) * c2
+    rows[:] = rows - (m * alpha) / (np.sqrt(v) + eps)
+
+
+def test_adam_decays_every_stored_row_like_keras():
+    s = native.HybridHashStore("adam", dim=3, hot_rows=2, warmup_steps=1, flush_every=2, seed=3)
+    ids = np.arange(6, dtype=np.int64)
+    rows = s.lookup(ids).copy()
+    m = np.zeros_like(rows)
+    v = np.zeros_like(rows)
+    rng = np.random.default_rng(1)
+    for _ in range(6):
+        touched = np.sort(rng.choice(6, 3, replace=False))
+        s.lookup(ids[touched])
+        g = rng.normal(size=(3, 3)).astype(np.float32)
+        args = (np.float32(0.01), np.float32(0.1), np.float32(0.001), np.float32(1e-7))
+        s.apply_adam(ids[touched], g, *args)
+        s.end_step()
+        _np_adam(rows, m, v, touched, g, *args)
+    out = s.export()
+    np.testing.assert_allclose(out[1], rows, rtol=1e-6)
+    np.testing.assert_allclose(out[2][:, 0], m, rtol=1e-6)
+    np.testing.assert_allclose(out[2][:, 1], v, rtol=1e-6)
+
+
+def test_capacity_evicts_least_frequent_and_counts_it():
+    s = native.HybridHashStore("cap", dim=2, hot_rows=2, capacity=64, warmup_steps=100)
+    s.lookup(np.array([1, 2], np.int64), np.array([1000, 1000]))
+    s.end_step()
+    for step in range(10):
+        s.lookup(np.arange(100 + 20 * step, 120 + 20 * step, dtype=np.int64))
+        s.end_step()
+    st_ = s.stats()
+    assert st_["size"] <= 64
+    assert st_["evictions"] == st_["inserts"] - st_["size"] > 0
+    kept = set(s.export()[0].tolist())
+    assert {1, 2} <= kept  # the frequent ids survive
+    with pytest.raises(ValueError, match=r"'tiny' is full.*Raise capacity"):
+        tiny = native.HybridHashStore("tiny", dim=2, hot_rows=1, capacity=3)
+        tiny.lookup(np.arange(5, dtype=np.int64))
+
+
+def test_concurrent_lookups_updates_and_flushes_lose_nothing():
+    dim, n_ids, threads, rounds = 8, 200, 4, 200
+    table = _table("stress", dim=dim, hot_rows=50, warmup_steps=0, flush_every=1, initializer="zeros")
+    table.lookup(tf.range(n_ids, dtype=tf.int64))
+    errors = []
+    stop = threading.Event()
+
+    def updater(k):  # thread k owns ids k, k + threads, ...: +1 per element per round
+        ids = tf.range(k, n_ids, threads, dtype=tf.int64)
+        grad = -tf.ones([len(ids), dim])
+        for _ in range(rounds):
+            table.apply_sgd(ids, grad, tf.constant(1.0), end_step=False)
+
+    def reader():
+        while not stop.is_set():
+            rows = table.lookup(tf.range(n_ids, dtype=tf.int64), insert=True).numpy()
+            if not np.all(rows == rows[:, :1]):
+                errors.append("torn row")
+
+    def flusher():
+        while not stop.is_set():
+            table.flush()
+            table.end_step()
+
+    background = [threading.Thread(target=reader) for _ in range(2)] + [threading.Thread(target=flusher)]
+    workers = [threading.Thread(target=updater, args=(k,)) for k in range(threads)]
+    for t in background + workers:
+        t.start()
+    for t in workers:
+        t.join()
+    stop.set()
+    for t in background:
+        t.join()
+    assert not errors
+    ids, rows = table.export()[:2]
+    assert len(ids) == n_ids
+    np.testing.assert_array_equal(rows.numpy(), np.full((n_ids, dim), rounds, np.float32))
+    assert table.stats()["flushes"] > 0
+
+
+def test_bad_config_and_ids():
+    with pytest.raises(ValueError, match=r"'x'.*hot_rows"):
+        native.HybridHashStore("x", dim=2, hot_rows=0)
+    with pytest.raises(ValueError, match=r"'x'.*capacity"):
+        native.HybridHashStore("x", dim=2, hot_rows=1, capacity=-2)
+    with pytest.raises(TypeError, match="integer"):
+        native.HybridHashStore("x", dim=2, hot_rows=1).lookup(np.array([0.5]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'raw'.*hot_rows"):
+        from hybridtf._src.run.loader import load_ops
+
+        load_ops().hybrid_tf_hybrid_hash_table(table_name="raw", dim=2, hot_rows=0)
+    t = _table("ids")
+    with pytest.raises(TypeError, match=r"'ids'.*int64"):
+        t.lookup(tf.constant([1.0]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'ids'.*repeated"):
+        t.lookup(tf.constant([1, 2], tf.int64))
+        t.apply_sgd(tf.constant([1, 1], tf.int64), tf.ones([2, 4]), 0.1)
