@@ -30,7 +30,9 @@ ImplStatus PackField(const Id* ids, int64_t n, int64_t row_offset, int64_t num_r
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
     bad |= (id < 0) | (id >= num_rows);
-    out[i] = id + row_offset;
+    // Unsigned: an out-of-vocabulary id (its output is discarded: the call
+    // fails) must not overflow; a valid one cannot (ValidateTable).
+    out[i] = static_cast<int64_t>(static_cast<uint64_t>(id) + static_cast<uint64_t>(row_offset));
   }
   if (!bad) return ImplStatus::Ok();
   for (int64_t i = 0; i < n; ++i) {

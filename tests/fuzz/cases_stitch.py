@@ -235,6 +235,8 @@ def gen_stitch_concat(kind: str):
                 attrs["grad_rows_delta"] = 1
             else:
                 _mismatch_layout(rng, g0)
+        if kind == "concat_grad" and "grad_rows_delta" in attrs and not any(g >= 0 for g, _ in pieces):
+            valid = True  # only dense pieces: their rows are the gradient's, there is no other batch to differ from
         width = sum(
             groups[g]["rows"].shape[1] if g >= 0 else dense[f].shape[1]
             for g, f in pieces

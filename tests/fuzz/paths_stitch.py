@@ -217,6 +217,8 @@ def run_stitch_concat_grad(c, path):
 
     if "dims" in c["attrs"] or "dense_widths" in c["attrs"]:
         raise NotApplicable("attributes the wrapper derives itself")
+    if "grad_rows_delta" in c["attrs"]:
+        raise NotApplicable("the upstream gradient's shape comes from the forward output on this path")
     groups = _stitch_groups(tf, c)
     dense = [tf.constant(d) for d in c["dense"]]
     sources = [g.rows for g in groups] + dense
@@ -265,6 +267,8 @@ def run_stitch_concat_matmul_grad(c, path):
         return [_np(x) for x in (*d_rows, *d_dense, d_kernel)]
     from hybridtf._src.run.stitch_concat import stitch_concat_matmul
 
+    if "grad_rows_delta" in c["attrs"]:
+        raise NotApplicable("the upstream gradient's shape comes from the forward output on this path")
     groups = _stitch_groups(tf, c)
     sources = [g.rows for g in groups] + dense + [kernel]
     with tf.GradientTape() as tape:
