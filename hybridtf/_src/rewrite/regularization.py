@@ -28,6 +28,7 @@ import functools
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture.regularizers import find_penalty
 
@@ -43,10 +44,15 @@ class PackedPenalty:
 
     def __call__(self):
         with tf.name_scope(self.scope):
-            rows = self.view.read_value()
-            if self.storage.fold_regularization:
-                rows = tf.stop_gradient(rows)
-            return self.regularizer(rows)
+            view = self.view
+            if not self.storage.fold_regularization or view.sharded or save_context.in_save_context():
+                rows = view.read_value()  # a slice: TensorFlow's gradient is dense, as in Keras
+                return self.regularizer(rows if not self.storage.fold_regularization else tf.stop_gradient(rows))
+            # A gather of the member's rows: after the step's sparse ops TensorFlow's ReadVariableOp
+            # copies the whole packed variable, so a slice per member would copy it once per member.
+            start = view.row_offset
+            rows = view.packed_variable.sparse_read(tf.range(start, start + view.shape[0], dtype=tf.int64))
+            return self.regularizer(tf.stop_gradient(rows))
 
 
 def replace_penalty(layer, variable, view, storage) -> None:
