@@ -8,7 +8,7 @@ so a crash (signal) or a hang (timeout) is counted, its reproducer saved, and th
 Usage:
     python tools/fuzz_ops.py --cases 10000                 # every op and path, 10,000 cases each
     python tools/fuzz_ops.py --ops StitchCombine --paths raw --cases 500 --seed 3
-    python tools/fuzz_ops.py --replay fuzz-repro/StitchConcat-raw-seed0-case17.pkl
+    python tools/fuzz_ops.py --replay build/fuzz-repro/StitchConcat-raw-seed0-case17.pkl
 
 Prints a markdown table (cases per input class and per outcome for every op and path), writes
 the same as JSON (--json), and exits 1 when any case crashed, hung, differed from the reference,
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds before a case counts as a hang")
     parser.add_argument("--time-limit", type=float, default=None, help="stop starting cases after this many seconds")
     parser.add_argument("--json", type=pathlib.Path, help="write the results here")
-    parser.add_argument("--repro-dir", type=pathlib.Path, default=pathlib.Path("fuzz-repro"))
+    parser.add_argument("--repro-dir", type=pathlib.Path, default=ROOT / "build" / "fuzz-repro")
     parser.add_argument("--replay", type=pathlib.Path, help="run one saved reproducer in this process")
     args = parser.parse_args(argv)
 
