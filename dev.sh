@@ -66,9 +66,11 @@ case "$cmd" in
   test)
     setup
     lint
-    log "pytest"
+    log "pytest (${HYBRIDTF_TEST_WORKERS:-2} workers; HYBRIDTF_TEST_WORKERS=0 runs in one process)"
     set +e
-    "$PY" -m pytest -q -p no:cacheprovider "$@"
+    workers=()
+    if [ "${HYBRIDTF_TEST_WORKERS:-2}" != "0" ]; then workers=(-n "${HYBRIDTF_TEST_WORKERS:-2}"); fi
+    "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" "$@"
     rc=$?
     set -e
     # 5 = no tests collected: a test command that ran nothing has failed.
