@@ -41,9 +41,10 @@ def _owners(unique: np.ndarray, layout: ShardLayout) -> np.ndarray:
 
 
 def _recorded_requests(model, features):
-    from hybridtf._src.integrations.keras_model import _discarding_losses, _HybridModelMixin
+    from hybridtf._src.integrations.keras_model import _HybridModelMixin
+    from hybridtf._src.integrations.keras_record import discarding_losses
 
-    with _discarding_losses(model), context.recording() as rec:
+    with discarding_losses(model), context.recording() as rec:
         super(_HybridModelMixin, model).call(features, training=False)
     return rec.requests
 

@@ -70,11 +70,11 @@ class _InterleaveModelMixin:
 
     def _htf_whole_batch_requests(self, x):
         """The step's lookup requests, ids taken from ``x`` (for micro-batches from the MLP)."""
-        from hybridtf._src.integrations import keras_model
+        from hybridtf._src.integrations import keras_model, keras_record
 
         base_call = super(keras_model._HybridModelMixin, self).call
         kwargs = {"training": False} if self._expects_training_arg else {}
-        requests = keras_model._lookups_from_inputs(self, base_call, x, kwargs)
+        requests = keras_record.lookups_from_inputs(self, base_call, x, kwargs)
         if requests is None:
             raise MicroBatchError(
                 "interleave_from='mlp' needs every embedding lookup's ids to be model inputs (the lookups run once "

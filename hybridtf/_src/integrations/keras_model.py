@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import logging
 import os
@@ -30,7 +29,7 @@ from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, h
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_interleave
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_interleave, keras_record
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec, UnpackedTable
@@ -58,9 +57,9 @@ class _HybridModelMixin:
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = _lookups_from_inputs(self, base_call, inputs, record_kwargs)
+        requests = keras_record.lookups_from_inputs(self, base_call, inputs, record_kwargs)
         if requests is None:  # ids are computed inside the model: record inline
-            with _discarding_losses(self), context.recording() as rec:
+            with keras_record.discarding_losses(self), context.recording() as rec:
                 base_call(inputs, **record_kwargs)
             requests = rec.requests
         outputs = lookup_all(requests)
@@ -276,69 +275,6 @@ def _warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
         len(skipped),
         lines,
     )
-
-
-@contextlib.contextmanager
-def _discarding_losses(model):
-    """Drops the losses layers add while the forward pass is only being recorded."""
-    layers = list(model._flatten_layers(include_self=True, recursive=True))
-    before = [len(layer._losses) for layer in layers]
-    try:
-        yield
-    finally:
-        for layer, n in zip(layers, before):
-            del layer._losses[n:]
-
-
-def _source(tensor):
-    while tensor.op.type == "Identity":
-        tensor = tensor.op.inputs[0]
-    return tensor
-
-
-def _lookups_from_inputs(model, base_call, inputs, kwargs):
-    """Records the lookups in a scratch graph; maps their ids onto the real inputs.
-
-    Returns the requests with ids taken from ``inputs`` when every lookup's ids
-    are (through Identity ops) components of the model inputs — the usual case,
-    which leaves no trace of the recording in the real graph — else None.
-    """
-    if tf.executing_eagerly():
-        return None
-    flat_real = tf.nest.flatten(inputs, expand_composites=True)
-    if not flat_real or not all(isinstance(t, tf.Tensor) for t in flat_real):
-        return None
-    specs = tf.nest.map_structure(tf.type_spec_from_value, inputs)
-    found = {}
-
-    def record(scratch_inputs):
-        flat = [_source(t) for t in tf.nest.flatten(scratch_inputs, expand_composites=True)]
-        with _discarding_losses(model), context.recording() as rec:
-            base_call(scratch_inputs, **kwargs)
-        mapped = []
-        for req in rec.requests:
-            positions = []
-            for comp in tf.nest.flatten(req.ids, expand_composites=True):
-                src = _source(comp)
-                hits = [i for i, t in enumerate(flat) if t is src]
-                if not hits:
-                    return tf.constant(0)
-                positions.append(hits[0])
-            mapped.append((req, tf.type_spec_from_value(req.ids), positions))
-        found["mapped"] = mapped
-        return tf.constant(0)
-
-    try:
-        tf.function(record, autograph=False).get_concrete_function(specs)
-    except (TypeError, ValueError):
-        return None
-    if "mapped" not in found:
-        return None
-    requests = []
-    for req, spec, positions in found["mapped"]:
-        ids = tf.nest.pack_sequence_as(spec, [flat_real[i] for i in positions], expand_composites=True)
-        requests.append(dataclasses.replace(req, ids=ids))
-    return requests
 
 
 @contextlib.contextmanager
@@ -600,7 +536,6 @@ def optimize(
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):
             world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
-        horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
     object.__setattr__(model, "_htf_plain_trainable", plain_trainable)
     if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
         hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, plain_trainable)
@@ -615,6 +550,8 @@ def optimize(
         interleave_scale=interleave_scale,
         interleave_exclude=interleave_exclude,
     )
+    if world.distributed:  # after attach: interleaving checks the user's own train_step, not hybridtf's mixins
+        horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
     model.train_function = model.test_function = model.predict_function = None
     return model
 

@@ -90,11 +90,11 @@ def split_model(model, layer_name: str):
 
 def _whole_batch_frontier(head, x):
     """The head on the whole batch, its lookups computed by the packed chains."""
-    from hybridtf._src.integrations import keras_model
+    from hybridtf._src.integrations import keras_record
 
-    requests = keras_model._lookups_from_inputs(head, head.call, x, {"training": False})
+    requests = keras_record.lookups_from_inputs(head, head.call, x, {"training": False})
     if requests is None:
-        with keras_model._discarding_losses(head), context.recording() as rec:
+        with keras_record.discarding_losses(head), context.recording() as rec:
             head(x, training=False)
         requests = rec.requests
     with context.replaying(requests, lookup_all(requests)):
