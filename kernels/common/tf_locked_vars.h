@@ -24,6 +24,17 @@ class TfLockedVars {
       if (!status_.ok()) return;
       vars_.push_back(std::move(var));
     }
+    for (size_t i = 0; i < vars_.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if (vars_[i].get() == vars_[j].get()) {  // locking it twice would deadlock
+          status_ = errors::InvalidArgument(
+              "inputs ", j, " and ", i,
+              " of the fused update are the same variable; the table and each "
+              "optimizer slot must be distinct variables.");
+          return;
+        }
+      }
+    }
     for (auto& var : vars_) var->mu()->lock();
     locked_ = true;
     for (auto& var : vars_) {

@@ -141,3 +141,17 @@ def test_bad_shapes_and_indices_are_invalid_argument():
         _run("adam", var, s1, s2, bad, grad, ranges, l1, l2)
     with pytest.raises(tf.errors.InvalidArgumentError, match="does not match gradient rows"):
         _run("sgd", var, s1, s2, idx, grad[:, :3], ranges, l1, l2)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_aliased_variables_are_invalid_argument_not_a_deadlock(kind):
+    var, _, _, idx, grad, ranges, l1, l2 = _inputs(4, np.int64, "sorted", seed=4)
+    v = tf.Variable(var)
+    args = (tf.constant(grad), tf.constant(idx), tf.constant(ranges, tf.int64), tf.constant(l1), tf.constant(l2))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="same variable"):
+        if kind == "adagrad":  # the table is its own accumulator
+            ra.regularized_apply_adagrad(v, v, tf.constant(H["lr"]), tf.constant(H["eps"]), *args)
+        else:  # m is v
+            m = tf.Variable(np.zeros_like(var))
+            scalars = [tf.constant(H[k]) for k in ("alpha", "c1", "c2", "eps")]
+            ra.regularized_apply_adam(v, m, m, *scalars, *args)
