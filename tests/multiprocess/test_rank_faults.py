@@ -93,7 +93,10 @@ def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(
     assert re.search(
         r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective custom phase #3 \(train step\)", output
     )
-    assert elapsed < 10, f"rank 0 ended {elapsed} s after rank 1 left\n{output[-3000:]}"
+    # rank 0's own exception time, not the launcher's exit (Horovod's teardown takes seconds on a loaded machine)
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    left = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
+    assert ends[0] - left < 10, f"rank 0 ended {ends[0] - left} s after rank 1 left (launcher: {elapsed} s)"
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):
