@@ -15,8 +15,9 @@ namespace hybridtf {
 
 class TfLockedVars {
  public:
-  // Inputs [0, n) of the kernel are the variables' handles.
-  TfLockedVars(::tensorflow::OpKernelContext* ctx, int n) {
+  // Inputs [0, n) of the kernel are the variables' handles; `names` (n
+  // entries, optional) name them in the aliasing error.
+  TfLockedVars(::tensorflow::OpKernelContext* ctx, int n, const char* const* names = nullptr) {
     namespace errors = ::tensorflow::errors;
     for (int i = 0; i < n; ++i) {
       ::tensorflow::core::RefCountPtr<::tensorflow::Var> var;
@@ -28,9 +29,9 @@ class TfLockedVars {
       for (size_t j = 0; j < i; ++j) {
         if (vars_[i].get() == vars_[j].get()) {  // locking it twice would deadlock
           status_ = errors::InvalidArgument(
-              "inputs ", j, " and ", i,
-              " of the fused update are the same variable; the table and each "
-              "optimizer slot must be distinct variables.");
+              "the fused update got the same variable as its input ", j, " (",
+              names ? names[j] : "variable", ") and input ", i, " (", names ? names[i] : "variable",
+              "); the table and each optimizer slot must be distinct variables.");
           return;
         }
       }

@@ -1,16 +1,14 @@
 // CPU kernels of the fused sparse optimizer updates: thin OpKernels over the
 // TF-free sparse_apply layer. They update resource variables in place under
-// the variables' mutexes (copying a buffer first if someone else holds it).
-#include <cstring>
+// the variables' mutexes (TfLockedVars: aliasing rejected, copy on write).
 #include <vector>
 
 #include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_locked_vars.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
 #include "kernels/sparse_apply/sparse_apply_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/resource_mgr.h"
-#include "tensorflow/core/framework/resource_var.h"
 
 namespace hybridtf {
 namespace sparse_apply {
@@ -19,7 +17,6 @@ using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::Tensor;
-using ::tensorflow::Var;
 namespace errors = ::tensorflow::errors;
 
 namespace {
@@ -27,67 +24,6 @@ namespace {
 // Names of the variable inputs, in input order (var, then the slots; the
 // Adagrad op's second input is its accumulator, Adam's are m and v).
 constexpr const char* kVarNames[] = {"var", "slot 1 (accum / m)", "slot 2 (v)"};
-
-// Looks up the resource variables of inputs [0, n), locks them in input
-// order and makes their buffers exclusively owned (copy on write).
-class LockedVars {
- public:
-  LockedVars(OpKernelContext* ctx, int n) {
-    for (int i = 0; i < n; ++i) {
-      ::tensorflow::core::RefCountPtr<Var> var;
-      status_ = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, i), &var);
-      if (!status_.ok()) return;
-      vars_.push_back(std::move(var));
-    }
-    // The same variable twice (e.g. the table passed as its own accumulator)
-    // would lock one mutex twice and hang: reject it before taking any lock.
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < i; ++j) {
-        if (vars_[i].get() == vars_[j].get()) {
-          status_ = errors::InvalidArgument(
-              "the fused sparse update got the same variable as its input ", j, " (", kVarNames[j],
-              ") and input ", i, " (", kVarNames[i],
-              "); the table and each optimizer slot must be distinct variables.");
-          return;
-        }
-      }
-    }
-    for (auto& var : vars_) var->mu()->lock();
-    locked_ = true;
-    for (auto& var : vars_) {
-      Tensor* t = var->tensor();
-      if (!t->IsInitialized()) {
-        status_ = errors::FailedPrecondition("a variable of the fused update is not initialized.");
-        return;
-      }
-      if (t->dtype() != ::tensorflow::DT_FLOAT) {
-        status_ = errors::InvalidArgument("fused sparse updates take float32 variables, got ",
-                                          ::tensorflow::DataTypeString(t->dtype()), ".");
-        return;
-      }
-      if (!t->RefCountIsOne()) {
-        Tensor copy;
-        status_ = ctx->allocate_temp(t->dtype(), t->shape(), &copy);
-        if (!status_.ok()) return;
-        std::memcpy(copy.data(), t->data(), t->TotalBytes());
-        *t = copy;
-      }
-    }
-  }
-  ~LockedVars() {
-    if (locked_) {
-      for (auto& var : vars_) var->mu()->unlock();
-    }
-  }
-  const ::tensorflow::Status& status() const { return status_; }
-  float* data(int i) { return vars_[i]->tensor()->flat<float>().data(); }
-  const ::tensorflow::TensorShape& shape(int i) { return vars_[i]->tensor()->shape(); }
-
- private:
-  std::vector<::tensorflow::core::RefCountPtr<Var>> vars_;
-  ::tensorflow::Status status_;
-  bool locked_ = false;
-};
 
 float Scalar(OpKernelContext* ctx, int i, ::tensorflow::Status* status) {
   const Tensor& t = ctx->input(i);
@@ -124,7 +60,7 @@ class SparseApplyOp : public OpKernel {
         errors::InvalidArgument("grad must be [num_indices, dim] and indices a vector, got ",
                                 grad.shape().DebugString(), " and ", indices.shape().DebugString(),
                                 "."));
-    LockedVars vars(ctx, num_vars);
+    TfLockedVars vars(ctx, num_vars, kVarNames);
     OP_REQUIRES_OK(ctx, vars.status());
     const auto& shape = vars.shape(0);
     OP_REQUIRES(
