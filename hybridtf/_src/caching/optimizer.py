@@ -13,7 +13,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
-from hybridtf._src.integrations.keras_optimizers import LazyAdam
+from hybridtf._src.integrations.keras_optimizers import fusable
 
 
 def _layer_of(variable):
@@ -22,18 +22,7 @@ def _layer_of(variable):
 
 def update_kind(optimizer) -> str | None:
     """The table update that reproduces ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
-    base = next(c for c in type(optimizer).__mro__ if not issubclass(c, _DynamicOptimizerMixin))
-    if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
-        return None
-    if getattr(optimizer, "use_ema", False) or getattr(optimizer, "weight_decay", None):
-        return None
-    if base is tf.keras.optimizers.SGD:
-        return "sgd" if optimizer.momentum == 0 and not optimizer.nesterov else None
-    if base is tf.keras.optimizers.Adagrad:
-        return "adagrad"
-    if base in (tf.keras.optimizers.Adam, LazyAdam):
-        return None if optimizer.amsgrad else ("adam" if base is tf.keras.optimizers.Adam else "lazy_adam")
-    return None
+    return fusable(optimizer, skip=(_DynamicOptimizerMixin,))
 
 
 class _DynamicOptimizerMixin:

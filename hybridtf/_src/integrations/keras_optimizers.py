@@ -106,18 +106,22 @@ def _is_horovod_class(cls) -> bool:
     return "_allreduce" in cls.__dict__ and "register_local_var" in cls.__dict__
 
 
-def _user_class(optimizer) -> type:
-    """The optimizer's own class, under hybridtf's and Horovod's run-time subclasses."""
+def _user_class(optimizer, skip: tuple = ()) -> type:
+    """The optimizer's own class, under hybridtf's (and ``skip``'s) and Horovod's run-time subclasses."""
+    mixins = (_HybridOptimizerMixin, *skip)
     for cls in type(optimizer).__mro__:
-        if cls is _HybridOptimizerMixin or issubclass(cls, _HybridOptimizerMixin) or _is_horovod_class(cls):
+        if issubclass(cls, mixins) or _is_horovod_class(cls):
             continue
         return cls
     return type(optimizer)
 
 
-def fusable(optimizer) -> str | None:
-    """The fused update kind for ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
-    base = _user_class(optimizer)
+def fusable(optimizer, skip: tuple = ()) -> str | None:
+    """The fused update kind for ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None.
+
+    ``skip``: further run-time mixin classes to look through (the dynamic-table hook's).
+    """
+    base = _user_class(optimizer, skip)
     if getattr(optimizer, "_agg_helper", None) is not None:  # Horovod backward_passes_per_step > 1
         return None
     if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
