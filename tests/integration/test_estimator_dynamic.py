@@ -210,3 +210,19 @@ def test_v1_optimizer_settings_without_a_fused_update_are_refused(tmp_path):
 
     with pytest.raises(ValueError, match=r"GradientDescentOptimizer, AdagradOptimizer or AdamOptimizer.*Momentum"):
         _train(_estimator(htf_estimator.model_fn(fn), tmp_path), 1)
+
+
+def test_exported_saved_model_serves_the_learned_rows(uninterrupted, tmp_path):
+    model_dir, _, _, _ = uninterrupted
+    est = _estimator(htf_estimator.model_fn(dynamic_model_fn), model_dir, kind="adagrad")
+
+    def serving_input_fn():
+        a, b = (tf.compat.v1.placeholder(tf.int64, [None], name=n) for n in "ab")
+        return tf.estimator.export.ServingInputReceiver({"a": a, "b": b}, {"a": a, "b": b})
+
+    export = est.export_saved_model(str(tmp_path), serving_input_fn)
+    x = np.concatenate([DATA[0][:6], [[2**62, 5]]])  # an id never seen: its initial row
+    first = {"a": x[:, 0], "b": x[:, 1]}
+    expected = np.concatenate([p["p"] for p in est.predict(lambda: tf.data.Dataset.from_tensors(first))])
+    served = tf.saved_model.load(export).signatures["serving_default"](a=tf.constant(x[:, 0]), b=tf.constant(x[:, 1]))
+    np.testing.assert_allclose(served["p"].numpy().ravel(), expected.ravel(), rtol=1e-6)

@@ -53,7 +53,8 @@ class TableSaveable(saveable_object.SaveableObject):
         name = f"{PREFIX}/{table.name}"
         tensors = [*table.export(), tf.constant(table.name)]
         specs = [saveable_object.SaveSpec(t, "", f"{name}/{field}") for t, field in zip(tensors, _FIELDS)]
-        super().__init__(table.resource_handle, specs, name)
+        # Named after the handle op: the SAVEABLE_OBJECTS collection is exported with SavedModels by op name.
+        super().__init__(table.resource_handle, specs, table.resource_handle.op.name)
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
