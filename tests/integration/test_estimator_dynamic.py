@@ -187,10 +187,25 @@ def test_evaluate_reads_without_inserting(uninterrupted, tmp_path):
     np.testing.assert_allclose(ev["loss"], ev_plain["loss"], rtol=1e-5)
 
 
-def test_unhooked_optimizer_is_a_clear_error(tmp_path):
-    est = _estimator(htf_estimator.model_fn(dynamic_model_fn), tmp_path, kind="adagrad", hook=False)
-    with pytest.raises((CaptureError, ValueError), match=r"'items'.*dynamic_optimizer"):
+def test_unhooked_optimizer_unset_training_and_wrong_ids_are_clear_errors(tmp_path):
+    est = _estimator(htf_estimator.model_fn(dynamic_model_fn), tmp_path / "a", kind="adagrad", hook=False)
+    with pytest.raises(CaptureError, match=r"'items' is looked up for training.*dynamic_optimizer"):
         _train(est, 1)
+
+    def no_training(features, labels, mode, params):
+        emb = htf.layers.DynamicEmbedding(D, name="items", **TABLE)(_ids(features))
+        return _head(mode, labels, emb, htf.keras.dynamic_optimizer(_v1("adagrad")))
+
+    with pytest.raises(CaptureError, match=r"'items' is only read.*training=\(mode == tf.estimator.ModeKeys.TRAIN\)"):
+        _train(_estimator(htf_estimator.model_fn(no_training), tmp_path / "b"), 1)
+
+    def float_ids(features, labels, mode, params):
+        ids = tf.cast(_ids(features), tf.float32)
+        emb = htf.layers.DynamicEmbedding(D, name="items", **TABLE)(ids, training=True)
+        return _head(mode, labels, emb, htf.keras.dynamic_optimizer(_v1("adagrad")))
+
+    with pytest.raises(TypeError, match=r"'items'.*ids must be int64.*Fix"):
+        _train(_estimator(htf_estimator.model_fn(float_ids), tmp_path / "c"), 1)
 
 
 def test_restore_into_model_with_other_tables_names_them(uninterrupted, tmp_path):
@@ -226,3 +241,28 @@ def test_exported_saved_model_serves_the_learned_rows(uninterrupted, tmp_path):
     expected = np.concatenate([p["p"] for p in est.predict(lambda: tf.data.Dataset.from_tensors(first))])
     served = tf.saved_model.load(export).signatures["serving_default"](a=tf.constant(x[:, 0]), b=tf.constant(x[:, 1]))
     np.testing.assert_allclose(served["p"].numpy().ravel(), expected.ravel(), rtol=1e-6)
+
+
+def test_tf1_checkpoint_entry_of_another_table_is_refused(tmp_path):
+    from hybridtf._src.integrations.estimator_dynamic import TableSaveable
+
+    users = htf.layers.DynamicEmbedding(D, name="users", hot_rows=4)
+    users.build(None)
+    users.table.lookup(tf.constant([1, 2], tf.int64))
+    fields = ("ids", "rows", "slots", "counts", "slot_init", "step", "table_name")
+    prefix = str(tmp_path / "ckpt")  # table 'users' written under table 'items' keys
+    tf.raw_ops.SaveV2(
+        prefix=prefix,
+        tensor_names=[f"hybridtf_dynamic/items/{f}" for f in fields],
+        shape_and_slices=[""] * len(fields),
+        tensors=[*users.table.export(), tf.constant("users")],
+    )
+    with tf.Graph().as_default():
+        items = htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)
+        items.build(None)
+        saver = tf.compat.v1.train.Saver([TableSaveable(items.table)])
+        with tf.compat.v1.Session() as sess:
+            with pytest.raises(
+                tf.errors.InvalidArgumentError, match=r"items\W+: the checkpoint entry holds another table"
+            ):
+                saver.restore(sess, prefix)

@@ -17,9 +17,10 @@ rows). After the model_fn's real pass, ``finish_graph``:
   runs it every N steps and when training ends) and its statistics op to
   the graph's ``EstimatorReport`` (``StatsHook`` logs hit ratios, sizes,
   inserts and evictions);
-* in TRAIN mode, checks that every dynamic table has a fused update in the
-  graph: a table whose buffer went through a plain optimizer would silently
-  not train.
+* in TRAIN mode, checks that every trainable dynamic table is looked up
+  for training and has a fused update in the graph: a table read for
+  inference (Keras leaves ``training`` unset in a model_fn) or whose buffer
+  went through a plain optimizer would silently not learn.
 
 Before the graph is built, ``check_checkpoint`` compares the dynamic tables
 of the model_dir's latest checkpoint with the model_fn's, so that a restore
@@ -123,14 +124,25 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
             with tf.name_scope(f"hybridtf_cache/{name}"):
                 tf.compat.v1.add_to_collection(CACHE_MAINTENANCE, table.flush())
                 report.dynamic_tables[name] = table.stats_tensor()
-            if mode == tf.estimator.ModeKeys.TRAIN and table.resource_handle.op.name not in updated:
-                raise CaptureError(
-                    f"hybridtf.estimator: dynamic table {name!r} is looked up but its fused update is not in the "
-                    "graph, so it would not train. Pass the optimizer through hybridtf.keras.dynamic_optimizer("
-                    "...) (tf.compat.v1.train GradientDescentOptimizer / AdagradOptimizer / AdamOptimizer) before "
-                    "minimize(), or look the table up with training=False."
-                )
+            if mode == tf.estimator.ModeKeys.TRAIN and getattr(owner, "trainable", True):
+                _check_trained(owner, name, graph, updated)
     return owners
+
+
+def _check_trained(owner, name: str, graph: tf.Graph, updated: set) -> None:
+    if getattr(owner, "_training_graph", None) is not graph:
+        raise CaptureError(
+            f"hybridtf.estimator: dynamic table {name!r} is only read (an inference lookup) in this TRAIN graph, so "
+            "it would neither store new ids nor learn. Call the layer with training=(mode == "
+            "tf.estimator.ModeKeys.TRAIN) (Keras does not set it in a model_fn), or set layer.trainable = False "
+            "to keep the table frozen."
+        )
+    if owner.table.resource_handle.op.name not in updated:
+        raise CaptureError(
+            f"hybridtf.estimator: dynamic table {name!r} is looked up for training but its fused update is not in "
+            "the graph, so it would not learn. Pass the optimizer through hybridtf.keras.dynamic_optimizer(...) "
+            "(tf.compat.v1.train GradientDescentOptimizer / AdagradOptimizer / AdamOptimizer) before minimize()."
+        )
 
 
 def _checkpoint_tables(model_dir) -> dict | None:
