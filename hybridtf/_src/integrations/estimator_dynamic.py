@@ -17,6 +17,8 @@ rows). After the model_fn's real pass, ``finish_graph``:
   runs it every N steps and when training ends) and its statistics op to
   the graph's ``EstimatorReport`` (``StatsHook`` logs hit ratios, sizes,
   inserts and evictions);
+* refuses to run under Horovod with more than one rank (dynamic tables are
+  not sharded over ranks here yet: each rank would train its own copy);
 * in TRAIN mode, checks that every trainable dynamic table is looked up
   for training and has a fused update in the graph: a table read for
   inference (Keras leaves ``training`` unset in a model_fn) or whose buffer
@@ -33,6 +35,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
 
 PREFIX = "hybridtf_dynamic"
@@ -114,6 +117,13 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
     owners = dynamic_owners(graph)
     if not owners:
         return owners
+    world = current_world()
+    if world.size > 1:
+        raise CaptureError(
+            f"hybridtf.estimator: dynamic table(s) {[o.table.name for o in owners]} under Horovod with "
+            f"{world.size} ranks: dynamic tables are not sharded over ranks in Estimator model_fns yet, so each "
+            "rank would train its own copy. Train them in one process, or use fixed-vocabulary tables here."
+        )
     updated = _updated_handles(graph) if mode == tf.estimator.ModeKeys.TRAIN else set()
     with graph.as_default():
         for owner in owners:
