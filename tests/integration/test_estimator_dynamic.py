@@ -266,3 +266,19 @@ def test_tf1_checkpoint_entry_of_another_table_is_refused(tmp_path):
                 tf.errors.InvalidArgumentError, match=r"items\W+: the checkpoint entry holds another table"
             ):
                 saver.restore(sess, prefix)
+
+
+def test_warm_start_runs_and_warns_that_dynamic_tables_start_empty(uninterrupted, tmp_path, caplog):
+    model_dir, _, _, _ = uninterrupted
+    config = tf.estimator.RunConfig(tf_random_seed=1, save_summary_steps=None, log_step_count_steps=None)
+    est = tf.estimator.Estimator(
+        htf_estimator.model_fn(dynamic_model_fn),
+        model_dir=str(tmp_path),
+        config=config,
+        params={"kind": "adagrad"},
+        warm_start_from=str(model_dir),
+    )
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        _train(est, 1, first_batch=40)
+    assert "does not warm-start dynamic (HybridHash) tables yet: ['items']" in caplog.text
+    assert tf.train.load_variable(str(tmp_path), "hybridtf_dynamic/items/step") == 1  # started empty, not at 40

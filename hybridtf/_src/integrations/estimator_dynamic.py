@@ -5,9 +5,12 @@ built by the model_fn has, in the TF1 graph, a HybridHash resource and two
 per-step buffers (the step's distinct ids and a trainable variable of their
 rows). After the model_fn's real pass, ``finish_graph``:
 
-* moves the buffers from ``GLOBAL_VARIABLES`` to ``LOCAL_VARIABLES``: they
-  are initialized with the local variables and never checkpointed nor
-  broadcast (they hold one step's rows, the table holds the state);
+* moves the buffers from ``GLOBAL_VARIABLES`` (and ``TRAINABLE_VARIABLES``,
+  once the model_fn built its gradients) to ``LOCAL_VARIABLES``: they are
+  initialized with the local variables and never checkpointed, broadcast or
+  warm-started (they hold one step's rows, the table holds the state);
+  ``warm_start_from`` does not warm-start the tables themselves yet (a
+  warning says so);
 * registers one ``TableSaveable`` per table in ``SAVEABLE_OBJECTS``, so the
   Estimator's Saver (hybridtf's or the default one) writes the table's export
   (hot tier written back first): ``hybridtf_dynamic/<table>/{ids, rows,
@@ -31,6 +34,8 @@ into a model whose tables differ fails with a message naming the tables.
 
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
@@ -38,6 +43,7 @@ from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
 
+_log = logging.getLogger("hybridtf")
 PREFIX = "hybridtf_dynamic"
 _FIELDS = ("ids", "rows", "slots", "counts", "slot_init", "step", "table_name")
 _APPLY_OPS = frozenset(
@@ -87,13 +93,28 @@ def dynamic_owners(graph: tf.Graph) -> list:
 
 
 def _move_to_local(graph: tf.Graph, variables) -> None:
-    globals_ = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    """Local variables from now on; out of TRAINABLE_VARIABLES too (the gradients exist), so that
+    ``warm_start_from`` (which selects trainable variables by default) does not look them up."""
     local = graph.get_collection_ref(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+    for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES):
+        ref = graph.get_collection_ref(key)
+        ref[:] = [v for v in ref if not any(v is var for var in variables)]
     for var in variables:
-        if any(v is var for v in globals_):
-            globals_[:] = [v for v in globals_ if v is not var]
         if not any(v is var for v in local):
             local.append(var)
+
+
+def _warn_warm_start(owners, mode) -> None:
+    from hybridtf._src.integrations.estimator_warm_start import _calling_estimator
+
+    est = _calling_estimator() if mode in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) else None
+    if est is not None and getattr(est, "_warm_start_settings", None) is not None:
+        _log.warning(
+            "hybridtf.estimator: warm_start_from does not warm-start dynamic (HybridHash) tables yet: %s start "
+            "empty unless model_dir holds a checkpoint. To continue a dynamic table, train on in (a copy of) the "
+            "model_dir that holds it.",
+            [o.table.name for o in owners],
+        )
 
 
 def _updated_handles(graph: tf.Graph) -> set:
@@ -103,6 +124,11 @@ def _updated_handles(graph: tf.Graph) -> set:
         if op.type in _APPLY_OPS:
             names.add(op.inputs[0].op.name)
     return names
+
+
+def finish(graph: tf.Graph, mode, report, config) -> None:
+    """``finish_graph`` then ``check_checkpoint``: what ``estimator.build`` calls after the model_fn."""
+    check_checkpoint(finish_graph(graph, mode, report), config)
 
 
 def finish_graph(graph: tf.Graph, mode, report) -> list:
@@ -124,6 +150,7 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
             f"{world.size} ranks: dynamic tables are not sharded over ranks in Estimator model_fns yet, so each "
             "rank would train its own copy. Train them in one process, or use fixed-vocabulary tables here."
         )
+    _warn_warm_start(owners, mode)
     updated = _updated_handles(graph) if mode == tf.estimator.ModeKeys.TRAIN else set()
     with graph.as_default():
         for owner in owners:
