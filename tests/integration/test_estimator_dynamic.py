@@ -282,3 +282,27 @@ def test_warm_start_runs_and_warns_that_dynamic_tables_start_empty(uninterrupted
         _train(est, 1, first_batch=40)
     assert "does not warm-start dynamic (HybridHash) tables yet: ['items']" in caplog.text
     assert tf.train.load_variable(str(tmp_path), "hybridtf_dynamic/items/step") == 1  # started empty, not at 40
+
+
+def mixed_model_fn(features, labels, mode, params):
+    """A packed static Embedding next to a DynamicEmbedding (hybridtf's own Saver writes both)."""
+    init = tf.keras.initializers.Constant(INIT_ROWS)
+    static = tf.keras.layers.Embedding(V, D, embeddings_initializer=init, name="static")(features["a"])
+    if params.get("plain"):
+        dyn = tf.keras.layers.Embedding(V, D, embeddings_initializer=init, name="items")(features["b"])
+        opt = _v1("adagrad")
+    else:
+        dyn = htf.layers.DynamicEmbedding(D, name="items", **TABLE)(features["b"], training=mode == TRAIN)
+        opt = htf.keras.dynamic_optimizer(_v1("adagrad"))
+    return _head(mode, labels, tf.stack([static, dyn], axis=1), opt)
+
+
+def test_packed_static_table_next_to_a_dynamic_one(tmp_path):
+    plain = _train(_estimator(mixed_model_fn, tmp_path / "plain", plain=True), 16)
+    full = _train(_estimator(htf_estimator.model_fn(mixed_model_fn), tmp_path / "full"), 16)
+    np.testing.assert_allclose(full, plain, rtol=1e-5)
+    est = _estimator(htf_estimator.model_fn(mixed_model_fn), tmp_path / "resumed")
+    resumed = np.concatenate([_train(est, 8), _train(est, 8, first_batch=8)])
+    np.testing.assert_array_equal(resumed, full)
+    names = {n for n, _ in tf.train.list_variables(str(tmp_path / "resumed"))}
+    assert {"static/embeddings", "static/embeddings/Adagrad", "hybridtf_dynamic/items/rows"} <= names
