@@ -177,7 +177,7 @@ def test_tables_api_and_other_optimizers_equal_plain(fn, kind, tmp_path):
     np.testing.assert_allclose(dyn, plain, rtol=1e-5)
 
 
-def test_evaluate_reads_without_inserting(uninterrupted, tmp_path):
+def test_evaluate_equals_plain(uninterrupted, tmp_path):
     model_dir, _, _, _ = uninterrupted
     est = _estimator(htf_estimator.model_fn(dynamic_model_fn), model_dir, kind="adagrad")
     plain_dir = tmp_path / "plain"
