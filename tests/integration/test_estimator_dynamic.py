@@ -306,3 +306,26 @@ def test_packed_static_table_next_to_a_dynamic_one(tmp_path):
     np.testing.assert_array_equal(resumed, full)
     names = {n for n, _ in tf.train.list_variables(str(tmp_path / "resumed"))}
     assert {"static/embeddings", "static/embeddings/Adagrad", "hybridtf_dynamic/items/rows"} <= names
+
+
+def table_only_model_fn(features, labels, mode, params):
+    """No dense layer: the dynamic table is the only trainable state (TF1 Adam's beta powers come from us)."""
+    if params.get("plain"):
+        init = tf.keras.initializers.Constant(INIT_ROWS)
+        emb = tf.keras.layers.Embedding(V, D, embeddings_initializer=init, name="items")(_ids(features))
+        opt = _v1("adam")
+    else:
+        emb = htf.layers.DynamicEmbedding(D, name="items", **TABLE)(_ids(features), training=mode == TRAIN)
+        opt = htf.keras.dynamic_optimizer(_v1("adam"))
+    pred = tf.sigmoid(tf.reduce_sum(emb, axis=[1, 2])[:, None])
+    loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, pred))
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_adam_with_only_dynamic_tables_equals_plain(tmp_path):
+    dyn = _train(_estimator(htf_estimator.model_fn(table_only_model_fn), tmp_path / "dyn"), 20)
+    plain = _train(_estimator(table_only_model_fn, tmp_path / "plain", plain=True), 20)
+    np.testing.assert_allclose(dyn, plain, rtol=1e-5)
+    assert tf.train.load_variable(str(tmp_path / "dyn"), "global_step") == 20
