@@ -268,20 +268,43 @@ def test_tf1_checkpoint_entry_of_another_table_is_refused(tmp_path):
                 saver.restore(sess, prefix)
 
 
-def test_warm_start_runs_and_warns_that_dynamic_tables_start_empty(uninterrupted, tmp_path, caplog):
-    model_dir, _, _, _ = uninterrupted
+def _warm_estimator(model_dir, warm_start, **params):
     config = tf.estimator.RunConfig(tf_random_seed=1, save_summary_steps=None, log_step_count_steps=None)
-    est = tf.estimator.Estimator(
+    return tf.estimator.Estimator(
         htf_estimator.model_fn(dynamic_model_fn),
-        model_dir=str(tmp_path),
+        model_dir=str(model_dir),
         config=config,
-        params={"kind": "adagrad"},
-        warm_start_from=str(model_dir),
+        params={"kind": "adagrad", **params},
+        warm_start_from=warm_start,
     )
-    with caplog.at_level("WARNING", logger="hybridtf"):
-        _train(est, 1, first_batch=40)
-    assert "does not warm-start dynamic (HybridHash) tables yet: ['items']" in caplog.text
-    assert tf.train.load_variable(str(tmp_path), "hybridtf_dynamic/items/step") == 1  # started empty, not at 40
+
+
+def test_warm_start_imports_the_dynamic_tables(uninterrupted, tmp_path):
+    model_dir, _, _, _ = uninterrupted
+    load = tf.train.load_variable
+    _train(_warm_estimator(tmp_path / "all", str(model_dir)), 1, first_batch=40)
+    assert load(str(tmp_path / "all"), "hybridtf_dynamic/items/step") == 41  # went on from step 40
+    old_ids, old_rows = (load(str(model_dir), f"hybridtf_dynamic/items/{f}") for f in ("ids", "rows"))
+    ids, rows = (load(str(tmp_path / "all"), f"hybridtf_dynamic/items/{f}") for f in ("ids", "rows"))
+    untouched = np.setdiff1d(old_ids, DATA[0][40 * BATCH : 41 * BATCH])
+    assert set(old_ids) <= set(ids) and len(untouched) > 0
+    np.testing.assert_array_equal(rows[np.searchsorted(ids, untouched)], old_rows[np.searchsorted(old_ids, untouched)])
+    # a second train() restores its own checkpoint, not the warm start
+    _train(_warm_estimator(tmp_path / "all", str(model_dir)), 1, first_batch=41)
+    assert load(str(tmp_path / "all"), "hybridtf_dynamic/items/step") == 42
+
+    dense_only = tf.estimator.WarmStartSettings(str(model_dir), vars_to_warm_start="dense.*")
+    _train(_warm_estimator(tmp_path / "dense", dense_only), 1, first_batch=40)
+    assert load(str(tmp_path / "dense"), "hybridtf_dynamic/items/step") == 1  # not selected: started empty
+
+    renamed = _warm_estimator(tmp_path / "renamed", str(model_dir), name="users")
+    with pytest.raises(ValueError, match=r"'users' is selected but .* no 'hybridtf_dynamic/users'.*\['items'\]"):
+        _train(renamed, 1)
+    mapped = tf.estimator.WarmStartSettings(
+        str(model_dir), var_name_to_prev_var_name={"hybridtf_dynamic/users": "hybridtf_dynamic/items"}
+    )
+    _train(_warm_estimator(tmp_path / "mapped", mapped, name="users"), 1, first_batch=40)
+    assert load(str(tmp_path / "mapped"), "hybridtf_dynamic/users/step") == 41
 
 
 def mixed_model_fn(features, labels, mode, params):

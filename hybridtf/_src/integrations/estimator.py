@@ -449,7 +449,7 @@ def build(
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
     if not report.packed:
         spec = user_fn(**kwargs)
-        estimator_dynamic.finish(real_graph, mode, report, config)
+        spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
         attach_report(real_graph, report)
@@ -463,7 +463,7 @@ def build(
         rep.outputs = _TablesOutputs(real)
         spec = user_fn(**kwargs)
     real.check_done()
-    estimator_dynamic.finish(real_graph, mode, report, config)
+    spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}
         members = {}

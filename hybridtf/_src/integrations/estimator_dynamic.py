@@ -9,8 +9,6 @@ rows). After the model_fn's real pass, ``finish_graph``:
   once the model_fn built its gradients) to ``LOCAL_VARIABLES``: they are
   initialized with the local variables and never checkpointed, broadcast or
   warm-started (they hold one step's rows, the table holds the state);
-  ``warm_start_from`` does not warm-start the tables themselves yet (a
-  warning says so);
 * registers one ``TableSaveable`` per table in ``SAVEABLE_OBJECTS``, so the
   Estimator's Saver (hybridtf's or the default one) writes the table's export
   (hot tier written back first): ``hybridtf_dynamic/<table>/{ids, rows,
@@ -27,25 +25,25 @@ rows). After the model_fn's real pass, ``finish_graph``:
   inference (Keras leaves ``training`` unset in a model_fn) or whose buffer
   went through a plain optimizer would silently not learn.
 
-Before the graph is built, ``check_checkpoint`` compares the dynamic tables
-of the model_dir's latest checkpoint with the model_fn's, so that a restore
-into a model whose tables differ fails with a message naming the tables.
+``warm_start_from`` imports the selected tables from the warm-start
+checkpoint (``estimator_dynamic_warm_start``). After the graph is built,
+``check_checkpoint`` compares the dynamic tables of the model_dir's latest
+checkpoint with the model_fn's, so that a restore into a model whose tables
+differ fails with a message naming the tables.
 """
 
 from __future__ import annotations
-
-import logging
 
 import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.integrations import estimator_dynamic_warm_start
 from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
 
-_log = logging.getLogger("hybridtf")
-PREFIX = "hybridtf_dynamic"
-_FIELDS = ("ids", "rows", "slots", "counts", "slot_init", "step", "table_name")
+PREFIX = estimator_dynamic_warm_start.PREFIX  # checkpoint keys: <PREFIX>/<table>/<field>
+_FIELDS = (*estimator_dynamic_warm_start.FIELDS, "table_name")
 _APPLY_OPS = frozenset(
     {"HybridTF>HybridHashApplySgd", "HybridTF>HybridHashApplyAdagrad", "HybridTF>HybridHashApplyAdam"}
 )
@@ -104,19 +102,6 @@ def _move_to_local(graph: tf.Graph, variables) -> None:
             local.append(var)
 
 
-def _warn_warm_start(owners, mode) -> None:
-    from hybridtf._src.integrations.estimator_warm_start import _calling_estimator
-
-    est = _calling_estimator() if mode in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL) else None
-    if est is not None and getattr(est, "_warm_start_settings", None) is not None:
-        _log.warning(
-            "hybridtf.estimator: warm_start_from does not warm-start dynamic (HybridHash) tables yet: %s start "
-            "empty unless model_dir holds a checkpoint. To continue a dynamic table, train on in (a copy of) the "
-            "model_dir that holds it.",
-            [o.table.name for o in owners],
-        )
-
-
 def _updated_handles(graph: tf.Graph) -> set:
     """Names of the HybridHash handle ops that a fused update of ``graph`` writes to."""
     names = set()
@@ -126,9 +111,16 @@ def _updated_handles(graph: tf.Graph) -> set:
     return names
 
 
-def finish(graph: tf.Graph, mode, report, config) -> None:
-    """``finish_graph`` then ``check_checkpoint``: what ``estimator.build`` calls after the model_fn."""
-    check_checkpoint(finish_graph(graph, mode, report), config)
+def finish(spec, graph: tf.Graph, mode, report, config):
+    """What ``estimator.build`` calls after the model_fn: ``finish_graph``, ``check_checkpoint``, warm start.
+
+    Returns:
+        ``spec``, with a Scaffold that warm-starts the dynamic tables when the calling Estimator warm-starts.
+    """
+    owners = finish_graph(graph, mode, report)
+    check_checkpoint(owners, config)
+    with graph.as_default():
+        return estimator_dynamic_warm_start.apply(spec, owners, mode)
 
 
 def finish_graph(graph: tf.Graph, mode, report) -> list:
@@ -150,7 +142,6 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
             f"{world.size} ranks: dynamic tables are not sharded over ranks in Estimator model_fns yet, so each "
             "rank would train its own copy. Train them in one process, or use fixed-vocabulary tables here."
         )
-    _warn_warm_start(owners, mode)
     updated = _updated_handles(graph) if mode == tf.estimator.ModeKeys.TRAIN else set()
     with graph.as_default():
         for owner in owners:
