@@ -125,9 +125,16 @@ def uninterrupted(tmp_path_factory):
     return model_dir, losses, hooks, lines
 
 
-def test_dynamic_embedding_model_fn_equals_plain_embedding(uninterrupted, tmp_path):
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory):
+    """The same 40 steps of the plain model_fn (an Embedding started from the same rows)."""
+    model_dir = tmp_path_factory.mktemp("plain_full")
+    return model_dir, _train(_estimator(plain_model_fn, model_dir, kind="adagrad"), 40)
+
+
+def test_dynamic_embedding_model_fn_equals_plain_embedding(uninterrupted, plain_run):
     model_dir, losses, _, _ = uninterrupted
-    plain = _train(_estimator(plain_model_fn, tmp_path, kind="adagrad"), 40)
+    tmp_path, plain = plain_run
     assert len(losses) == 40
     np.testing.assert_allclose(losses, plain, rtol=1e-5)
     # the learned rows are the plain model's rows (the checkpoint holds the table's export)
@@ -172,16 +179,15 @@ def test_resume_from_checkpoint_is_bit_identical(uninterrupted, tmp_path):
 
 @pytest.mark.parametrize("fn, kind", [(tables_model_fn, "adam"), (dynamic_model_fn, "sgd")])
 def test_tables_api_and_other_optimizers_equal_plain(fn, kind, tmp_path):
-    dyn = _train(_estimator(htf_estimator.model_fn(fn), tmp_path / "dyn", kind=kind), 25)
-    plain = _train(_estimator(plain_model_fn, tmp_path / "plain", kind=kind), 25)
+    dyn = _train(_estimator(htf_estimator.model_fn(fn), tmp_path / "dyn", kind=kind), 15)
+    plain = _train(_estimator(plain_model_fn, tmp_path / "plain", kind=kind), 15)
     np.testing.assert_allclose(dyn, plain, rtol=1e-5)
 
 
-def test_evaluate_equals_plain(uninterrupted, tmp_path):
+def test_evaluate_equals_plain(uninterrupted, plain_run):
     model_dir, _, _, _ = uninterrupted
     est = _estimator(htf_estimator.model_fn(dynamic_model_fn), model_dir, kind="adagrad")
-    plain_dir = tmp_path / "plain"
-    _train(_estimator(plain_model_fn, plain_dir, kind="adagrad"), 40)
+    plain_dir = plain_run[0]
     ev = est.evaluate(lambda: _input_fn(40), steps=5)
     ev_plain = _estimator(plain_model_fn, plain_dir, kind="adagrad").evaluate(lambda: _input_fn(40), steps=5)
     np.testing.assert_allclose(ev["loss"], ev_plain["loss"], rtol=1e-5)
@@ -321,11 +327,11 @@ def mixed_model_fn(features, labels, mode, params):
 
 
 def test_packed_static_table_next_to_a_dynamic_one(tmp_path):
-    plain = _train(_estimator(mixed_model_fn, tmp_path / "plain", plain=True), 16)
-    full = _train(_estimator(htf_estimator.model_fn(mixed_model_fn), tmp_path / "full"), 16)
+    plain = _train(_estimator(mixed_model_fn, tmp_path / "plain", plain=True), 12)
+    full = _train(_estimator(htf_estimator.model_fn(mixed_model_fn), tmp_path / "full"), 12)
     np.testing.assert_allclose(full, plain, rtol=1e-5)
     est = _estimator(htf_estimator.model_fn(mixed_model_fn), tmp_path / "resumed")
-    resumed = np.concatenate([_train(est, 8), _train(est, 8, first_batch=8)])
+    resumed = np.concatenate([_train(est, 6), _train(est, 6, first_batch=6)])
     np.testing.assert_array_equal(resumed, full)
     names = {n for n, _ in tf.train.list_variables(str(tmp_path / "resumed"))}
     assert {"static/embeddings", "static/embeddings/Adagrad", "hybridtf_dynamic/items/rows"} <= names
@@ -348,7 +354,7 @@ def table_only_model_fn(features, labels, mode, params):
 
 
 def test_adam_with_only_dynamic_tables_equals_plain(tmp_path):
-    dyn = _train(_estimator(htf_estimator.model_fn(table_only_model_fn), tmp_path / "dyn"), 20)
-    plain = _train(_estimator(table_only_model_fn, tmp_path / "plain", plain=True), 20)
+    dyn = _train(_estimator(htf_estimator.model_fn(table_only_model_fn), tmp_path / "dyn"), 12)
+    plain = _train(_estimator(table_only_model_fn, tmp_path / "plain", plain=True), 12)
     np.testing.assert_allclose(dyn, plain, rtol=1e-5)
-    assert tf.train.load_variable(str(tmp_path / "dyn"), "global_step") == 20
+    assert tf.train.load_variable(str(tmp_path / "dyn"), "global_step") == 12
