@@ -58,7 +58,9 @@ class EstimatorReport:
     def summary(self) -> str:
         """One paragraph for logs."""
         lines = []
-        if not self.packed:
+        if not self.packed and self.dynamic_tables:
+            lines.append("hybridtf: no fixed-vocabulary embedding lookups to pack in this model_fn.")
+        elif not self.packed:
             lines.append(
                 "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups and no packable "
                 "tf.keras.layers.Embedding / hybridtf.layers.EmbeddingBag); it runs unchanged."
