@@ -8,10 +8,11 @@ Example:
     ...     m.compile(optimizer="adagrad", loss="binary_crossentropy")
     >>> print(hybridtf.report.report(model, (features, labels), baseline=plain))
     >>> hybridtf.report.count_ops(model, (features, labels))["total"]
+    >>> hybridtf.report.dynamic_tables(model)["user"]["hit_ratio"]     # DynamicEmbedding / Tables statistics
 
 Command line (needs the repository checkout: it builds the models of ``benchmarks/``)::
 
-    python -m hybridtf.report --model wdl|deepfm|dlrm|din --fields criteo|200 [--json]
+    python -m hybridtf.report --model wdl|deepfm|dlrm|din|none --fields criteo|200 [--dynamic STEPS] [--json]
 """
 
 if __name__ == "__main__":  # the command: quiet TensorFlow's C++ logs (a library import changes nothing)
@@ -29,8 +30,21 @@ from hybridtf._src.report import (
     main,
     report,
 )
+from hybridtf._src.report_dynamic import DynamicSection, dynamic_section, dynamic_tables
 
-__all__ = ["COUNTING_RULE", "PLUMBING_OPS", "Report", "TableStats", "count_graph_ops", "count_ops", "main", "report"]
+__all__ = [
+    "COUNTING_RULE",
+    "PLUMBING_OPS",
+    "DynamicSection",
+    "Report",
+    "TableStats",
+    "count_graph_ops",
+    "count_ops",
+    "dynamic_section",
+    "dynamic_tables",
+    "main",
+    "report",
+]
 
 if __name__ == "__main__":
     raise SystemExit(main())

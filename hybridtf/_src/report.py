@@ -590,7 +590,7 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m hybridtf.report", description="hybridtf op-count report")
-    parser.add_argument("--model", choices=("wdl", "deepfm", "dlrm", "din"), default="wdl")
+    parser.add_argument("--model", choices=("wdl", "deepfm", "dlrm", "din", "none"), default="wdl")
     parser.add_argument("--fields", choices=("criteo", "200", "f200"), default="criteo")
     parser.add_argument("--batch", type=int, default=256, help="batch size of the traced step (default 256)")
     parser.add_argument(
@@ -600,7 +600,15 @@ def main(argv=None) -> int:
     parser.add_argument("--interleave-from", choices=("embedding", "mlp"), default="embedding")
     parser.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--dynamic", type=int, default=0, metavar="STEPS", help="dynamic-table section: train STEPS")
     args = parser.parse_args(argv)
+    if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
+        from hybridtf._src.report_dynamic import dynamic_section
+
+        section = dynamic_section(steps=args.dynamic)
+        print(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
+    if args.model == "none":
+        return 0
     try:
         from benchmarks import bench_keras
     except ImportError as err:

@@ -7,4 +7,9 @@
 * ``optimizer``: routes a DynamicEmbedding's gradient to the table's fused
   update with the table's own optimizer slots.
 * ``metrics``: hit ratio, size, inserts and evictions in the Keras logs.
+* ``dynamic_table``: ``DynamicTableConfig`` / ``DynamicTable``, dynamic tables
+  of the functional ``Tables`` API.
+* ``v1_optimizer``: the same optimizer hook for ``tf.compat.v1.train``
+  optimizers (Estimator model_fns).
+* ``stats``: the reported metrics (hit ratios, sizes, inserts, evictions).
 """

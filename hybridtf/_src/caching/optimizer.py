@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.integrations.keras_optimizers import fusable
 
@@ -55,22 +56,31 @@ def dynamic_optimizer(optimizer):
 
     Args:
         optimizer: a ``tf.keras.optimizers`` SGD (no momentum), Adagrad, Adam
-            or ``hybridtf.keras.LazyAdam`` instance (or its string name).
+            or ``hybridtf.keras.LazyAdam`` instance (or its string name), or a
+            ``tf.compat.v1.train`` GradientDescentOptimizer, AdagradOptimizer or
+            AdamOptimizer (Estimator model_fns; see ``caching/v1_optimizer.py``).
 
     Returns:
         The same optimizer object, now routing DynamicEmbedding gradients to
         the tables' fused updates.
 
     Raises:
-        TypeError: not a Keras optimizer.
+        TypeError: neither a Keras nor a ``tf.compat.v1.train`` optimizer.
 
     Example:
         >>> model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adam(1e-3)), loss="mse")
     """
     if isinstance(optimizer, str):
         optimizer = tf.keras.optimizers.get(optimizer)
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        if not isinstance(optimizer, V1DynamicOptimizerMixin):
+            optimizer.__class__ = runtime_subclass(V1DynamicOptimizerMixin, type(optimizer))
+        return optimizer
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
-        raise TypeError(f"dynamic_optimizer needs a tf.keras.optimizers.Optimizer, got {type(optimizer).__name__}.")
+        raise TypeError(
+            "dynamic_optimizer needs a tf.keras.optimizers.Optimizer or a tf.compat.v1.train.Optimizer, got "
+            f"{type(optimizer).__name__}."
+        )
     if not isinstance(optimizer, _DynamicOptimizerMixin):
         optimizer.__class__ = runtime_subclass(_DynamicOptimizerMixin, type(optimizer))
     return optimizer

@@ -330,15 +330,25 @@ class Tables(tf.Module):
     ``hybridtf.function`` all lookups of a step run together, one chain per
     packed table. Train the tables with ``tables.trainable_variables``.
 
+    Dynamic tables (``hybridtf.embedding.DynamicTableConfig``: no vocabulary,
+    any int64 id, a HybridHash store with hot/cold tiers) can sit next to the
+    fixed ones. Their lookups find-or-insert ids when ``training`` and run on
+    their own (one HybridHash chain each, see ``caching/dynamic_table.py``);
+    train them with an optimizer passed through
+    ``hybridtf.keras.dynamic_optimizer`` (Keras, or ``tf.compat.v1.train`` in
+    Estimator model_fns); checkpoints hold their ids, rows, optimizer slots
+    and counts under ``tables/<table name>``.
+
     Args:
-        tables: the ``TableConfig`` of every table (unique names).
-        plan: a packing plan of exactly these tables (e.g. edited and loaded
-            from JSON); planned automatically when None.
+        tables: the ``TableConfig`` / ``DynamicTableConfig`` of every table
+            (unique names).
+        plan: a packing plan of exactly the fixed-vocabulary tables (e.g.
+            edited and loaded from JSON); planned automatically when None.
         name: the module's name.
 
     Raises:
         ValueError: duplicate table names, or a plan that does not match.
-        TypeError: an entry of ``tables`` is not a ``TableConfig``.
+        TypeError: an entry of ``tables`` is not a ``TableConfig`` or ``DynamicTableConfig``.
 
     Example:
         >>> tables = Tables([TableConfig("user", 1000, 8), TableConfig("item", 5000, 8)])
@@ -348,17 +358,22 @@ class Tables(tf.Module):
     """
 
     def __init__(self, tables: Sequence[TableConfig], plan: PackingPlan | None = None, name: str = "hybridtf_tables"):
+        from hybridtf._src.caching.dynamic_table import DynamicTable, DynamicTableConfig
+
         super().__init__(name=name)
-        configs = list(tables)
-        for c in configs:
-            if not isinstance(c, TableConfig):
-                raise TypeError(f"Tables takes TableConfig entries, got {type(c).__name__}.")
-        if not configs:
+        entries = list(tables)
+        for c in entries:
+            if not isinstance(c, (TableConfig, DynamicTableConfig)):
+                raise TypeError(f"Tables takes TableConfig or DynamicTableConfig entries, got {type(c).__name__}.")
+        if not entries:
             raise ValueError("Tables needs at least one TableConfig.")
-        names = [c.name for c in configs]
+        names = [c.name for c in entries]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ValueError(f"table name(s) {', '.join(map(repr, dupes))} are used twice; table names must be unique.")
+        configs = [c for c in entries if isinstance(c, TableConfig)]
+        self._dynamic = {c.name: DynamicTable(c) for c in entries if isinstance(c, DynamicTableConfig)}
+        self._order = names
         specs = [c.spec() for c in configs]
         if plan is None:
             plan = plan_packing(specs)
@@ -372,7 +387,7 @@ class Tables(tf.Module):
         self._configs = {c.name: c for c in configs}
         self._storage = storage
         self._own = own
-        self._views = {n: storage.view(n) for n in names if n not in own}
+        self._views = {c.name: storage.view(c.name) for c in configs if c.name not in own}
         self._htf_runtime = _TablesRuntime(plan, storage, own)
 
     @property
@@ -383,7 +398,12 @@ class Tables(tf.Module):
     @property
     def table_names(self) -> list[str]:
         """The tables' names, in configuration order."""
-        return list(self._configs)
+        return list(self._order)
+
+    @property
+    def dynamic_tables(self) -> dict:
+        """The dynamic tables by name (``DynamicTable``: ``.table`` is the HybridHash store, ``.stats()``)."""
+        return dict(self._dynamic)
 
     def table(self, name: str):
         """Table ``name``'s weights: a ``TableView`` of its rows, or its own variable if unpacked.
@@ -403,12 +423,17 @@ class Tables(tf.Module):
     def _config(self, name: str) -> TableConfig:
         config = self._configs.get(name) if isinstance(name, str) else None
         if config is None:
-            shown = ", ".join(map(repr, list(self._configs)[:10])) + (", ..." if len(self._configs) > 10 else "")
+            if isinstance(name, str) and name in self._dynamic:
+                raise ValueError(
+                    f"table {name!r} of {self.name!r} is a dynamic (HybridHash) table: it has no weights variable; "
+                    f"use tables.dynamic_tables[{name!r}].table (export(), stats())."
+                )
+            shown = ", ".join(map(repr, self._order[:10])) + (", ..." if len(self._order) > 10 else "")
             raise ValueError(f"no embedding table named {name!r} in {self.name!r} (tables: {shown}).")
         return config
 
     @tf.autograph.experimental.do_not_convert
-    def lookup(self, name: str, ids, combiner: str = "none"):
+    def lookup(self, name: str, ids, combiner: str = "none", training: bool | None = None):
         """Looks up ``ids`` in table ``name``.
 
         Args:
@@ -420,6 +445,11 @@ class Tables(tf.Module):
                 ``[batch, L]`` tensor (every entry counts); output
                 ``[batch, dim]``, zeros for empty bags.
             combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
+            training: dynamic tables only: True (and None) inserts unseen ids,
+                counts them for Algorithm 1 and makes the rows trainable;
+                False only reads (an unseen id gets its initial row and is
+                not stored). Pass ``mode == tf.estimator.ModeKeys.TRAIN`` in
+                model_fns. Fixed tables ignore it.
 
         Returns:
             The embeddings.
@@ -433,6 +463,8 @@ class Tables(tf.Module):
         Example:
             >>> emb = tables.lookup("item", tf.sparse.from_dense([[1, 0], [2, 3]]), combiner="sum")
         """
+        if isinstance(name, str) and name in self._dynamic:
+            return self._dynamic[name].lookup(ids, combiner, training is None or bool(training))
         config = self._config(name)
         ids = prepare_ids(ids, combiner, name)
         if save_context.in_save_context():
@@ -455,14 +487,15 @@ class Tables(tf.Module):
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = {name: self.table(name) for name in self._configs}
+        children.update({name: t.table for name, t in self._dynamic.items()})
         if save_type == "savedmodel":  # traced functions capture the packed variables
             children["hybridtf_packed_tables"] = self._storage
         return children
 
 
 @tf.autograph.experimental.do_not_convert
-def lookup(tables: Tables, name: str, ids, combiner: str = "none"):
-    """Functional form of ``tables.lookup(name, ids, combiner)``.
+def lookup(tables: Tables, name: str, ids, combiner: str = "none", training: bool | None = None):
+    """Functional form of ``tables.lookup(name, ids, combiner, training)``.
 
     Example:
         >>> emb = lookup(tables, "user", tf.constant([3, 7]))
@@ -471,4 +504,4 @@ def lookup(tables: Tables, name: str, ids, combiner: str = "none"):
         raise TypeError(
             f"lookup() takes a hybridtf.embedding.Tables as its first argument, got {type(tables).__name__}."
         )
-    return tables.lookup(name, ids, combiner)
+    return tables.lookup(name, ids, combiner, training)

@@ -45,8 +45,8 @@ from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR, Tables
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_capture as capture
+from hybridtf._src.integrations import estimator_dynamic, estimator_warm_start
 from hybridtf._src.integrations import estimator_graph as graph_util
-from hybridtf._src.integrations import estimator_warm_start
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_saver import with_saver
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
@@ -152,6 +152,7 @@ class _Record:
         known = {info.variable.op.name for info in self.tables.values()}
         for tables in self.tables_sets:
             known.update(v.op.name for v in tables.variables)
+        known.update(o._rows_buffer.op.name for o in estimator_dynamic.dynamic_owners(self.graph))
         found = []
         for op in self.graph.get_operations():
             if op.type not in ("ResourceGather", "GatherV2"):
@@ -448,6 +449,7 @@ def build(
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
     if not report.packed:
         spec = user_fn(**kwargs)
+        spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
         attach_report(real_graph, report)
@@ -461,6 +463,7 @@ def build(
         rep.outputs = _TablesOutputs(real)
         spec = user_fn(**kwargs)
     real.check_done()
+    spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}
         members = {}

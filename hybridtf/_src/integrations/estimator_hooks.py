@@ -16,8 +16,8 @@ import tensorflow as tf
 
 _REPORT_ATTR = "_hybridtf_estimator_report"
 
-#: Graph collection of the ops that keep hybridtf's caches consistent (HybridHash flush);
-#: ``CacheMaintenanceHook`` runs them. Empty until a cache exists.
+#: Graph collection of the ops that keep hybridtf's caches consistent: the flush of every dynamic
+#: (HybridHash) table the wrapped model_fn created; ``CacheMaintenanceHook`` runs them.
 CACHE_MAINTENANCE = "hybridtf_cache_maintenance"
 
 _log = logging.getLogger("hybridtf")
@@ -39,6 +39,8 @@ class EstimatorReport:
         step_ops_plain: ops the step of the un-wrapped model_fn can run.
         step_ops_packed: ops the step of this graph can run.
         batch_size: int64 scalar tensor, examples in one step (or None).
+        dynamic_tables: dynamic (HybridHash) table name -> its statistics op
+            (an int64 vector in ``caching.table.STAT_NAMES`` order).
     """
 
     mode: str
@@ -51,11 +53,14 @@ class EstimatorReport:
     step_ops_plain: int = 0
     step_ops_packed: int = 0
     batch_size: Any = None
+    dynamic_tables: dict = dataclasses.field(default_factory=dict)
 
     def summary(self) -> str:
         """One paragraph for logs."""
         lines = []
-        if not self.packed:
+        if not self.packed and self.dynamic_tables:
+            lines.append("hybridtf: no fixed-vocabulary embedding lookups to pack in this model_fn.")
+        elif not self.packed:
             lines.append(
                 "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups and no packable "
                 "tf.keras.layers.Embedding / hybridtf.layers.EmbeddingBag); it runs unchanged."
@@ -66,6 +71,11 @@ class EstimatorReport:
                 f"hybridtf: {self.packed_lookups} embedding lookups packed ({self.tables_lookups} of them "
                 f"hybridtf.embedding.Tables lookups); layer tables: {chains} packed chain(s); step ops: plain "
                 f"{self.step_ops_plain} -> hybridtf {self.step_ops_packed}."
+            )
+        if self.dynamic_tables:
+            lines.append(
+                f"hybridtf: {len(self.dynamic_tables)} dynamic (HybridHash) table(s): "
+                f"{', '.join(map(repr, self.dynamic_tables))}."
             )
         for name, reason in self.skipped:
             lines.append(f"hybridtf: table {name!r} not packed: {reason}.")
@@ -94,7 +104,12 @@ def report_of(graph: tf.Graph | None = None) -> EstimatorReport | None:
 
 
 class StatsHook(tf.compat.v1.train.SessionRunHook):
-    """Logs hybridtf's statistics: what was packed (at ``begin``), steps/s and examples/s (every N steps).
+    """Logs hybridtf's statistics: what was packed (at ``begin``), steps/s, examples/s and dynamic tables.
+
+    Every N steps and at the end it logs throughput and, for each dynamic
+    (HybridHash) table of the wrapped model_fn, one line: hot-tier hit ratio
+    of the last step and cumulative, table size, hot rows used, inserts,
+    evictions and flushes (read after the step, in a separate run).
 
     Args:
         every_n_steps: log throughput every this many steps (None: only at the end).
@@ -107,11 +122,15 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
         report: the graph's ``EstimatorReport`` (None when not built by the wrapper).
         message: the line(s) logged at ``begin``.
         steps, examples: counted so far.
+        dynamic: dynamic table name -> its latest metrics
+            (``caching.stats.summarize``: hit_ratio, hit_ratio_cumulative,
+            size, hot_used, inserts, evictions, flushes, ...).
 
     Example:
         >>> hook = StatsHook(every_n_steps=100)
         >>> estimator.train(input_fn, steps=1000, hooks=[hook])
         >>> hook.stats()["examples_per_sec"]
+        >>> hook.stats()["dynamic_tables"]["user"]["hit_ratio"]
     """
 
     def __init__(self, every_n_steps: int | None = 100, batch_size: int | None = None, log_fn=None):
@@ -127,6 +146,8 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
         self._start = None
         self._elapsed = 0.0
         self._fetch = None
+        self._dynamic_fetch = {}
+        self.dynamic = {}
 
     def begin(self):
         self.report = report_of()
@@ -140,6 +161,8 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
         self._fetch = None
         if self._batch_size is None and self.report is not None:
             self._fetch = self.report.batch_size
+        self._dynamic_fetch = dict(self.report.dynamic_tables) if self.report is not None else {}
+        self.dynamic = {}
         self._log(self.message)
 
     def before_run(self, run_context):
@@ -158,10 +181,22 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
         self._elapsed = time.perf_counter() - self._start
         if self._every is not None and self.steps % self._every == 0:
             self._log(self._throughput())
+            self._log_dynamic(run_context.session)
 
     def end(self, session):
         if self.steps:
             self._log(self._throughput() + " (end)")
+            self._log_dynamic(session)
+
+    def _log_dynamic(self, session):
+        if not self._dynamic_fetch:
+            return
+        from hybridtf._src.caching.stats import format_line, summarize
+
+        values = session.run(self._dynamic_fetch)
+        for name, vector in values.items():
+            self.dynamic[name] = summarize(vector)
+            self._log(format_line(name, self.dynamic[name]))
 
     def stats(self) -> dict:
         """Counters and rates so far (rates over the time since the first step started)."""
@@ -174,6 +209,7 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
             "packed": bool(self.report and self.report.packed),
             "step_ops_plain": self.report.step_ops_plain if self.report else None,
             "step_ops_packed": self.report.step_ops_packed if self.report else None,
+            "dynamic_tables": {name: dict(m) for name, m in self.dynamic.items()},
         }
 
     def _throughput(self) -> str:
@@ -187,8 +223,18 @@ class StatsHook(tf.compat.v1.train.SessionRunHook):
 class CacheMaintenanceHook(tf.compat.v1.train.SessionRunHook):
     """Runs the graph's cache maintenance ops (collection ``CACHE_MAINTENANCE``) every N steps and at the end.
 
-    This is where hybridtf's embedding caches (HybridHash) will be flushed;
-    without caches the collection is empty and the hook does nothing.
+    The collection holds the flush of every dynamic (HybridHash) table the
+    wrapped model_fn created: write the hot tier back, refill it with the
+    top-k rows by frequency now (Algorithm 1, lines 23-26; values never
+    change). Algorithm 1's own schedule (warm-up, then every ``flush_every``
+    steps) runs inside the train op: each table's fused update ends the
+    table's step, so a train op alone trains exactly and flushes on time.
+    This hook adds flushes besides: every ``every_n_steps`` (to refresh the
+    hot set more often than ``flush_every``, e.g. under drift) and when
+    training ends (the final statistics then describe a hot tier chosen from
+    the final counts). Only Algorithm 1's scheduled flushes apply
+    ``count_decay``; every flush applies ``ttl_steps`` evictions (when set).
+    Without dynamic tables the collection is empty and the hook does nothing.
 
     Args:
         every_n_steps: run the ops after every this many steps (None: only at the end).

@@ -1,0 +1,48 @@
+"""Dynamic-table metrics in ``hybridtf.report``: ``dynamic_tables``, the ``--dynamic`` section and its JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+import hybridtf.report as htf_report
+from hybridtf._src.report_dynamic import _zipf_hashed_ids
+
+
+def test_section_reports_sizes_hit_ratios_inserts_and_evictions():
+    section = htf_report.dynamic_section(steps=12, batch=64, dim=4, vocab=2000, seed=3)
+    rng = np.random.default_rng(3)  # the section's ids, drawn again: the table holds every distinct one
+    ids = {f: _zipf_hashed_ids(rng, 2000, 12 * 64) for f in ("user", "item")}
+    assert set(section.tables) == {"user_hash", "item_hash"}
+    for field, m in zip(("user", "item"), section.tables.values()):
+        assert m["size"] == m["inserts"] == len(np.unique(ids[field])) and m["evictions"] == 0
+        assert m["step"] == 12 and m["flushes"] == 2 and m["hot_used"] == m["hot_rows"] == 100
+        assert 0 < m["hit_ratio"] <= 1 and 0 < m["hit_ratio_cumulative"] < 1 and m["bytes_per_row"] > 4 * 4 * 2
+    text = str(section)
+    assert "hit ratio (cumulative)" in text and "user_hash" in text and "evictions" in text
+
+
+def test_command_prints_the_section_as_json(capsys):
+    assert htf_report.main(["--model", "none", "--dynamic", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    tables = out["dynamic_tables"]["tables"]
+    assert out["dynamic_tables"]["steps"] == 3 and tables["user_hash"]["size"] > 0
+
+
+def test_dynamic_tables_of_tables_layers_and_evictions():
+    tables = htf.embedding.Tables([htf.embedding.DynamicTableConfig("t", 2, hot_rows=2, capacity=64)])
+    for start in range(0, 100, 20):  # 5 steps of 20 new ids: the table must evict from the 4th on
+        tables.lookup("t", tf.range(start, start + 20, dtype=tf.int64))
+        tables.dynamic_tables["t"].table.end_step()
+    m = htf_report.dynamic_tables(tables)["t"]
+    assert m["size"] <= 64 and m["evictions"] == 100 - m["size"] and m["inserts"] == 100
+    layer = htf.layers.DynamicEmbedding(2, name="lay", hot_rows=2)
+    assert htf_report.dynamic_tables(layer) == {}  # not built yet
+    layer(tf.constant([1, 2], tf.int64), training=True)
+    assert htf_report.dynamic_tables(layer)["lay"]["size"] == 2
+    with pytest.raises(TypeError, match="dynamic_tables takes"):
+        htf_report.dynamic_tables(object())
