@@ -11,6 +11,7 @@ not pull in TensorFlow):
     hybridtf.horovod: hybrid parallel training under ``horovodrun`` (shards, local variables).
     hybridtf.estimator: wrap a tf.estimator model_fn (packed lookups, plain checkpoints) and SessionRunHooks.
     hybridtf.data:   tensorflow-io Parquet input (dense, one-hot, multi-hot), text-to-Parquet converters.
+    hybridtf.models: example CTR models (Wide & Deep, DeepFM, DLRM, DIN) and synthetic data to try them on.
 """
 
 import importlib
@@ -24,6 +25,7 @@ _SUBMODULES = (
     "horovod",
     "keras",
     "layers",
+    "models",
     "native",
     "ops",
     "plan",
@@ -39,6 +41,7 @@ __all__ = [
     "horovod",
     "keras",
     "layers",
+    "models",
     "native",
     "ops",
     "plan",
