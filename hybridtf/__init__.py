@@ -16,7 +16,8 @@ not pull in TensorFlow):
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The package version; pyproject.toml reads it from here (the one place it is written)."""
 _SUBMODULES = (
     "data",
     "embedding",
