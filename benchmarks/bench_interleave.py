@@ -46,7 +46,7 @@ def _child(args) -> dict:
 
     sys.path.insert(0, ROOT)
     import hybridtf as htf
-    from benchmarks import ctr_data, ctr_models
+    from hybridtf._src.models import ctr_data, ctr_models
 
     fields = ctr_data.criteo_like_fields(dim=16, max_vocab=100_000)
     hidden = tuple(int(h) for h in args.hidden.split(","))

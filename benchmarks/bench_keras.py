@@ -6,9 +6,9 @@ other, with the same seeds, initial weights and batches, so peak RSS is per mode
 ``--repeats N`` the pair runs N times, alternating, and each variant's fastest run counts). Each
 child:
 
-* generates ``warmup + steps`` synthetic batches (``benchmarks/ctr_data.py``), caches them in a
+* generates ``warmup + steps`` synthetic batches (``hybridtf.models``), caches them in a
   ``tf.data.Dataset`` in memory and iterates it once, so data generation is not timed;
-* builds the model (``benchmarks/ctr_models.py``), optimizes it (hybridtf child only), compiles it
+* builds the model (``hybridtf.models``), optimizes it (hybridtf child only), compiles it
   and runs ``model.fit`` for one epoch over the cached batches;
 * times the steps with a Keras callback (a timestamp at the end of every batch; the first
   ``warmup`` steps, tracing included, are not timed): ``samples_per_s`` is the batch size over the
@@ -30,7 +30,7 @@ Field sets:
   13 dense features; all one-hot, except for DIN: 10% multi-hot, each attending over a one-hot
   target field of the same dim.
 
-Models: the project's own (``benchmarks/ctr_models.py``: ``wdl``, ``deepfm``, ``dlrm``, ``din``)
+Models: the package's examples (``hybridtf.models``: ``wdl``, ``deepfm``, ``dlrm``, ``din``)
 and DeepCTR 0.9.4's with DeepCTR's default arguments (``benchmarks/deepctr_models.py``:
 ``deepctr_wdl``, ``deepctr_deepfm``, ``deepctr_dcn``, ``deepctr_xdeepfm``, ``deepctr_din``; their
 hidden widths are DeepCTR's, ``--hidden`` does not apply). DeepCTR's FM and CIN need one embedding
@@ -63,7 +63,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from benchmarks import ctr_data  # noqa: E402  (TensorFlow-free: the parent process never imports TensorFlow)
+from hybridtf._src.models import ctr_data, examples  # noqa: E402  (TensorFlow-free: the parent never imports TF)
 
 MODELS = ("wdl", "deepfm", "dlrm", "din")
 DEEPCTR_MODELS = tuple(f"deepctr_{k}" for k in ("wdl", "deepfm", "dcn", "xdeepfm", "din"))
@@ -105,66 +105,31 @@ class Config:
 
 
 def make_fields(config: Config) -> list[ctr_data.FieldSpec]:
-    """The field set of ``config`` (see the module docstring); ``quick`` shrinks it."""
-    din = config.model in ("din", "deepctr_din")
-    if config.fields == "criteo":
-        fields = ctr_data.criteo_like_fields(
-            dim=8 if config.quick else 16, max_vocab=1_000 if config.quick else 100_000
-        )
-        if din:  # behaviour sequences over the two largest tables, sharing their tables
-            targets = sorted(fields, key=lambda f: -f.vocab)[:2]
-            fields += [
-                ctr_data.FieldSpec(
-                    f"hist_{t.name}", t.vocab, t.dim, kind=ctr_data.MULTI_HOT, max_len=20, mean_len=5.0, alpha=t.alpha
-                )
-                for t in sorted(targets, key=fields.index)
-            ]
-        return fields
-    if config.fields == "f200":
-        return ctr_data.many_fields(
-            n_fields=20 if config.quick else 200,
-            dims=(8,) if _deepctr_kind(config) else (8, 16),
-            multi_hot_fraction=0.1 if din else 0.0,
-            vocab_range=(10, 1_000) if config.quick else (100, 100_000),
-            seed=config.seed,
-        )
-    raise ValueError(f"unknown field set {config.fields!r}; use one of {FIELD_SETS}.")
+    """The field set of ``config`` (``hybridtf.models.example_fields``); ``quick`` shrinks it."""
+    return examples.example_fields(
+        config.fields,
+        din=config.model in ("din", "deepctr_din"),
+        quick=config.quick,
+        dims=(8,) if _deepctr_kind(config) else None,
+        seed=config.seed,
+    )
 
 
 def _deepctr_kind(config: Config) -> str | None:
     return config.model[len("deepctr_") :] if config.model.startswith("deepctr_") else None
 
 
-def din_pairs(fields) -> dict[str, str] | None:
-    """DIN attention pairs: None (din_like's hist_<x> -> <x> default) or multi-hot -> one-hot of the same dim."""
-    names = {f.name for f in fields}
-    if any(f.multi_hot and f.name.startswith("hist_") and f.name[5:] in names for f in fields):
-        return None
-    free = [f for f in fields if not f.multi_hot]
-    pairs = {}
-    for seq in (f for f in fields if f.multi_hot):
-        target = next(t for t in free if t.dim == seq.dim)
-        free.remove(target)
-        pairs[seq.name] = target.name
-    return pairs
-
-
 def build_model(config: Config, fields, sample_x):
     """The plain Keras model of ``config``, built on ``sample_x`` (same seed: same weights)."""
-    from benchmarks import ctr_models
-
     if _deepctr_kind(config):
         from benchmarks import deepctr_models
 
         model = deepctr_models.build(_deepctr_kind(config), fields, N_DENSE, seed=config.seed)
         model(sample_x)
         return model
-    kwargs = {"hidden": config.hidden, "seed": config.seed}
-    if config.model == "din":
-        kwargs["attention_pairs"] = din_pairs(fields)
-    model = ctr_models.MODELS[config.model](fields, N_DENSE, **kwargs)
-    model(sample_x)
-    return model
+    return examples.build_example(
+        config.model, fields, sample_x, n_dense=N_DENSE, hidden=config.hidden, seed=config.seed
+    )
 
 
 def make_optimizer(name: str):

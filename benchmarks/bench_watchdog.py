@@ -48,7 +48,7 @@ def bench_fit(warmup: int = 40, rounds: int = 8, steps: int = 40) -> dict:
     import tensorflow as tf
 
     import hybridtf as htf
-    from benchmarks import ctr_data, ctr_models
+    from hybridtf._src.models import ctr_data, ctr_models
 
     hvd.init()
     fields = ctr_data.criteo_like_fields(dim=8, max_vocab=10_000)[:8]

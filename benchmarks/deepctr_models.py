@@ -1,7 +1,7 @@
-"""DeepCTR 0.9.4 models on the benchmark's synthetic field sets (``benchmarks/ctr_data.py``).
+"""DeepCTR 0.9.4 models on the benchmark's synthetic field sets (``hybridtf.models``).
 
 DeepCTR is what many users train CTR models with; its models reach the same
-dataflow as ``ctr_models.py`` through DeepCTR's own layers (``Linear``,
+dataflow as ``hybridtf.models`` through DeepCTR's own layers (``Linear``,
 ``Concat``, ``FM``, ``CrossNet``, ``CIN``, ``AttentionSequencePoolingLayer``)
 and give every Embedding an ``l2`` regularizer (``l2_reg_embedding=1e-5``).
 Models are built with DeepCTR's default arguments; only the feature columns and
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from benchmarks import ctr_data
+from hybridtf._src.models import ctr_data
 
 KINDS = ("wdl", "deepfm", "dcn", "xdeepfm", "din")
 DENSE = "dense_features"  # ctr_data's "dense" would clash with the name of a Keras Dense layer in DeepCTR's models

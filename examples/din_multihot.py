@@ -4,7 +4,7 @@ An Alimama-format text file (user profile, target ad, and per-user behaviour his
 categories / brands / behaviour types with a padding mask) is converted to Parquet with
 ``hybridtf.data.convert_text(..., "alimama")``: ``his_cate``, ``his_brand`` and ``cont_btag`` become
 multi-hot columns (read as ``tf.RaggedTensor`` ids, padding dropped), the 15 profile / ad columns
-one-hot ids, ``price`` the dense feature. The model is ``benchmarks.ctr_models.din_like``, built from
+one-hot ids, ``price`` the dense feature. The model is ``hybridtf.models.din_like``, built from
 the converted feature spec: ``his_cate`` and ``his_brand`` are pooled by DIN's attention with the
 target ad's ``cate_id`` / ``brand`` as query and share the target's embedding table (the converter
 hashes without a per-column salt, so a category has the same id in both columns); ``cont_btag`` is
@@ -37,7 +37,7 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # benchmarks/ of the checkout
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybridtf of the checkout when not installed
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # wdl_keras_parquet.py (helpers)
 
 import numpy as np
@@ -52,7 +52,7 @@ from wdl_keras_parquet import (
     split_parquet,
 )
 
-from benchmarks import ctr_models
+from hybridtf import models
 from hybridtf._src.data.synthetic import zipf_ids
 
 SEQ_LEN = 50
@@ -156,7 +156,7 @@ def main():
             f"batch {args.batch}, {args.epochs} epoch(s), Adagrad({args.lr})"
         )
         result = compare(
-            lambda: ctr_models.din_like(
+            lambda: models.din_like(
                 fields, len(spec.dense), hidden=(64, 32), attention_hidden=(32,), attention_pairs=pairs, seed=args.seed
             ),
             lambda: make_dataset(train_path, spec, args.batch, not args.no_shuffle, args.seed),

@@ -23,14 +23,14 @@ import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # benchmarks/ of the checkout
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybridtf of the checkout when not installed
 
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf import models
 from hybridtf._src.distribute.traffic import estimate_traffic
 
 
@@ -48,16 +48,16 @@ def main(argv=None) -> int:
         parser.error(f"--batch {args.batch} is not divisible by the {size} ranks")
     local_batch = args.batch // size
     if args.fields == 26:
-        fields = ctr_data.criteo_like_fields(dim=16, max_vocab=100_000)
+        fields = models.criteo_like_fields(dim=16, max_vocab=100_000)
     else:
-        fields = ctr_data.many_fields(args.fields, seed=0)
-    n_dense = ctr_data.CRITEO_NUM_DENSE
+        fields = models.many_fields(args.fields, seed=0)
+    n_dense = models.CRITEO_NUM_DENSE
 
     # Each rank generates (in a real job: reads) its own rows of every global batch.
-    data = ctr_data.make_dataset(fields, n_dense, local_batch, args.steps, seed=1000 + rank)
+    data = models.make_dataset(fields, n_dense, local_batch, args.steps, seed=1000 + rank)
     sample = next(iter(data))
 
-    model = ctr_models.wide_and_deep(fields, n_dense, hidden=(64, 32), seed=0)
+    model = models.wide_and_deep(fields, n_dense, hidden=(64, 32), seed=0)
     model(sample[0])
     model = htf.keras.optimize(model, shard_strategy=args.strategy)  # after hvd.init(): shards over the ranks
     model.compile(optimizer=hvd.DistributedOptimizer(tf.keras.optimizers.Adagrad(0.05)), loss="binary_crossentropy")
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     held = ", ".join(f"{v.name} {v.shape.as_list()}" for v in shards) or "every row of every table (one process)"
     print(f"[rank {rank}/{size}] holds {held}")
     if size > 1 and rank == 0:
-        global_sample = next(iter(ctr_data.make_dataset(fields, n_dense, args.batch, 1, seed=7)))[0]
+        global_sample = next(iter(models.make_dataset(fields, n_dense, args.batch, 1, seed=7)))[0]
         for r in estimate_traffic(model, global_sample, size)["per_rank"]:
             sent = f"alltoall {r['alltoall_bytes']:,} B, allreduce {r['allreduce_bytes']:,} B"
             print(f"  rank {r['rank']} sends per step: {sent}")

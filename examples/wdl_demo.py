@@ -1,6 +1,6 @@
 """Demo: train Wide & Deep with and without hybridtf on the same synthetic CTR data.
 
-The model is plain Keras code (benchmarks/ctr_models.py); hybridtf wraps it with
+The model is plain Keras code (hybridtf.models); hybridtf wraps it with
 one line, ``htf.keras.optimize(model)``. Both train on identical batches from
 identical initial weights; the demo prints the loss parity, the speedup and the
 op-count reduction of the training step.
@@ -18,13 +18,13 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # benchmarks/ of the checkout
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybridtf of the checkout when not installed
 
 import numpy as np
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf import models
 from hybridtf.report import count_ops
 
 
@@ -57,14 +57,14 @@ def main():
     args = parser.parse_args()
 
     if args.fields == "criteo":
-        fields = ctr_data.criteo_like_fields(dim=16, max_vocab=100_000)
+        fields = models.criteo_like_fields(dim=16, max_vocab=100_000)
     else:
-        fields = ctr_data.many_fields(200, dims=(8, 16), multi_hot_fraction=0.0, seed=0)
+        fields = models.many_fields(200, dims=(8, 16), multi_hot_fraction=0.0, seed=0)
     n_dense = 13
     print(f"Wide & Deep, {len(fields)} fields, batch {args.batch}, {args.steps} steps, Adagrad")
     batches = [
-        (ctr_data.to_tensors(x), tf.constant(y))
-        for x, y in ctr_data.generate_batches(fields, n_dense, args.batch, args.steps, seed=1)
+        (models.to_tensors(x), tf.constant(y))
+        for x, y in models.generate_batches(fields, n_dense, args.batch, args.steps, seed=1)
     ]
     dataset = tf.data.Dataset.from_generator(
         lambda: iter(batches), output_signature=tf.nest.map_structure(tf.type_spec_from_value, batches[0])
@@ -72,7 +72,7 @@ def main():
 
     results = {}
     for name in ("plain", "hybridtf"):
-        model = ctr_models.wide_and_deep(fields, n_dense, hidden=(64, 32), seed=1)
+        model = models.wide_and_deep(fields, n_dense, hidden=(64, 32), seed=1)
         model(batches[0][0])
         if name == "hybridtf":
             model = htf.keras.optimize(model, max_shards=args.max_shards)  # the one line

@@ -2,7 +2,7 @@
 
 A Criteo-format text file is converted to Parquet with ``hybridtf.data.convert_text`` (categorical
 strings hashed into ``--buckets`` ids, 0 = missing), read back with ``hybridtf.data.parquet_dataset``
-and fed to the plain Keras Wide & Deep model of ``benchmarks/ctr_models.py`` (embedding vocabularies
+and fed to the plain Keras Wide & Deep model of ``hybridtf.models`` (embedding vocabularies
 = the feature spec's id-space sizes). The same model is built twice with the same seed (identical
 initial weights, checked) and trained on identical batches: once as it is, once wrapped with
 ``htf.keras.optimize``. Dense counts are fed as ``log(1 + max(x, 0))``.
@@ -40,13 +40,13 @@ import time
 from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # benchmarks/ of the checkout
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybridtf of the checkout when not installed
 
 import numpy as np
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf import models
 from hybridtf._src.data.synthetic import zipf_ids
 
 # Share of empty cells per column in Criteo (I1..I13, C1..C26), rounded from the public data.
@@ -91,12 +91,12 @@ def write_criteo_text(path: str | os.PathLike, rows: int, seed: int = 0) -> str:
         logit += present * true.normal(0, 0.6) * (np.log1p(np.maximum(count, 0)) - scale) / scale
         cells.append(np.where(present, count.astype(str), ""))
     cat_logit = np.zeros(rows)
-    for j, card in enumerate(ctr_data.CRITEO_CARDINALITIES):
+    for j, card in enumerate(models.CRITEO_CARDINALITIES):
         ranks = zipf_ids(rows, min(card, 100_000), alpha=1.1, seed=int(rng.integers(2**31)), scatter=False)
         present = rng.random(rows) >= CRITEO_MISSING_CAT[j]
         cat_logit += present * true.normal(0, 1.0, 256)[ranks % 256]
         cells.append(np.where(present, _hex_ids(ranks, j), ""))
-    logit += 1.5 * cat_logit / np.sqrt(len(ctr_data.CRITEO_CARDINALITIES))
+    logit += 1.5 * cat_logit / np.sqrt(len(models.CRITEO_CARDINALITIES))
     labels = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int64).astype(str)
     header = ["label"] + [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
     table = np.stack([labels, *cells], axis=1)
@@ -194,13 +194,13 @@ def describe_split(spec: htf.data.FeatureSpec, train_path: str, eval_path: str) 
     return train, f"the last {n:,} rows, held out ({pos:,} clicks{one_class})"
 
 
-def fields_from_spec(spec: htf.data.FeatureSpec, dim: int) -> list[ctr_data.FieldSpec]:
+def fields_from_spec(spec: htf.data.FeatureSpec, dim: int) -> list[models.FieldSpec]:
     """One ``FieldSpec`` per id column of ``spec``; vocabulary = the column's id space (buckets)."""
     missing = [c for c in (*spec.one_hot, *spec.multi_hot) if c not in spec.buckets]
     if missing:
         raise ValueError(f"the feature spec has no id-space size (buckets) for {missing}.")
-    fields = [ctr_data.FieldSpec(c, vocab=spec.buckets[c], dim=dim) for c in spec.one_hot]
-    fields += [ctr_data.FieldSpec(c, vocab=spec.buckets[c], dim=dim, kind=ctr_data.MULTI_HOT) for c in spec.multi_hot]
+    fields = [models.FieldSpec(c, vocab=spec.buckets[c], dim=dim) for c in spec.one_hot]
+    fields += [models.FieldSpec(c, vocab=spec.buckets[c], dim=dim, kind=models.MULTI_HOT) for c in spec.multi_hot]
     return fields
 
 
@@ -208,8 +208,8 @@ def make_dataset(path: str, spec: htf.data.FeatureSpec, batch_size: int, shuffle
     """``parquet_dataset`` with dense values as ``log(1 + max(x, 0))`` and labels as ``[B, 1]``."""
 
     def prepare(features, labels):
-        if ctr_data.DENSE_KEY in features:
-            features = {**features, ctr_data.DENSE_KEY: tf.math.log1p(tf.maximum(features[ctr_data.DENSE_KEY], 0.0))}
+        if models.DENSE_KEY in features:
+            features = {**features, models.DENSE_KEY: tf.math.log1p(tf.maximum(features[models.DENSE_KEY], 0.0))}
         return features, labels[:, None]
 
     ds = htf.data.parquet_dataset(path, spec=spec, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=0, size=1)
@@ -365,7 +365,7 @@ def main():
         )
         print(f"Wide & Deep, dim {args.dim}, batch {args.batch}, {args.epochs} epoch(s), Adagrad({args.lr})")
         result = compare(
-            lambda: ctr_models.wide_and_deep(fields, n_dense, hidden=(128, 64), seed=args.seed),
+            lambda: models.wide_and_deep(fields, n_dense, hidden=(128, 64), seed=args.seed),
             lambda: make_dataset(train_path, spec, args.batch, not args.no_shuffle, args.seed),
             lambda: make_dataset(eval_path, spec, args.batch, False, None),
             epochs=args.epochs,

@@ -11,11 +11,13 @@ not pull in TensorFlow):
     hybridtf.horovod: hybrid parallel training under ``horovodrun`` (shards, local variables).
     hybridtf.estimator: wrap a tf.estimator model_fn (packed lookups, plain checkpoints) and SessionRunHooks.
     hybridtf.data:   tensorflow-io Parquet input (dense, one-hot, multi-hot), text-to-Parquet converters.
+    hybridtf.models: example CTR models (Wide & Deep, DeepFM, DLRM, DIN) and synthetic data to try them on.
 """
 
 import importlib
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The package version; pyproject.toml reads it from here (the one place it is written)."""
 _SUBMODULES = (
     "data",
     "embedding",
@@ -24,6 +26,7 @@ _SUBMODULES = (
     "horovod",
     "keras",
     "layers",
+    "models",
     "native",
     "ops",
     "plan",
@@ -39,6 +42,7 @@ __all__ = [
     "horovod",
     "keras",
     "layers",
+    "models",
     "native",
     "ops",
     "plan",

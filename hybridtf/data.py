@@ -21,10 +21,10 @@ from hybridtf._src.data.layout import (
     FeatureSpec,
     decode_multi_hot,
     encode_multi_hot,
-    read_feature_spec,
     write_parquet,
 )
 from hybridtf._src.data.parquet import parquet_dataset, shard_rows
+from hybridtf._src.data.schema import read_feature_spec
 
 __all__ = [
     "DEFAULT_BUCKETS",

@@ -30,7 +30,7 @@ def _load_native():
         spec.loader.exec_module(module)
         return module
     try:
-        from hybridtf import _native as module
+        import hybridtf._native as module
     except ImportError as err:  # pragma: no cover - only on a broken install
         raise NativeModuleError(
             f"hybridtf._native is not built ({err}). "

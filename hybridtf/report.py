@@ -1,4 +1,4 @@
-"""What hybridtf did to a model, PICASSO Table V style: training-step op counts, plan, tables.
+"""What hybridtf did to a model, PICASSO Table V style: training-step op counts, plan, tables, fusions.
 
 Example:
     >>> import hybridtf as htf
@@ -7,12 +7,15 @@ Example:
     >>> for m in (plain, model):
     ...     m.compile(optimizer="adagrad", loss="binary_crossentropy")
     >>> print(hybridtf.report.report(model, (features, labels), baseline=plain))
+    >>> print(hybridtf.report.report(model))  # a synthetic batch of the model's inputs
     >>> hybridtf.report.count_ops(model, (features, labels))["total"]
     >>> hybridtf.report.dynamic_tables(model)["user"]["hit_ratio"]     # DynamicEmbedding / Tables statistics
 
-Command line (needs the repository checkout: it builds the models of ``benchmarks/``)::
+Command line (a built-in example by short name, or your own builder of a built Keras model)::
 
     python -m hybridtf.report --model wdl|deepfm|dlrm|din|none --fields criteo|200 [--dynamic STEPS] [--json]
+    python -m hybridtf.report --model my_pkg.my_module:build_model
+    python -m hybridtf.report --model path/to/my_model.py:build_model
 """
 
 if __name__ == "__main__":  # the command: quiet TensorFlow's C++ logs (a library import changes nothing)
@@ -20,16 +23,9 @@ if __name__ == "__main__":  # the command: quiet TensorFlow's C++ logs (a librar
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from hybridtf._src.report import (
-    COUNTING_RULE,
-    PLUMBING_OPS,
-    Report,
-    TableStats,
-    count_graph_ops,
-    count_ops,
-    main,
-    report,
-)
+from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
+from hybridtf._src.report import Report, TableStats, report
+from hybridtf._src.report_cli import main
 from hybridtf._src.report_dynamic import DynamicSection, dynamic_section, dynamic_tables
 
 __all__ = [
@@ -44,6 +40,7 @@ __all__ = [
     "dynamic_tables",
     "main",
     "report",
+    "synthetic_batch",
 ]
 
 if __name__ == "__main__":

@@ -1,36 +1,13 @@
-"""The PICASSO Table V style report: op counts of the training step, packing plan, table sizes.
+"""The PICASSO Table V style report: what hybridtf did to a Keras model, as plain data.
 
-``count_ops`` counts the ops of the function Keras runs per training step (the
-one ``model.fit`` calls), so a plain model and its ``hybridtf.keras.optimize``d
-twin can be compared op for op. ``report`` puts that next to the packing plan,
-the packed tables' sizes and the layers hybridtf left alone.
-
-**The counting rule** (the same for every model):
-
-* The graph is the Keras train function (``model.make_train_function()``),
-  traced for one batch of the given structure. It is not run.
-* Every node of that graph counts once, and so does every node of every
-  function it calls, **once per call site** and recursively: a node whose op
-  is a function of the graph's library, or that names library functions in
-  attributes (``PartitionedCall``/``StatefulPartitionedCall`` ``f``, ``If``
-  branches, ``While`` ``cond``/``body``, ``Case`` branches, ...), adds the
-  called bodies. A ``While`` body counts once, not once per iteration; both
-  branches of an ``If`` count. Library functions no node calls do not count.
-* Plumbing does not count: ``PLUMBING_OPS`` (``NoOp``, ``Identity``,
-  ``IdentityN``, ``Const``, ``Placeholder``, ``_Arg``, ``_Retval``) and the
-  call nodes themselves (``PartitionedCall``, ``StatefulPartitionedCall`` and
-  direct calls of library functions), whose bodies are counted instead.
-
-Two counts come out: ``total`` on the graph as traced (it still holds nodes
-TensorFlow prunes before running, e.g. the outputs of hybridtf's recording
-pass that nothing consumes), and ``grappler_total`` on the same graph after
-TensorFlow's default Grappler optimization with the step's outputs and
-stateful control outputs as fetches, which is closer to the ops executed.
+``report`` puts the op counts of the training step (``hybridtf._src.op_count``; the model and
+a baseline) next to the packing plan, the packed tables' sizes, the layers hybridtf left alone
+and why, the fusions applied, the interleaving plan and, under Horovod, the bytes each rank sends.
+``Report`` prints as text and round-trips through JSON.
 
 Example:
-    >>> model.compile(optimizer="adagrad", loss="binary_crossentropy")
-    >>> ops = count_ops(model, (features, labels))
-    >>> ops["total"], ops["grappler_total"], ops["by_type"].most_common(3)
+    >>> r = report(optimized_model, (features, labels), baseline=plain_model)
+    >>> print(r)
 """
 
 from __future__ import annotations
@@ -44,198 +21,23 @@ import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
 from hybridtf._src.integrations.keras_model import is_optimized
+from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
 from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
 
-PLUMBING_OPS = frozenset({"NoOp", "Identity", "IdentityN", "Const", "Placeholder", "_Arg", "_Retval"})
-"""Op types that move values around without computing: never counted."""
-
-CALL_OPS = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
-"""Function-call ops: not counted themselves, the bodies they call are."""
-
-COUNTING_RULE = (
-    "nodes of the Keras train function's graph plus, once per call site and recursively, the bodies of the "
-    "library functions they call (While bodies once, both If branches); without NoOp, Identity, IdentityN, "
-    "Const, Placeholder, _Arg, _Retval and the call nodes themselves"
-)
+__all__ = [
+    "COUNTING_RULE",
+    "PLUMBING_OPS",
+    "Report",
+    "TableStats",
+    "count_graph_ops",
+    "count_ops",
+    "report",
+    "synthetic_batch",
+]
 
 _JSON_FORMAT = "hybridtf.report"
 _JSON_VERSION = 1
-
-
-# --------------------------------------------------------------------------- counting
-
-
-def _graph_def(fn) -> tf.compat.v1.GraphDef:
-    if isinstance(fn, tf.compat.v1.GraphDef):
-        return fn
-    if isinstance(fn, tf.Graph):
-        return fn.as_graph_def()
-    graph = getattr(fn, "graph", None)
-    if isinstance(graph, tf.Graph):  # a ConcreteFunction
-        return graph.as_graph_def()
-    raise TypeError(
-        f"count_graph_ops takes a GraphDef, a tf.Graph or a ConcreteFunction, got {type(fn).__name__}; "
-        "for a tf.function, pass fn.get_concrete_function(*args)."
-    )
-
-
-def _called_functions(node, library: Mapping) -> list[str]:
-    """Names of the library functions ``node`` calls (its op, or function-valued attributes)."""
-    called = [node.op] if node.op in library else []
-    for value in node.attr.values():
-        if value.HasField("func") and value.func.name in library:
-            called.append(value.func.name)
-        if value.HasField("list"):
-            called.extend(f.name for f in value.list.func if f.name in library)
-    return called
-
-
-def count_graph_ops(fn) -> dict:
-    """Counts the ops of a graph and of the functions it calls (see the module docstring for the rule).
-
-    Args:
-        fn: a ``tf.compat.v1.GraphDef``, a ``tf.Graph`` or a ``ConcreteFunction``.
-
-    Returns:
-        ``{"total": int, "by_type": Counter, "function_calls": int, "nodes": int}``: counted ops,
-        counted ops per op type, function bodies expanded, and all nodes including plumbing.
-
-    Raises:
-        TypeError: ``fn`` is none of the above.
-
-    Example:
-        >>> @tf.function
-        ... def f(x):
-        ...     return tf.sin(x) + 1.0
-        >>> count_graph_ops(f.get_concrete_function(tf.TensorSpec([2])))["by_type"]
-        Counter({'AddV2': 1, 'Sin': 1})
-    """
-    graph_def = _graph_def(fn)
-    library = {f.signature.name: f for f in graph_def.library.function}
-    memo: dict[str, tuple[collections.Counter, int, int]] = {}
-
-    def count_nodes(nodes, active: tuple[str, ...]) -> tuple[collections.Counter, int, int]:
-        counts, calls, total_nodes = collections.Counter(), 0, 0
-        for node in nodes:
-            total_nodes += 1
-            called = _called_functions(node, library)
-            if node.op not in PLUMBING_OPS and node.op not in CALL_OPS and node.op not in library:
-                counts[node.op] += 1
-            for name in called:
-                if name in active:  # TensorFlow has no recursion; never loop on a malformed library
-                    continue
-                if name not in memo:
-                    memo[name] = count_nodes(library[name].node_def, (*active, name))
-                sub_counts, sub_calls, sub_nodes = memo[name]
-                counts.update(sub_counts)
-                calls += 1 + sub_calls
-                total_nodes += sub_nodes
-        return counts, calls, total_nodes
-
-    counts, calls, nodes = count_nodes(graph_def.node, ())
-    by_type = collections.Counter(dict(sorted(counts.items())))
-    return {"total": sum(by_type.values()), "by_type": by_type, "function_calls": calls, "nodes": nodes}
-
-
-def grappler_graph_def(concrete_fn) -> tf.compat.v1.GraphDef:
-    """The graph of ``concrete_fn`` after TensorFlow's default Grappler optimization.
-
-    The fetches are the function's outputs and its control outputs (the stateful
-    ops automatic control dependencies keep: variable updates, metric updates),
-    so Grappler prunes what the function runtime would not run and keeps every
-    update.
-    """
-    from tensorflow.core.protobuf import config_pb2, meta_graph_pb2
-    from tensorflow.python.grappler import tf_optimizer
-
-    graph = concrete_fn.graph
-    meta = meta_graph_pb2.MetaGraphDef()
-    meta.graph_def.CopyFrom(graph.as_graph_def())
-    fetch = meta.collection_def["train_op"].node_list.value
-    fetch.extend(t.name for t in graph.outputs)
-    fetch.extend(op.name for op in graph.control_outputs)
-    return tf_optimizer.OptimizeGraph(config_pb2.ConfigProto(), meta, graph_id=b"hybridtf_report")
-
-
-def _element_spec(data):
-    if isinstance(data, tf.data.Dataset):
-        return data.element_spec
-
-    def spec(value):
-        if isinstance(value, tf.TypeSpec):
-            return value
-        if isinstance(value, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)):
-            return tf.type_spec_from_value(value)
-        return tf.TensorSpec.from_tensor(tf.convert_to_tensor(value))
-
-    return tf.nest.map_structure(spec, data)
-
-
-def train_function_concrete(model: tf.keras.Model, data):
-    """The ConcreteFunction of ``model``'s Keras train function for batches shaped like ``data``.
-
-    Traces ``model.make_train_function()`` on an iterator of the batch spec
-    (nothing runs, no data is read) and restores ``model.train_function``
-    afterwards. Tracing builds the optimizer's slots and the compiled metrics,
-    as the first ``fit`` step would.
-
-    Args:
-        model: a compiled Keras model.
-        data: one batch as ``fit`` gets it (``(x, y)`` or ``(x, y, sample_weight)``,
-            tensors or numpy arrays), its ``tf.TypeSpec`` structure, or a
-            ``tf.data.Dataset`` of such batches (only its ``element_spec`` is used).
-
-    Raises:
-        ValueError: the model is not compiled.
-    """
-    if not getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is None:
-        raise ValueError("count_ops needs a compiled model: call model.compile(optimizer=..., loss=...) first.")
-    spec = _element_spec(data)
-    empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=spec)
-    previous = model.train_function
-    try:
-        train_fn = model.make_train_function(force=True)
-        return train_fn.get_concrete_function(iter(empty))
-    finally:
-        model.train_function = previous
-
-
-def count_ops(model: tf.keras.Model, data, *, grappler: bool = True) -> dict:
-    """Counts the ops of ``model``'s training step (see the module docstring for the exact rule).
-
-    Args:
-        model: a compiled Keras model, plain or optimized by ``hybridtf.keras.optimize``.
-        data: one batch as ``fit`` gets it (``(x, y)`` or ``(x, y, sample_weight)``), its spec
-            structure, or a ``tf.data.Dataset`` of batches (only its ``element_spec`` is used).
-        grappler: also count after Grappler's default optimization.
-
-    Returns:
-        A dict: ``total`` and ``by_type`` (a ``collections.Counter``) for the graph as traced;
-        ``function_calls`` (nested function bodies counted) and ``nodes`` (all nodes, plumbing
-        included); ``grappler_total`` / ``grappler_by_type`` after Grappler, None when
-        ``grappler=False`` or when Grappler failed (``grappler_error`` says why); ``rule``.
-
-    Raises:
-        ValueError: the model is not compiled.
-
-    Example:
-        >>> model.compile(optimizer="adagrad", loss="binary_crossentropy")
-        >>> ops = count_ops(model, (features, labels))
-        >>> ops["total"], ops["by_type"].most_common(3)
-    """
-    concrete = train_function_concrete(model, data)
-    result = count_graph_ops(concrete)
-    result.update(grappler_total=None, grappler_by_type=None, grappler_error=None, rule=COUNTING_RULE)
-    if grappler:
-        try:
-            optimized = count_graph_ops(grappler_graph_def(concrete))
-        except Exception as err:  # Grappler is best effort: report why, keep the plain count
-            result["grappler_error"] = f"{type(err).__name__}: {err}"
-        else:
-            result["grappler_total"] = optimized["total"]
-            result["grappler_by_type"] = optimized["by_type"]
-    return result
 
 
 # --------------------------------------------------------------------------- report
@@ -512,14 +314,18 @@ def _table_stats(model: tf.keras.Model, plan: PackingPlan | None) -> list[TableS
 
 
 def report(
-    model: tf.keras.Model, sample_batch, *, baseline: tf.keras.Model | None = None, num_ranks: int | None = None
+    model: tf.keras.Model,
+    sample_batch=None,
+    *,
+    baseline: tf.keras.Model | None = None,
+    num_ranks: int | None = None,
 ) -> Report:
     """Reports what hybridtf did to ``model``: training-step ops (vs a baseline), plan, tables, skipped layers.
 
     Args:
         model: a compiled Keras model, usually one returned by ``hybridtf.keras.optimize``.
         sample_batch: one batch as ``fit`` gets it, its spec structure, or a ``tf.data.Dataset``
-            (see ``count_ops``).
+            (see ``count_ops``); None: a ``synthetic_batch`` of the model's inputs.
         baseline: the same model without hybridtf, compiled, to compare op counts with.
         num_ranks: estimate the bytes each rank sends per step when trained
             on this many Horovod ranks (``sample_batch`` as a global batch
@@ -539,6 +345,8 @@ def report(
         ...     m.compile(optimizer="adagrad", loss="binary_crossentropy")
         >>> print(htf.report.report(model, (features, labels), baseline=plain))
     """
+    if sample_batch is None:
+        sample_batch = synthetic_batch(model)
     optimized = is_optimized(model)
     plan = model.hybridtf_plan if optimized else None
     skipped = tuple(getattr(model, "_htf_skipped", ()))
@@ -575,68 +383,3 @@ def _communication(model, sample_batch, num_ranks):
     if not isinstance(sample_batch, (tuple, list)):
         raise ValueError("num_ranks needs sample_batch as a batch (features, labels), not a spec or a dataset.")
     return estimate_traffic(model, sample_batch[0], num_ranks)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def main(argv=None) -> int:
-    """``python -m hybridtf.report --model wdl|deepfm|dlrm|din --fields criteo|200 [--ranks N] [--json]``.
-
-    Builds the plain and the optimized benchmark model (``benchmarks/ctr_models.py``, the
-    configurations of ``benchmarks/bench_keras.py``), compiles both with Adagrad and prints the
-    report. Needs the hybridtf repository checkout (the ``benchmarks`` package), run from its root.
-    """
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m hybridtf.report", description="hybridtf op-count report")
-    parser.add_argument("--model", choices=("wdl", "deepfm", "dlrm", "din", "none"), default="wdl")
-    parser.add_argument("--fields", choices=("criteo", "200", "f200"), default="criteo")
-    parser.add_argument("--batch", type=int, default=256, help="batch size of the traced step (default 256)")
-    parser.add_argument(
-        "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
-    )
-    parser.add_argument("--micro-batches", type=int, default=1, help="D-interleaving: micro-batches per step")
-    parser.add_argument("--interleave-from", choices=("embedding", "mlp"), default="embedding")
-    parser.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--dynamic", type=int, default=0, metavar="STEPS", help="dynamic-table section: train STEPS")
-    args = parser.parse_args(argv)
-    if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
-        from hybridtf._src.report_dynamic import dynamic_section
-
-        section = dynamic_section(steps=args.dynamic)
-        print(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
-    if args.model == "none":
-        return 0
-    try:
-        from benchmarks import bench_keras
-    except ImportError as err:
-        parser.error(
-            f"this command builds the benchmark models from the repository's benchmarks/ package ({err}); "
-            "run it from the root of a hybridtf checkout."
-        )
-    import hybridtf.keras
-
-    field_set = "f200" if args.fields in ("200", "f200") else "criteo"
-    config = bench_keras.Config(model=args.model, fields=field_set, optimizer="adagrad", batch=args.batch)
-    fields = bench_keras.make_fields(config)
-    batch = bench_keras.sample_batch(config, fields)
-    plain = bench_keras.build_model(config, fields, batch[0])
-    model = hybridtf.keras.optimize(
-        bench_keras.build_model(config, fields, batch[0]),
-        micro_batches=args.micro_batches,
-        interleave_from=args.interleave_from,
-        interleave_groups=args.interleave_groups,
-    )
-    for m in (plain, model):
-        m.compile(optimizer=bench_keras.make_optimizer("adagrad"), loss="binary_crossentropy")
-    result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
-    if args.json:
-        d = result.to_dict()
-        d["config"] = dataclasses.asdict(config)
-        print(json.dumps(d))
-    else:
-        print(f"config: {config.label} (batch {config.batch})")
-        print(result)
-    return 0

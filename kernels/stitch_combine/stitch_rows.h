@@ -1,8 +1,8 @@
 // Row kernels shared by the StitchCombine and StitchConcat CPU layers
 // (stitch_combine_impl.cc, stitch_concat_impl.cc): copies, sums and one
 // combined output row, with the width known at compile time for the common
-// embedding dims (DispatchDim); D == 0 means "use dim". Internal to the
-// stitch_combine family.
+// embedding dims (DispatchDim); D == 0 means "use dim". Shared by the
+// stitch_combine and stitch_concat families.
 #ifndef HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_ROWS_H_
 #define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_ROWS_H_
 

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
 from hybridtf._src.integrations.keras_slots import OptimizerLayoutError
+from hybridtf._src.models import ctr_data, ctr_models
 
 FIELDS = ctr_data.criteo_like_fields(dim=8, max_vocab=200)[:4]
 N_DENSE = 3

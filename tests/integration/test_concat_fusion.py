@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 from tests.integration.step_ops import pruned_op_types, step_op_types
 
 BATCH, STEPS = 64, 30

@@ -21,7 +21,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import loader_impl
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 from hybridtf._src.rewrite.packed_storage import CheckpointLayoutError
 
 FIELDS = ctr_data.criteo_like_fields(dim=8, max_vocab=300)[:6]

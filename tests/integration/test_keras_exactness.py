@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 
 STEPS = 100
 BATCH = 64

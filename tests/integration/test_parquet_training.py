@@ -19,7 +19,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from benchmarks import ctr_models
+from hybridtf._src.models import ctr_models
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CRITEO_SAMPLE = REPO.parent / "shared" / "data" / "criteo_sample.txt"

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import horovod.tensorflow as hvd
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 
 BATCH = 16
 FIELDS = [ctr_data.FieldSpec("a", 100, 4), ctr_data.FieldSpec("b", 200, 4)]

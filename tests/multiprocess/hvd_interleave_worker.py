@@ -22,7 +22,7 @@ import horovod.tensorflow as hvd
 import hvd_worker
 
 import hybridtf as htf
-from benchmarks import ctr_data
+from hybridtf._src.models import ctr_data
 
 STEPS = 15
 SCENARIOS = {

@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 
 import hybridtf as htf
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 
 GLOBAL_BATCH = 64
 STEPS = 50

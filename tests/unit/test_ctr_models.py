@@ -1,4 +1,4 @@
-"""Synthetic CTR data (benchmarks/ctr_data.py) and the plain Keras CTR models (benchmarks/ctr_models.py)."""
+"""Synthetic CTR data (hybridtf/_src/models/ctr_data.py) and the example Keras CTR models (hybridtf.models)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.ctr_data import (
+from hybridtf._src.models.ctr_data import (
     CRITEO_CARDINALITIES,
     DENSE_KEY,
     FieldSpec,
@@ -23,7 +23,7 @@ from benchmarks.ctr_data import (
     make_dataset,
     many_fields,
 )
-from benchmarks.ctr_models import (
+from hybridtf.models import (
     MODELS,
     SUBCLASSED_MODELS,
     AttentionPooling,

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 import hybridtf.report as htf_report
-from benchmarks import ctr_data, ctr_models
+from hybridtf._src.models import ctr_data, ctr_models
 from hybridtf._src.plan.packing import PackingPlan
 
 N_FIELDS = 12

@@ -28,7 +28,7 @@ import tensorflow as tf
 from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
 from hybridtf._src.caching.table import HybridHashTable
 from hybridtf._src.caching.table import TableConfig as HashConfig
-from hybridtf._src.capture.lookup_api import prepare_ids
+from hybridtf._src.capture.ids import prepare_ids
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
-from hybridtf._src.capture.lookup_api import prepare_ids
+from hybridtf._src.capture.ids import prepare_ids
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 

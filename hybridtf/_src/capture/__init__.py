@@ -1,6 +1,11 @@
-"""Capture stage: turns the user's embedding lookups into hybridtf lookup ops.
+"""Capture stage: finds the user's embedding lookups and routes them to the packed chains.
 
-Filled by the packing issue: per-instance capture of ``tf.keras.layers.Embedding``
-lookups, hybridtf's multi-hot layers, and the functional lookup API. See
-docs/architecture.md.
+* ``keras_capture``: the ``tf.keras.layers.Embedding`` layers of one model instance that can be
+  packed, and those that cannot (``SkippedLayer`` with the reason).
+* ``context``: the record / replay context through which captured lookups reach the rewrite.
+* ``lookup_api``: the functional lookup API (``hybridtf.embedding``) and the id handling every
+  lookup shares.
+* ``layers``: hybridtf's Keras layers (``EmbeddingBag``: multi-hot ids pooled by sum/mean/sqrtn).
+* ``regularizers``: which embeddings regularizers hybridtf reproduces exactly.
+* ``subclassing``: per-instance behaviour through run-time subclasses, no global patching.
 """

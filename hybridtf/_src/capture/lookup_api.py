@@ -7,8 +7,8 @@ outside any context it runs on its own (one fused chain for that lookup, exact
 by itself), and inside ``hybridtf.function`` it is recorded and replayed, all
 lookups of a traced step running as one chain per packed table.
 
-The helpers at the top (``prepare_ids``, ``placeholder``, ``plain_lookup``,
-``own_lookup``) are shared with the ``EmbeddingBag`` layer.
+The helpers at the top (``placeholder``, ``plain_lookup``, ``own_lookup``;
+``prepare_ids`` from ``capture/ids.py``) are shared with the ``EmbeddingBag`` layer.
 """
 
 from __future__ import annotations
@@ -24,97 +24,12 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
-from hybridtf._src.plan.tables import COMBINERS, TableSpec
+from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.lookup_chain import packed_lookup
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime
-
-_INT_DTYPES = (tf.int32, tf.int64)
-_IDS_KINDS = "a tf.Tensor (or array-like), tf.RaggedTensor or tf.SparseTensor of int32/int64 ids"
-
-
-def _check_dtype(dtype: tf.DType, table: str, cast_floats: bool) -> tf.DType | None:
-    """The dtype to cast ids to (None: keep), or TypeError for non-integer ids."""
-    if dtype in _INT_DTYPES:
-        return None
-    if cast_floats and (dtype.is_floating or dtype.is_integer):
-        return tf.int32 if dtype.is_floating else tf.int64
-    raise TypeError(f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}.")
-
-
-def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
-    """Validates and normalizes the ids of one lookup.
-
-    One-hot lookups (``combiner="none"``) keep dense or ragged ids as they
-    are. Multi-hot lookups (``"sum" | "mean" | "sqrtn"``) get a rank-2
-    ``tf.RaggedTensor`` ``[batch, None]``: a ``tf.SparseTensor`` becomes ragged
-    (its indices must be in canonical row-major order, see
-    ``tf.sparse.reorder``), and dense ``[batch, L]`` ids become bags of ``L``
-    ids each.
-
-    Args:
-        ids: the ids.
-        combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
-        table: the table's name, for error messages.
-        cast_floats: cast floating ids (and other integer types) to int32 /
-            int64 like ``tf.keras.layers.Embedding``; otherwise they are a
-            TypeError.
-
-    Returns:
-        A ``tf.Tensor`` or ``tf.RaggedTensor`` of int32/int64 ids.
-
-    Raises:
-        ValueError: unknown combiner, or bags that are not of rank 2.
-        TypeError: ids of an unsupported type or dtype, or a SparseTensor
-            with ``combiner="none"``.
-
-    Example:
-        >>> prepare_ids(tf.constant([[1, 2], [3, 4]]), "sum", "t").row_lengths().numpy()
-        array([2, 2])
-    """
-    if combiner not in COMBINERS:
-        raise ValueError(f"embedding table {table!r}: combiner must be one of {COMBINERS}, got {combiner!r}.")
-    bag = combiner != "none"
-    if isinstance(ids, tf.SparseTensor):
-        if not bag:
-            raise TypeError(
-                f"embedding table {table!r}: a tf.SparseTensor of ids is a multi-hot bag; pass combiner "
-                "'sum', 'mean' or 'sqrtn' (one-hot lookups take dense or ragged ids)."
-            )
-        if ids.shape.rank != 2:
-            raise ValueError(f"embedding table {table!r}: multi-hot ids must be of rank 2 [batch, L], got {ids.shape}.")
-        cast = _check_dtype(ids.dtype, table, cast_floats)
-        if cast is not None:
-            ids = tf.SparseTensor(ids.indices, tf.cast(ids.values, cast), ids.dense_shape)
-        return tf.RaggedTensor.from_sparse(ids)
-    if isinstance(ids, tf.RaggedTensor):
-        cast = _check_dtype(ids.dtype, table, cast_floats)
-        if cast is not None:
-            ids = tf.cast(ids, cast)
-        if bag and (ids.shape.rank != 2 or ids.ragged_rank != 1):
-            raise ValueError(
-                f"embedding table {table!r}: multi-hot ids must be a rank-2 tf.RaggedTensor [batch, None], "
-                f"got shape {ids.shape} with ragged_rank {ids.ragged_rank}."
-            )
-        return ids
-    if not (tf.is_tensor(ids) or isinstance(ids, (np.ndarray, np.integer, int, list, tuple))):
-        raise TypeError(f"embedding table {table!r}: ids must be {_IDS_KINDS}, got {type(ids).__name__}.")
-    try:
-        ids = tf.convert_to_tensor(ids)
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"embedding table {table!r}: ids must be {_IDS_KINDS}; could not convert them: {err}") from err
-    cast = _check_dtype(ids.dtype, table, cast_floats)
-    if cast is not None:
-        ids = tf.cast(ids, cast)
-    if bag:
-        if ids.shape.rank != 2:
-            raise ValueError(
-                f"embedding table {table!r}: dense multi-hot ids must be of rank 2 [batch, L], got shape {ids.shape}."
-            )
-        ids = tf.RaggedTensor.from_tensor(ids)
-    return ids
-
 
 # Set on the recorder by hybridtf.function's record pass (see record_pass_runs_lookups).
 RUNS_LOOKUPS_ATTR = "lookups_in_record_pass"

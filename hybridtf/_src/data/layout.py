@@ -15,7 +15,7 @@ One Parquet row is one example. Columns by role:
 No column may hold nulls (tensorflow-io returns garbage for them). Files
 written by :func:`write_parquet` or the converter carry a :class:`FeatureSpec`
 as JSON under the schema metadata key ``b"hybridtf.feature_spec"``;
-:func:`read_feature_spec` reads it back.
+``schema.read_feature_spec`` reads it back.
 """
 
 from __future__ import annotations
@@ -151,36 +151,6 @@ class FeatureSpec:
             multi_hot=d.get("multi_hot", ()),
             buckets=d.get("buckets", {}),
         )
-
-
-def read_feature_spec(path: str | os.PathLike) -> FeatureSpec:
-    """The :class:`FeatureSpec` stored in a Parquet file by the converter or :func:`write_parquet`.
-
-    Args:
-        path: a Parquet file.
-
-    Returns:
-        The stored spec.
-
-    Raises:
-        ParquetFileError: the file is missing or not Parquet.
-        ParquetSchemaError: the file carries no hybridtf feature spec.
-
-    Example:
-        >>> spec = read_feature_spec("criteo.parquet")  # doctest: +SKIP
-        >>> ds = parquet_dataset("criteo.parquet", spec=spec, batch_size=4096)  # doctest: +SKIP
-    """
-    from hybridtf._src.data.errors import ParquetSchemaError
-    from hybridtf._src.data.schema import open_parquet
-
-    meta = open_parquet(os.fspath(path))
-    raw = (meta.schema.metadata or {}).get(SPEC_METADATA_KEY)
-    if raw is None:
-        raise ParquetSchemaError(
-            f"{path} carries no hybridtf feature spec (schema metadata {SPEC_METADATA_KEY.decode()!r}); "
-            "pass label/dense/one_hot/multi_hot to parquet_dataset instead."
-        )
-    return FeatureSpec.from_json(raw)
 
 
 def encode_multi_hot(bags: Any):

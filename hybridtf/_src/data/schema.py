@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hybridtf._src.data.errors import ColumnTypeError, ParquetFileError, ParquetSchemaError
-from hybridtf._src.data.layout import FeatureSpec, pyarrow_modules
+from hybridtf._src.data.layout import SPEC_METADATA_KEY, FeatureSpec, pyarrow_modules
 
 _GLOB_CHARS = "*?["
 _SUPPORTED_PHYSICAL = ("BOOLEAN", "INT32", "INT64", "FLOAT", "DOUBLE", "BYTE_ARRAY")
@@ -322,3 +322,30 @@ def check_columns(files: Sequence[ParquetFileMeta], spec: FeatureSpec) -> dict[s
                         "converter writes missing values as 0."
                     )
     return {name: kind for name, (kind, _) in physical.items()}
+
+
+def read_feature_spec(path: str | os.PathLike) -> FeatureSpec:
+    """The :class:`FeatureSpec` stored in a Parquet file by the converter or :func:`write_parquet`.
+
+    Args:
+        path: a Parquet file.
+
+    Returns:
+        The stored spec.
+
+    Raises:
+        ParquetFileError: the file is missing or not Parquet.
+        ParquetSchemaError: the file carries no hybridtf feature spec.
+
+    Example:
+        >>> spec = read_feature_spec("criteo.parquet")  # doctest: +SKIP
+        >>> ds = parquet_dataset("criteo.parquet", spec=spec, batch_size=4096)  # doctest: +SKIP
+    """
+    meta = open_parquet(os.fspath(path))
+    raw = (meta.schema.metadata or {}).get(SPEC_METADATA_KEY)
+    if raw is None:
+        raise ParquetSchemaError(
+            f"{path} carries no hybridtf feature spec (schema metadata {SPEC_METADATA_KEY.decode()!r}); "
+            "pass label/dense/one_hot/multi_hot to parquet_dataset instead."
+        )
+    return FeatureSpec.from_json(raw)

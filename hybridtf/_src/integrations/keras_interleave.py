@@ -70,9 +70,9 @@ class _InterleaveModelMixin:
 
     def _htf_whole_batch_requests(self, x):
         """The step's lookup requests, ids taken from ``x`` (for micro-batches from the MLP)."""
-        from hybridtf._src.integrations import keras_model, keras_record
+        from hybridtf._src.integrations import keras_record
 
-        base_call = super(keras_model._HybridModelMixin, self).call
+        base_call = self._htf_model_call()
         kwargs = {"training": False} if self._expects_training_arg else {}
         requests = keras_record.lookups_from_inputs(self, base_call, x, kwargs)
         if requests is None:

@@ -71,6 +71,10 @@ class _HybridModelMixin:
         self._htf_note_fusions(scope)
         return result
 
+    def _htf_model_call(self):
+        """The model's own ``call`` (its class's, before hybridtf's rewrite)."""
+        return super().call
+
     def _htf_fusion_options(self) -> dict:
         return getattr(self, "_htf_fusion", None) or {"enabled": False}
 

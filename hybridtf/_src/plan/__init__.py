@@ -1,4 +1,4 @@
-"""Plan stage: decides how tables are packed, sharded and interleaved.
+"""Plan stage: decides how tables are packed (PICASSO §III-B), sharded and interleaved (§III-C).
 
 * ``tables.py``: table specs and packed-table records;
 * ``stats.py``: warm-up id statistics and CalcVParam (PICASSO Eq. 1);

@@ -33,15 +33,15 @@
 // pieces are summed in a fixed number of chunks (fixed by the layout) whose
 // partial results are added in chunk order; backward, every distinct row, every
 // kernel row and every dense-input row is summed by exactly one task.
-#ifndef HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_MATMUL_IMPL_H_
-#define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_MATMUL_IMPL_H_
+#ifndef HYBRIDTF_KERNELS_STITCH_MATMUL_STITCH_MATMUL_IMPL_H_
+#define HYBRIDTF_KERNELS_STITCH_MATMUL_STITCH_MATMUL_IMPL_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "kernels/common/parallel_for.h"
 #include "kernels/common/status.h"
-#include "kernels/stitch_combine/stitch_combine_impl.h"
+#include "kernels/stitch_concat/stitch_concat_impl.h"
 
 namespace hybridtf {
 namespace stitch_combine {
@@ -71,4 +71,4 @@ ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
 }  // namespace stitch_combine
 }  // namespace hybridtf
 
-#endif  // HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_MATMUL_IMPL_H_
+#endif  // HYBRIDTF_KERNELS_STITCH_MATMUL_STITCH_MATMUL_IMPL_H_

@@ -5,9 +5,9 @@
 #include "kernels/common/op_prefix.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
-#include "kernels/stitch_combine/stitch_combine_impl.h"
-#include "kernels/stitch_combine/stitch_concat_kernels.h"
-#include "kernels/stitch_combine/stitch_matmul_impl.h"
+#include "kernels/stitch_concat/stitch_concat_impl.h"
+#include "kernels/stitch_concat/stitch_concat_kernels.h"
+#include "kernels/stitch_matmul/stitch_matmul_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 

@@ -1,6 +1,8 @@
 // CPU implementation of StitchConcat and its gradient: the fields of several
 // packed tables (and dense matrices) combined straight into the columns of one
-// concatenated matrix, and back. See stitch_combine_impl.h for the contract.
+// concatenated matrix, and back. See stitch_concat_impl.h for the contract.
+#include "kernels/stitch_concat/stitch_concat_impl.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "kernels/common/dispatch_dim.h"
-#include "kernels/stitch_combine/stitch_combine_impl.h"
 #include "kernels/stitch_combine/stitch_rows.h"
 
 namespace hybridtf {

@@ -1,7 +1,7 @@
 // CPU kernels of HybridTF>StitchConcat and HybridTF>StitchConcatGrad: the
 // stitch_combine implementation layer writing into (and reading from) column
 // ranges of one concatenated matrix instead of per-field outputs.
-#include "kernels/stitch_combine/stitch_concat_kernels.h"
+#include "kernels/stitch_concat/stitch_concat_kernels.h"
 
 #include <algorithm>
 #include <string>
@@ -10,7 +10,7 @@
 #include "kernels/common/op_prefix.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
-#include "kernels/stitch_combine/stitch_combine_impl.h"
+#include "kernels/stitch_concat/stitch_concat_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 

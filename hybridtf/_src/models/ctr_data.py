@@ -221,7 +221,7 @@ def din_fields(
     """A DIN-style (Alimama-like) schema: user, target item/category, and their behaviour sequences.
 
     ``hist_item`` / ``hist_cate`` are multi-hot sequences over the same vocabularies as the target
-    fields ``item`` / ``cate``; :func:`benchmarks.ctr_models.din_like` pairs ``hist_<x>`` with ``<x>``.
+    fields ``item`` / ``cate``; :func:`hybridtf.models.din_like` pairs ``hist_<x>`` with ``<x>``.
 
     Args:
         dim: embedding width of every field (DIN's attention needs equal dims within a pair).

@@ -1,8 +1,8 @@
 // The attribute parsing, layouts and column placement shared by the kernels
 // of HybridTF>StitchConcat, StitchConcatGrad, StitchConcatMatMul and
 // StitchConcatMatMulGrad (they take the same layout attributes).
-#ifndef HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_CONCAT_KERNELS_H_
-#define HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_CONCAT_KERNELS_H_
+#ifndef HYBRIDTF_KERNELS_STITCH_CONCAT_STITCH_CONCAT_KERNELS_H_
+#define HYBRIDTF_KERNELS_STITCH_CONCAT_STITCH_CONCAT_KERNELS_H_
 
 #include <string>
 #include <vector>
@@ -10,7 +10,7 @@
 #include "kernels/common/checked_math.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
-#include "kernels/stitch_combine/stitch_combine_impl.h"
+#include "kernels/stitch_concat/stitch_concat_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -225,4 +225,4 @@ class StitchConcatOpBase : public OpKernel {
 }  // namespace stitch_combine
 }  // namespace hybridtf
 
-#endif  // HYBRIDTF_KERNELS_STITCH_COMBINE_STITCH_CONCAT_KERNELS_H_
+#endif  // HYBRIDTF_KERNELS_STITCH_CONCAT_STITCH_CONCAT_KERNELS_H_

@@ -1,0 +1,221 @@
+"""``python -m hybridtf.report``: the report on a built-in example model or on the user's own.
+
+``--model`` names a built-in example (``wdl``, ``deepfm``, ``dlrm``, ``din`` on the ``--fields``
+set, ``hybridtf.models``) or the user's builder as ``package.module:function`` (importable from the
+current directory) or ``path/to/file.py:function``. The builder takes no arguments and returns a
+built Keras model (functional, or called once); it is called twice, for the plain baseline and for
+the model ``hybridtf.keras.optimize`` wraps, so both start from the same code. A builder that
+returns a compiled model keeps its loss and a fresh copy of its optimizer; otherwise ``--optimizer``
+and ``--loss`` apply. The traced batch is the example's synthetic data, or for a user model
+``synthetic_batch`` of its inputs (ids 0, standard normal floats, zero labels).
+
+Example::
+
+    python -m hybridtf.report --model wdl --fields 200
+    python -m hybridtf.report --model my_pkg.my_module:build_model --batch 512 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.util
+import json
+import pathlib
+import sys
+
+from hybridtf._src.models.examples import EXAMPLE_MODELS
+
+
+class UsageError(ValueError):
+    """A ``--model`` that cannot be loaded: the message names the problem and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """What ``--model`` named: a built-in example, or a user builder ``module:function``."""
+
+    name: str
+    example: str | None = None
+    module: str | None = None
+    function: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelSource:
+        """Parses ``wdl`` / ``pkg.mod:build`` / ``path/file.py:build``.
+
+        Raises:
+            UsageError: neither an example name nor ``module:function``.
+        """
+        if text in EXAMPLE_MODELS:
+            return cls(text, example=text)
+        module, sep, function = text.rpartition(":")
+        if not sep or not module or not function.isidentifier():
+            raise UsageError(
+                f"--model {text!r} is neither a built-in example ({', '.join(EXAMPLE_MODELS)}) nor a builder "
+                "'package.module:function' / 'path/to/file.py:function' that returns a built Keras model."
+            )
+        return cls(text, module=module, function=function)
+
+
+def load_builder(source: ModelSource):
+    """The user's builder function named by ``source``.
+
+    Raises:
+        UsageError: the module or function cannot be found, or is not callable.
+    """
+    module_name = source.module
+    try:
+        if module_name.endswith(".py"):
+            path = pathlib.Path(module_name).resolve()
+            if not path.is_file():
+                raise UsageError(f"--model {source.name!r}: no file {path}.")
+            name = f"_hybridtf_user_{path.stem}"
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(pathlib.Path.cwd()) not in sys.path:
+                sys.path.insert(0, "")  # like `python -m`: modules of the current directory
+            module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise UsageError(
+            f"--model {source.name!r}: cannot import {module_name!r} ({err}); run from the directory that holds "
+            "it, set PYTHONPATH, or give the file path: path/to/file.py:function."
+        ) from err
+    builder = getattr(module, source.function, None)
+    if not callable(builder):
+        raise UsageError(f"--model {source.name!r}: {module_name!r} has no function {source.function!r}.")
+    return builder
+
+
+def _user_model(builder, name: str):
+    import tensorflow as tf
+
+    model = builder()
+    if not isinstance(model, tf.keras.Model):
+        raise UsageError(f"--model {name!r}: the builder returned {type(model).__name__}, not a tf.keras.Model.")
+    if not model.built:
+        raise UsageError(
+            f"--model {name!r}: the builder returned an unbuilt model; build it (a functional model, or call it "
+            "once on a batch) before returning it."
+        )
+    return model
+
+
+def _compile_args(model, optimizer: str, loss: str):
+    """(optimizer factory, loss): the model's own when the builder compiled it, else the flags'."""
+    import tensorflow as tf
+
+    if getattr(model, "_is_compiled", False) and model.optimizer is not None and model.loss is not None:
+        opt = model.optimizer
+        return (lambda: type(opt).from_config(opt.get_config())), model.loss
+    return (lambda: tf.keras.optimizers.get(optimizer)), loss
+
+
+def build_pair(args, source: ModelSource):
+    """``(plain, optimized, batch, config)`` for the parsed command line."""
+    import hybridtf.keras
+    from hybridtf._src.models import examples
+    from hybridtf._src.op_count import synthetic_batch
+
+    options = {
+        "micro_batches": args.micro_batches,
+        "interleave_from": args.interleave_from,
+        "interleave_groups": args.interleave_groups,
+    }
+    if source.example is not None:
+        fields = examples.example_fields(args.fields, din=source.example == "din")
+        batch = examples.example_batch(fields, args.batch)
+        plain = examples.build_example(source.example, fields, batch[0])
+        model = hybridtf.keras.optimize(examples.build_example(source.example, fields, batch[0]), **options)
+        for m in (plain, model):  # the benchmark's Adagrad (bench_keras.make_optimizer)
+            m.compile(optimizer=_adagrad(), loss="binary_crossentropy")
+        field_set = "f200" if args.fields in ("200", "f200") else "criteo"
+        config = {"model": source.example, "fields": field_set, "optimizer": "adagrad", "batch": args.batch}
+        return plain, model, batch, config
+    builder = load_builder(source)
+    plain = _user_model(builder, source.name)
+    make_optimizer, loss = _compile_args(plain, args.optimizer, args.loss)
+    model = hybridtf.keras.optimize(_user_model(builder, source.name), **options)
+    for m in (plain, model):
+        m.compile(optimizer=make_optimizer(), loss=loss)
+    batch = synthetic_batch(plain, args.batch)
+    config = {"model": source.name, "optimizer": type(plain.optimizer).__name__, "batch": args.batch}
+    return plain, model, batch, config
+
+
+def _adagrad():
+    import tensorflow as tf
+
+    return tf.keras.optimizers.Adagrad(learning_rate=0.05)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line's argument parser."""
+    p = argparse.ArgumentParser(
+        prog="python -m hybridtf.report",
+        description="What hybridtf.keras.optimize does to a model: training-step ops before/after, plan, skipped "
+        "tables and why, fusions, interleaving.",
+    )
+    p.add_argument(
+        "--model",
+        default="wdl",
+        help=f"a built-in example ({', '.join(EXAMPLE_MODELS)}) or your builder: package.module:function or "
+        "path/to/file.py:function, returning a built Keras model (default wdl); none: only the --dynamic section",
+    )
+    p.add_argument("--fields", choices=("criteo", "200", "f200"), default="criteo", help="field set of the examples")
+    p.add_argument("--batch", type=int, default=256, help="batch size of the traced step (default 256)")
+    p.add_argument(
+        "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
+    )
+    p.add_argument("--optimizer", default="adagrad", help="Keras optimizer of an uncompiled user model")
+    p.add_argument("--loss", default="binary_crossentropy", help="Keras loss of an uncompiled user model")
+    p.add_argument("--micro-batches", type=int, default=1, help="D-interleaving: micro-batches per step")
+    p.add_argument("--interleave-from", choices=("embedding", "mlp"), default="embedding")
+    p.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument(
+        "--dynamic",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="add the dynamic-table (HybridHash) section: a small DynamicEmbedding model trains STEPS steps; "
+        "with --model none only that section",
+    )
+    return p
+
+
+def main(argv=None) -> int:
+    """Runs the command (see the module docstring); returns the exit status."""
+    args_parser = parser()
+    args = args_parser.parse_args(argv)
+    if args.batch < 1:
+        args_parser.error(f"--batch must be >= 1, got {args.batch}.")
+    if args.dynamic < 0:
+        args_parser.error(f"--dynamic must be >= 0 steps, got {args.dynamic}.")
+    if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
+        from hybridtf._src.report_dynamic import dynamic_section
+
+        section = dynamic_section(steps=args.dynamic)
+        print(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
+    if args.model == "none":
+        return 0
+    from hybridtf._src.report import report
+
+    try:
+        plain, model, batch, config = build_pair(args, ModelSource.parse(args.model))
+    except UsageError as err:
+        args_parser.error(str(err))
+    result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
+    if args.json:
+        d = result.to_dict()
+        d["config"] = config
+        print(json.dumps(d))
+    else:
+        label = "/".join(str(config[k]) for k in ("model", "fields", "optimizer") if k in config)
+        print(f"config: {label} (batch {config['batch']})")
+        print(result)
+    return 0
