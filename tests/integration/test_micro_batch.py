@@ -206,3 +206,16 @@ def test_from_a_named_layer(layer, batches):
     assert layer in [lyr.name for lyr in head.layers] and "hidden_0" in [lyr.name for lyr in head.layers]
     assert all(not lyr.name.startswith(("deep_", "wide_")) for lyr in tail.layers)  # lookups stay whole-batch
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_from_mlp_keeps_the_dense_fusion(batches):
+    """From the MLP, each micro-batch re-stitches the whole-batch chain's rows: StitchConcatMatMul still runs."""
+    from tests.integration.step_ops import pruned_op_types
+
+    whole, whole_model = _losses(wide_and_deep, "adagrad", batches[:6])
+    micro, model = _losses(wide_and_deep, "adagrad", batches[:6], micro_batches=3, interleave_from="mlp")
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+    assert model.hybridtf_fused_dense == whole_model.hybridtf_fused_dense != []
+    types, whole_types = pruned_op_types(model, batches[:1]), pruned_op_types(whole_model, batches[:1])
+    assert types.count("HybridTF>StitchConcatMatMul") == 3 * whole_types.count("HybridTF>StitchConcatMatMul") > 0
+    assert types.count("HybridTF>UniquePartition") == whole_types.count("HybridTF>UniquePartition")  # chains once

@@ -12,10 +12,13 @@ accumulates the gradients and applies them once:
   depends on and the lookups run once on the whole batch, the rest per
   micro-batch.
 * ``interleave_from="mlp"``: the lookup chains run once on the whole batch;
-  the layers after them (interaction, MLP, loss) run per micro-batch on slices
-  of the lookups' outputs (Fig. 8 a), which bounds the peak memory of the
-  MLP's feature maps. The micro-batches' gradients with respect to the lookup
-  outputs are concatenated and sent back through the chains once.
+  the layers after them (interaction, MLP, loss) run per micro-batch (Fig. 8
+  a), which bounds the peak memory of the MLP's feature maps. Each
+  micro-batch's lookups are a StitchCombine of the chain's gathered rows with
+  its slice of the inverse index (``micro_batch_stitch.py``), so the dense
+  fusions (StitchConcat, StitchConcatMatMul) still apply; the micro-batches'
+  gradients with respect to the gathered rows are summed and sent back
+  through the chains once.
 
 Each packed table still gets one update with distinct rows per step (its
 micro-batch gradients are concatenated and their duplicate rows summed, so the
@@ -43,6 +46,7 @@ from keras.src.utils import losses_utils
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite import micro_batch_split
+from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
 
 MODES = ("embedding", "mlp")
@@ -221,28 +225,39 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables):
     dense_vars = [v for v in variables if id(v) not in model._htf_table_variable_ids]
     with tf.GradientTape() as lookup_tape:
         outputs = lookup_all(requests)
+    # Lookups that come from a StitchCombine get one per micro-batch (the fusions still apply; the
+    # gradient is taken at the chain's gathered rows); others are sliced (gradient at the outputs).
+    stitch = MicroBatchStitch(outputs, bounds[-1])
+    sliced = [i for i in range(len(outputs)) if i not in set(stitch.restitched)]
     acc = _Accumulator(len(dense_vars))
-    out_grads: list[list] = [[] for _ in outputs]
+    d_rows: list = [None] * len(stitch.rows)
+    out_grads: list[list] = [[] for _ in sliced]
     preds = []
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split((x, y, sample_weight), lo, hi)
-        out_i = [o[lo:hi] for o in outputs]
         with tf.GradientTape() as tape:
-            tape.watch(out_i)
+            tape.watch(stitch.rows)
+            out_i = stitch.micro_batch(lo, hi)
+            sliced_i = [out_i[j] for j in sliced]
+            tape.watch(sliced_i)
             with context.replaying(requests, out_i):
                 pred = model(xi, training=True)
             loss = model.compute_loss(xi, yi, pred, swi)
             scaled = loss * weights[i]
         model._validate_target_and_loss(yi, loss)
-        g = tape.gradient(scaled, dense_vars + out_i)
+        g = tape.gradient(scaled, dense_vars + stitch.rows + sliced_i)
         acc.add(g[: len(dense_vars)])
-        for parts, gi, oi in zip(out_grads, g[len(dense_vars) :], out_i):
+        for k, (got, r) in enumerate(zip(g[len(dense_vars) : len(dense_vars) + len(stitch.rows)], stitch.rows)):
+            part = tf.zeros_like(r) if got is None else tf.convert_to_tensor(got)
+            d_rows[k] = part if d_rows[k] is None else d_rows[k] + part
+        for parts, gi, oi in zip(out_grads, g[len(dense_vars) + len(stitch.rows) :], sliced_i):
             parts.append(tf.zeros_like(oi) if gi is None else tf.convert_to_tensor(gi))
         preds.append(pred)
-    d_outputs = [tf.concat(parts, 0) for parts in out_grads]
-    table_grads = lookup_tape.gradient(outputs, table_vars, output_gradients=d_outputs)
+    targets = stitch.rows + [outputs[j] for j in sliced]
+    sent = d_rows + [tf.concat(parts, 0) for parts in out_grads]
+    table_grads = lookup_tape.gradient(targets, table_vars, output_gradients=sent) if targets else []
     dense_grads = acc.result()
     by_id = {id(v): g for v, g in zip(dense_vars, dense_grads)}
     by_id.update({id(v): g for v, g in zip(table_vars, table_grads)})
-    return [by_id[id(v)] for v in variables], _concat_structures(preds)
+    return [by_id.get(id(v)) for v in variables], _concat_structures(preds)
