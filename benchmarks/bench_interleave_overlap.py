@@ -224,7 +224,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as out:
         two = _launch(args, 2, out)
         one = _launch(args, 1, out)
-    print(f"{'config':10} {'groups':>6} {'steps/s 2r':>10} {'best':>6} {'overlap':>8} {'exchange ms':>12} {'steps/s 1r':>10}")
+    header = ("config", "groups", "steps/s 2r", "best", "overlap", "exchange ms", "steps/s 1r")
+    print("{:10} {:>6} {:>10} {:>6} {:>8} {:>12} {:>10}".format(*header))
     for r2, r1 in zip(two[0]["results"], one[0]["results"]):
         share = r2["trace"]["overlap_share"]
         print(
