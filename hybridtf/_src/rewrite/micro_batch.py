@@ -12,13 +12,19 @@ accumulates the gradients and applies them once:
   depends on and the lookups run once on the whole batch, the rest per
   micro-batch.
 * ``interleave_from="mlp"``: the lookup chains run once on the whole batch;
-  the layers after them (interaction, MLP, loss) run per micro-batch (Fig. 8
-  a), which bounds the peak memory of the MLP's feature maps. Each
-  micro-batch's lookups are a StitchCombine of the chain's gathered rows with
-  its slice of the inverse index (``micro_batch_stitch.py``), so the dense
-  fusions (StitchConcat, StitchConcatMatMul) still apply; the micro-batches'
-  gradients with respect to the gathered rows are summed and sent back
-  through the chains once.
+  the layers after them (interaction, MLP, loss) run per micro-batch on row
+  slices of the lookups' outputs (Fig. 8 a), which bounds the peak memory of
+  the MLP's feature maps. The micro-batches' gradients with respect to the
+  lookup outputs are concatenated and sent back through the chains once. The
+  slices are not stitched fields, so the dense fusions do not apply.
+* ``interleave_from="mlp_fused"``: the same, but each micro-batch's lookups
+  are a StitchCombine of the chain's gathered rows with its slice of the
+  inverse index (``micro_batch_stitch.py``), so StitchConcat and
+  StitchConcatMatMul still apply; the gradients are summed at the gathered
+  rows. Faster for small MLPs; for a wide first layer the fused matmul's
+  per-chunk partial sums (up to 8 x micro-batch x units) cost more memory
+  than the micro-batches save (W&D, batch 65,536, MLP 1024-512-256: above
+  the whole batch's peak), so it is not the default.
 
 Each packed table still gets one update with distinct rows per step (its
 micro-batch gradients are concatenated and their duplicate rows summed, so the
@@ -49,7 +55,7 @@ from hybridtf._src.rewrite import micro_batch_split
 from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
 
-MODES = ("embedding", "mlp")
+MODES = ("embedding", "mlp", "mlp_fused")
 
 
 # A model or a setting that micro-batching cannot run with the whole batch's math.
@@ -67,8 +73,9 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     if not isinstance(interleave_from, str) or not interleave_from:
         raise MicroBatchError(
             f"interleave_from={interleave_from!r}: hybridtf micro-batches from 'embedding' (the whole forward per "
-            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch) or the "
-            "name of a layer of a functional model (that layer and what follows it per micro-batch)."
+            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch; "
+            "'mlp_fused' keeps the dense fusions) or the name of a layer of a functional model (that layer and "
+            "what follows it per micro-batch)."
         )
     if interleave_from not in MODES:
         object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
@@ -197,8 +204,10 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     sizes = [bounds[i + 1] - bounds[i] for i in range(n)]
     weights = loss_weights(model, sizes, batch)
     variables = model.trainable_variables
-    if interleave_from == "mlp":
-        grads, y_pred = _from_mlp(model, x, y, sample_weight, bounds, weights, variables)
+    if interleave_from in ("mlp", "mlp_fused"):
+        grads, y_pred = _from_mlp(
+            model, x, y, sample_weight, bounds, weights, variables, interleave_from == "mlp_fused"
+        )
     elif interleave_from != "embedding":  # a layer name: the model cut at that layer
         parts, preds = micro_batch_split.from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split)
         grads, y_pred = [_sum_grads(p) for p in parts], _concat_structures(preds)
@@ -219,7 +228,7 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     return model.compute_metrics(x, y, y_pred, sample_weight)
 
 
-def _from_mlp(model, x, y, sample_weight, bounds, weights, variables):
+def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     requests = model._htf_whole_batch_requests(x)
     table_vars = [v for v in variables if id(v) in model._htf_table_variable_ids]
     dense_vars = [v for v in variables if id(v) not in model._htf_table_variable_ids]
@@ -227,7 +236,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables):
         outputs = lookup_all(requests)
     # Lookups that come from a StitchCombine get one per micro-batch (the fusions still apply; the
     # gradient is taken at the chain's gathered rows); others are sliced (gradient at the outputs).
-    stitch = MicroBatchStitch(outputs, bounds[-1])
+    stitch = MicroBatchStitch(outputs, bounds[-1], enabled=fused)
     sliced = [i for i in range(len(outputs)) if i not in set(stitch.restitched)]
     acc = _Accumulator(len(dense_vars))
     d_rows: list = [None] * len(stitch.rows)

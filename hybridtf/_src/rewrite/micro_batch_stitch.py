@@ -1,6 +1,7 @@
 """Micro-batches from the MLP that keep the dense fusions: one StitchCombine per micro-batch.
 
-``interleave_from="mlp"`` runs the lookup chains once on the whole batch and
+``interleave_from="mlp_fused"`` (``"mlp"`` slices, see ``micro_batch.py``
+for why that is the default) runs the lookup chains once on the whole batch and
 the layers after them per micro-batch. Slicing the chains' outputs
 (``output[lo:hi]``) would hide from the dataflow fusions that a piece is a
 packed lookup field, so the concatenation and the first Dense layer would run
@@ -54,12 +55,13 @@ class MicroBatchStitch:
     Args:
         outputs: the lookup outputs, one per request (dense tensors or ragged).
         batch: the whole batch's size (a scalar tensor).
+        enabled: False: every output is sliced (``interleave_from="mlp"``).
     """
 
-    def __init__(self, outputs, batch):
+    def __init__(self, outputs, batch, enabled: bool = True):
         self.outputs = list(outputs)
         self.batch = tf.cast(batch, tf.int64)
-        self.sources = [_source(o) for o in self.outputs]
+        self.sources = [_source(o) if enabled else None for o in self.outputs]
         self.ops = []
         for src in self.sources:
             if src is not None and all(src[0] is not op for op in self.ops):
