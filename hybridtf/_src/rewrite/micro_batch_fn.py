@@ -250,7 +250,7 @@ def _from_features(loss_fn, features_fn, inputs, variables, bounds, weights):
         lo, hi = bounds[i], bounds[i + 1]
         part = split(inputs, lo, hi)
         f_i = [f[lo:hi] for f in features]
-        with tf.GradientTape(watch_accessed_variables=not given) as tape:
+        with _segment(), tf.GradientTape(watch_accessed_variables=not given) as tape:  # lookups in loss_fn: own chains
             tape.watch(f_i)
             if given:
                 tape.watch(variables)
