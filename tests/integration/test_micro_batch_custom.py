@@ -78,6 +78,14 @@ class _WideDeep:
     def loss(self, batch):
         return self.head(self.features(batch), batch)
 
+    def deep_only(self, batch):
+        return self.features(batch)[0]
+
+    def head_with_wide(self, x, batch):  # lookups inside loss_fn, from the MLP
+        (ids, _), _ = batch
+        wide = tf.add_n([self.tables.lookup(f"wide_{f}", ids[f]) for f, _ in FIELDS])
+        return self.head((x, wide), batch)
+
 
 def _optimizer(name):
     return tf.keras.optimizers.Adagrad(0.1) if name == "adagrad" else tf.keras.optimizers.Adam(0.01)
@@ -131,6 +139,25 @@ def test_function_micro_batches_equal_whole_batch(whole_function, optimizer, mic
     chains = [op for op in graph.get_operations() if op.type == "HybridTF>PackIds"]
     packed_tables = 2  # dim 8 (deep + hist) and dim 1 (wide)
     assert len(chains) == packed_tables * (micro if mode == "embedding" else 1)
+
+
+def test_function_lookups_inside_loss_fn_from_the_mlp(whole_function):
+    model, opt = _WideDeep(), _optimizer("adagrad")
+
+    @htf.function
+    def step(batch):
+        loss, grads = htf.micro_batch_gradients(
+            model.head_with_wide,
+            batch,
+            model.variables,
+            micro_batches=2,
+            interleave_from="mlp",
+            features_fn=model.deep_only,
+        )
+        opt.apply_gradients(zip(grads, model.variables))
+        return loss
+
+    _assert_close(np.array([float(step(b)) for b in BATCHES]), whole_function["adagrad"])
 
 
 def test_function_eager_and_variables_none():
