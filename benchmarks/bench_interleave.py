@@ -7,7 +7,8 @@ and batches:
 
 * ``whole``: ``hybridtf.keras.optimize(model)``, the whole batch per step;
 * ``mlp_xN``: ``optimize(model, micro_batches=N, interleave_from="mlp")``: the lookup chains run
-  once on the whole batch, the MLP and loss in N micro-batches, one update per step.
+  once on the whole batch, the MLP and loss in N micro-batches, one update per step;
+* ``mlpf_xN`` (``--fused``): the same with ``interleave_from="mlp_fused"`` (dense fusions kept).
 
 Each child runs ``warmup`` untimed steps (tracing, optimizer slots), then ``steps`` timed steps
 (``train_on_batch``; samples/s is the batch over the median step time). Peak memory of the step,
@@ -56,9 +57,9 @@ def _child(args) -> dict:
     ]
     model = ctr_models.wide_and_deep(fields, 13, hidden=hidden, seed=3)
     model(batches[0][0])
-    options = {} if args.variant == "whole" else {"micro_batches": int(args.variant[len("mlp_x") :])}
+    options = {} if args.variant == "whole" else {"micro_batches": int(args.variant.split("_x")[1])}
     if options:
-        options["interleave_from"] = "mlp"
+        options["interleave_from"] = "mlp_fused" if args.variant.startswith("mlpf") else "mlp"
     model = htf.keras.optimize(model, **options)
     model.compile(optimizer=tf.keras.optimizers.Adagrad(0.01), loss="binary_crossentropy")
     device = "CPU:0"
@@ -136,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=65_536)
     parser.add_argument("--hidden", default="1024,512,256")
     parser.add_argument("--micro", default="4", help="comma-separated micro-batch counts (from the MLP)")
+    parser.add_argument("--fused", default="", help="micro-batch counts from the MLP with the dense fusions kept")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--out-dir", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -146,6 +148,7 @@ def main(argv=None) -> int:
         print(json.dumps(_child(args)))
         return 0
     variants = ["whole"] + [f"mlp_x{int(n)}" for n in args.micro.split(",")]
+    variants += [f"mlpf_x{int(n)}" for n in args.fused.split(",") if n]
     results = [_run_child(args, v) for v in variants]
     whole = results[0]
     for r in results:

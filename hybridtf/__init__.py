@@ -8,6 +8,7 @@ not pull in TensorFlow):
     hybridtf.layers: Keras layers (``EmbeddingBag``: multi-hot ids, sum/mean/sqrtn).
     hybridtf.embedding: functional tables and lookups (``Tables``, ``TableConfig``, ``lookup``).
     hybridtf.function: ``tf.function`` for custom loops, every lookup of a step packed.
+    hybridtf.micro_batch_gradients: a custom step's gradients over N micro-batches (D-interleaving).
     hybridtf.horovod: hybrid parallel training under ``horovodrun`` (shards, local variables).
     hybridtf.estimator: wrap a tf.estimator model_fn (packed lookups, plain checkpoints) and SessionRunHooks.
     hybridtf.data:   tensorflow-io Parquet input (dense, one-hot, multi-hot), text-to-Parquet converters.
@@ -42,6 +43,7 @@ __all__ = [
     "horovod",
     "keras",
     "layers",
+    "micro_batch_gradients",
     "models",
     "native",
     "ops",
@@ -60,8 +62,13 @@ def __getattr__(name):
 
         globals()[name] = function
         return function
+    if name == "micro_batch_gradients":
+        from hybridtf._src.rewrite.micro_batch_fn import micro_batch_gradients
+
+        globals()[name] = micro_batch_gradients
+        return micro_batch_gradients
     raise AttributeError(f"module 'hybridtf' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_SUBMODULES) | {"function"})
+    return sorted(set(globals()) | set(_SUBMODULES) | {"function", "micro_batch_gradients"})

@@ -26,6 +26,7 @@ from hybridtf._src.integrations.estimator_hooks import (
     horovod_broadcast_hook,
     report_of,
 )
+from hybridtf._src.rewrite.micro_batch_fn import micro_batch_gradients
 from hybridtf._src.run.loader import load_ops as _load_ops
 
 
@@ -99,6 +100,7 @@ __all__ = [
     "StatsHook",
     "hooks",
     "load_ops",
+    "micro_batch_gradients",
     "model_fn",
     "report_of",
 ]

@@ -7,7 +7,8 @@ decides how), dense gradients are averaged with allreduce, and a
 the script already uses keeps working (the shards are registered as local).
 
 For custom training loops with ``hvd.DistributedGradientTape``, use
-``DistributedGradientTape`` below (or register ``local_variables`` yourself).
+``DistributedGradientTape`` below (or register ``local_variables`` yourself);
+for gradients from ``hybridtf.micro_batch_gradients``, ``average_gradients``.
 
 Ranks that diverge (uneven batch counts, a ``save_weights`` / ``evaluate`` /
 ``predict`` one rank reaches and another does not) never wait forever: after
@@ -85,6 +86,40 @@ def DistributedGradientTape(tape, *objs, **kwargs):
     for var in local_variables(*objs):
         distributed.register_local_source(var)
     return distributed
+
+
+def average_gradients(grads, variables, *objs) -> list:
+    """Averages a step's gradients over the ranks, keeping the shards of ``objs`` local (scaled by ``1 / size``).
+
+    For gradients computed without a tape you can wrap, e.g. by
+    ``hybridtf.micro_batch_gradients`` (one reduction per step, after the
+    micro-batches): dense gradients are allreduced (``Average``), replicated
+    tables' sparse gradients allgathered, shard gradients only divided by the
+    size (the owner already received every rank's rows). Without Horovod (or
+    with one rank) the gradients come back unchanged.
+
+    Args:
+        grads: one gradient (or None) per variable.
+        variables: the variables.
+        *objs: the optimized models / ``Tables`` whose shards are among ``variables``.
+
+    Returns:
+        The averaged gradients, in order.
+
+    Example:
+        >>> loss, grads = htf.micro_batch_gradients(loss_fn, batch, model.trainable_variables, micro_batches=4)
+        >>> grads = htf.horovod.average_gradients(grads, model.trainable_variables, model)
+    """
+    from hybridtf._src.distribute.gradients import reduce_gradients
+
+    world = current_world()
+    grads, variables = list(grads), list(variables)
+    if len(grads) != len(variables):
+        raise ValueError(f"average_gradients: {len(grads)} gradients for {len(variables)} variables.")
+    if not world.distributed:
+        return grads
+    sharded = {id(v) for v in local_variables(*objs)}
+    return [g for g, _ in reduce_gradients(list(zip(grads, variables)), sharded, world)]
 
 
 def DistributedOptimizer(optimizer, **kwargs):
@@ -169,6 +204,7 @@ __all__ = [
     "DistributedGradientTape",
     "DistributedOptimizer",
     "World",
+    "average_gradients",
     "collective_phase",
     "collective_timeout",
     "local_variables",

@@ -158,7 +158,7 @@ def _uneven(steps=5):
 def test_uneven_batch_with_sample_weights():
     batches, weights = _uneven()
     whole, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights)
-    for mode in ("embedding", "mlp"):
+    for mode in ("embedding", "mlp", "mlp_fused"):
         micro, _ = _losses(wide_and_deep, "adagrad", batches, weights=weights, micro_batches=4, interleave_from=mode)
         np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
 
@@ -206,3 +206,19 @@ def test_from_a_named_layer(layer, batches):
     assert layer in [lyr.name for lyr in head.layers] and "hidden_0" in [lyr.name for lyr in head.layers]
     assert all(not lyr.name.startswith(("deep_", "wide_")) for lyr in tail.layers)  # lookups stay whole-batch
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_from_mlp_fused_keeps_the_dense_fusion(batches):
+    """'mlp_fused': each micro-batch re-stitches the whole-batch chain's rows, so StitchConcatMatMul still runs."""
+    from tests.integration.step_ops import pruned_op_types
+
+    whole, whole_model = _losses(wide_and_deep, "adagrad", batches[:6])
+    micro, model = _losses(wide_and_deep, "adagrad", batches[:6], micro_batches=3, interleave_from="mlp_fused")
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+    assert model.hybridtf_fused_dense == whole_model.hybridtf_fused_dense != []
+    dlrm_whole, _ = _losses(dlrm, "adam", batches[:6])
+    dlrm_micro, _ = _losses(dlrm, "adam", batches[:6], micro_batches=4, interleave_from="mlp_fused")
+    np.testing.assert_allclose(dlrm_micro, dlrm_whole, rtol=1e-5, atol=0)
+    types, whole_types = pruned_op_types(model, batches[:1]), pruned_op_types(whole_model, batches[:1])
+    assert types.count("HybridTF>StitchConcatMatMul") == 3 * whole_types.count("HybridTF>StitchConcatMatMul") > 0
+    assert types.count("HybridTF>UniquePartition") == whole_types.count("HybridTF>UniquePartition")  # chains once

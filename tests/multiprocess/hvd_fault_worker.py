@@ -12,6 +12,9 @@ Scenarios (rank 1 always has fewer batches, or fails):
 * ``uneven_exit``: the same in a custom loop (``htf.function`` steps under
   ``htf.horovod.collective_phase``), then the script ends;
 * ``raise`` / ``kill``: rank 1 raises in a callback after its third step / kills itself (SIGKILL);
+* ``interleaved``: both fit 6 batches with 2 micro-batches and 2 K-interleaving groups; rank 1's
+  fourth step fails inside the graph, in its second micro-batch's loss (a NaN label meets
+  ``tf.debugging.assert_all_finite``), after that micro-batch's lookups and exchange;
 * ``even``: both fit 6 batches and save (must succeed).
 
 Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
@@ -53,10 +56,25 @@ class FailAfter(tf.keras.callbacks.Callback):
             raise RuntimeError(f"hybridtf-fault-test: rank {hvd.rank()} fails on purpose after step {self.step}")
 
 
-def dataset(num_batches, seed):
+class DivergesAfter(tf.keras.callbacks.Callback):
+    """Notes the time the step that will fail inside the graph starts."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch + 1 == 3:
+            print(f"hybridtf-fault-test: rank {hvd.rank()} diverges at {time.time():.3f}", flush=True)
+
+
+def checked_loss(y_true, y_pred):
+    y_true = tf.debugging.assert_all_finite(y_true, "hybridtf-fault-test: a NaN label in an interleaved step")
+    return tf.keras.losses.binary_crossentropy(y_true, y_pred)
+
+
+def dataset(num_batches, seed, nan_row=None):
     batches = list(ctr_data.generate_batches(FIELDS, 2, BATCH, num_batches, seed=seed))
     xs = {k: np.concatenate([x[k] for x, _ in batches]) for k in batches[0][0]}
-    ys = np.concatenate([y for _, y in batches])
+    ys = np.concatenate([y for _, y in batches]).astype(np.float32)
+    if nan_row is not None:
+        ys[nan_row] = np.nan
     return tf.data.Dataset.from_tensor_slices((xs, ys)).batch(BATCH)
 
 
@@ -87,11 +105,18 @@ def main():
     rank = hvd.rank()
     hvd.allreduce(tf.constant(0), name="start")  # ranks start up at different speeds: align before timing anything
     model = ctr_models.wide_and_deep(FIELDS, 2, hidden=(8,), seed=3)
-    model = htf.keras.optimize(model)
-    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
-    batches = 6 if rank == 0 or scenario == "even" else 3
+    if scenario == "interleaved":
+        model = htf.keras.optimize(model, micro_batches=2, interleave_from="embedding", interleave_groups=2)
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss=checked_loss)
+    else:
+        model = htf.keras.optimize(model)
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    batches = 6 if rank == 0 or scenario in ("even", "interleaved") else 3
     callbacks = [FailAfter(3, kill=scenario == "kill")] if scenario in ("raise", "kill") and rank == 1 else []
-    if scenario == "uneven_exit":
+    if scenario == "interleaved":  # rank 1: a NaN label in step 4's second micro-batch
+        nan_row = 3 * BATCH + BATCH * 3 // 4 if rank == 1 else None
+        model.fit(dataset(batches, seed=10 + rank, nan_row=nan_row), epochs=1, verbose=0, callbacks=[DivergesAfter()])
+    elif scenario == "uneven_exit":
         custom_loop(model, dataset(batches, seed=10 + rank))
     else:
         model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)

@@ -1,5 +1,8 @@
 """One process of the interleaving Horovod test: micro-batched and K-interleaved W&D, losses as JSON.
 
+Also a custom ``htf.function`` loop with ``htf.micro_batch_gradients`` and
+``htf.horovod.average_gradients`` (``custom_micro``).
+
 Run by tests/multiprocess/test_horovod_interleave.py as one process and under
 ``horovodrun -np 2 -H localhost:2 --gloo``; rank ``r`` trains on its half of
 every global batch (``hvd_worker.local_part``).
@@ -35,6 +38,31 @@ SCENARIOS = {
 }
 
 
+def custom_micro(rank, size, steps=STEPS):
+    """htf.function loop: micro_batch_gradients (2 micro-batches) + average_gradients, plain Adagrad."""
+    fs = hvd_worker.fields()
+    model = hvd_worker.build("wdl", fs, seed=3)
+    model(hvd_worker.eval_batch(fs))
+    model = htf.keras.optimize(model)
+    optimizer = tf.keras.optimizers.Adagrad(0.05)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+    variables = model.trainable_variables
+
+    @htf.function
+    def step(x, y):
+        loss, grads = htf.micro_batch_gradients(
+            lambda b: loss_fn(b[1], model(b[0], training=True)), (x, y), variables, micro_batches=2
+        )
+        optimizer.apply_gradients(zip(htf.horovod.average_gradients(grads, variables, model), variables))
+        return loss
+
+    losses = []
+    for b in hvd_worker.global_batches(fs, steps, seed=5):
+        x, y = hvd_worker.local_part(b, rank, size)
+        losses.append(float(step(ctr_data.to_tensors(x), tf.constant(y))))
+    return losses
+
+
 def main():
     out = sys.argv[1]
     hvd.init()
@@ -46,6 +74,7 @@ def main():
             "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, batches=batches, **options
         )
         result[name + "_groups"] = [list(g.members) for g in model.hybridtf_interleaving.groups]
+    result["custom_micro"] = custom_micro(rank, size)
     if size > 1:  # an invalid id on rank 1 in micro-batch 1 of an interleaved step: both ranks fail, none hangs
         model = hvd_worker.build("wdl")
         model(hvd_worker.eval_batch())

@@ -3,7 +3,9 @@
 ``hvd_fault_worker.py`` runs one scenario per launch with
 ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
-training step), or ends its script, or raises in a callback, or is killed. Every rank must
+training step), or ends its script, or raises in a callback, or is killed, or its
+step fails inside the graph in the middle of an interleaved (micro-batched,
+K-interleaved) step. Every rank must
 end with a non-zero status and an error naming the collective and the ranks
 within the timeout plus the diagnosis grace (+ slack for a loaded machine).
 Ranks that agree train and save with the watchdog armed in every run of
@@ -25,7 +27,7 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
 TIMEOUT_S = 8
-SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "kill")
+SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "kill", "interleaved")
 # timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
 # exit, with slack for a loaded machine
 BOUND_S = 2.5 * TIMEOUT_S + 10
@@ -117,3 +119,19 @@ def test_killed_rank_ends_the_others_within_seconds(launches):
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     killed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
     assert ends[0] - killed < 5, f"rank 0 ended {ends[0] - killed} s after rank 1 was killed"
+
+
+def test_step_that_fails_inside_an_interleaved_step_ends_both_ranks(launches):
+    code, output, _ = launches["interleaved"]
+    assert code != 0, output[-3000:]
+    assert "done" not in re.findall(r"hybridtf-fault-test: rank \d (done)", output)
+    rank1 = _rank_lines(output, 1)
+    assert "InvalidArgumentError" in rank1 and "a NaN label in an interleaved step" in rank1, rank1[-3000:]
+    rank0 = _rank_lines(output, 0)
+    timed_out = re.search(r"rank 0 of 2 waited [\d.]+ s in the collective training step #4", rank0)
+    aborted = re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", rank0)
+    assert timed_out or aborted, f"rank 0 printed no clear error:\n{rank0[-4000:]}"
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    started = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
+    assert set(ends) == {0, 1}, output[-3000:]
+    assert max(ends.values()) - started < BOUND_S, f"ended {max(ends.values()) - started} s after the step began"

@@ -53,6 +53,7 @@ from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite import interleave
+from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -63,6 +64,7 @@ class _Lookup:
     kind: str  # "layer" | "tables"
     graph: object
     problem: str | None = None  # why its ids cannot be copied into the real graph
+    segment: object = dataclasses.field(default_factory=current_segment)  # micro-batch (micro_batch_gradients)
 
 
 @dataclasses.dataclass
@@ -313,8 +315,8 @@ class _Real:
             )
         return self.tables_sets[index]
 
-    def _group_key(self, lookup: _Lookup):
-        return "layers" if lookup.kind == "layer" else id(lookup.request.owner)
+    def _group_key(self, lookup: _Lookup):  # one chain per packed table, runtime and micro-batch segment
+        return ("layers" if lookup.kind == "layer" else id(lookup.request.owner), lookup.segment)
 
     def _served(self, lookup: _Lookup):
         key = self._group_key(lookup)

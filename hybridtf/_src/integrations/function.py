@@ -39,6 +39,7 @@ from tensorflow.python.util import object_identity
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import CaptureError, LookupRequest
 from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR
+from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
 from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
 
@@ -113,14 +114,16 @@ _NOT_TOP_LEVEL = (
 
 
 class _NotedRequests(list):
-    """The recorder's request list; also notes the graph each lookup was recorded in."""
+    """The recorder's request list; also notes each lookup's graph and micro-batch segment."""
 
     def __init__(self):
         super().__init__()
         self.graphs = []
+        self.segments = []
 
     def append(self, request):
         self.graphs.append(ops.get_default_graph())
+        self.segments.append(current_segment())
         super().append(request)
 
 
@@ -174,61 +177,84 @@ def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIde
 
 
 class _ServedOutputs:
-    """The outputs the replay pass serves: all computed at the first lookup, then handed out in order.
+    """The outputs the replay pass serves: computed per segment at its first lookup, then handed out in order.
 
+    A segment is the lookups of one micro-batch of ``micro_batch_gradients``
+    (all lookups of the step form one segment otherwise): each gets its own
+    packed chains, built inside that micro-batch's gradient tape.
     ``Graph.version`` counts the ops created so far and ``get_operations()``
-    lists them in creation order; ops created since the last lookup are
-    scanned for updates of the tables the lookups read.
+    lists them in creation order; ops created since the first lookup (chains
+    excepted) are scanned for updates of the tables the lookups read.
     """
 
-    def __init__(self, requests, scratch, real):
+    def __init__(self, requests, scratch, real, segments=None):
         self._requests = list(requests)
+        self._segments = list(segments) if segments is not None else [None] * len(self._requests)
         self._scratch = scratch
         self._real = real
-        self._outputs = None
-        self._handles = None
-        self._watched = None
+        self._outputs: dict[int, object] = {}
+        self._handles: dict[int, object_identity.ObjectIdentitySet] = {}
+        self._watched = object_identity.ObjectIdentitySet()
+        self._chain_ops: set = set()
+        self._first = None
         self._cursor = 0
         self._written = object_identity.ObjectIdentityDictionary()
 
     def __len__(self):
         return len(self._requests)
 
+    def _compute_segment(self, graph, segment) -> None:
+        indices = [i for i, s in enumerate(self._segments) if s == segment]
+        if self._first is not None:
+            self._scan_writes(graph)
+        start = graph.version
+        if self._first is None:
+            self._first = start
+        with tf.name_scope("hybridtf_packed_lookups"):
+            outputs = lookup_all(_lift_ids([self._requests[i] for i in indices], self._scratch, graph))
+        self._cursor = graph.version
+        chain = graph.get_operations()[start : self._cursor]
+        self._chain_ops.update(chain)
+        new = object_identity.ObjectIdentitySet()
+        for i, out, handles in zip(indices, outputs, _gathered_handles(outputs, set(chain))):
+            self._outputs[i] = out
+            self._handles[i] = handles
+            new.update(h for h in handles if h not in self._watched)
+        if new and start > self._first:  # updates made before this segment's chains, of tables first read now
+            self._scan(graph.get_operations()[self._first : start], new)
+        self._watched.update(new)
+
     def __getitem__(self, index: int):
         graph = ops.get_default_graph()
         request = self._requests[index]
         if graph is not self._real:
             raise CaptureError(f"htf.function: {_describe(request, index)} {_NOT_TOP_LEVEL}")
-        if self._outputs is None:
-            start = graph.version
-            with tf.name_scope("hybridtf_packed_lookups"):
-                self._outputs = lookup_all(_lift_ids(self._requests, self._scratch, graph))
-            self._cursor = graph.version
-            self._handles = _gathered_handles(self._outputs, set(graph.get_operations()[start : self._cursor]))
-            self._watched = object_identity.ObjectIdentitySet()
-            for handles in self._handles:
-                self._watched.update(handles)
+        if index not in self._outputs:
+            self._compute_segment(graph, self._segments[index])
         self._scan_writes(graph)
         for handle in self._handles[index]:
             op = self._written.get(handle)
             if op is not None:
                 raise CaptureError(
                     f"htf.function: op {op.name!r} ({op.type}) updates an embedding table before "
-                    f"{_describe(request, index)} reads it, but htf.function reads all tables of a step at its "
-                    "first lookup; run one training step per htf.function call."
+                    f"{_describe(request, index)} reads it, but htf.function reads all tables of a step (or of a "
+                    "micro-batch) at its first lookup; run one training step per htf.function call."
                 )
         return self._outputs[index]
+
+    def _scan(self, operations, watched) -> None:
+        for op in operations:
+            if op.type in _READ_ONLY_OPS or op in self._chain_ops:
+                continue
+            for t in op.inputs:
+                if t in watched and t not in self._written:
+                    self._written[t] = op
 
     def _scan_writes(self, graph) -> None:
         version = graph.version
         if version == self._cursor:
             return
-        for op in graph.get_operations()[self._cursor : version]:
-            if op.type in _READ_ONLY_OPS:
-                continue
-            for t in op.inputs:
-                if t in self._watched and t not in self._written:
-                    self._written[t] = op
+        self._scan(graph.get_operations()[self._cursor : version], self._watched)
         self._cursor = version
 
 
@@ -259,7 +285,7 @@ class _PackedStep:
             return self._run(args, kwargs)
         _check_top_level(rec.requests, scratch)
         with context.replaying(rec.requests, []) as rep:
-            rep.outputs = _ServedOutputs(rec.requests, scratch, real)
+            rep.outputs = _ServedOutputs(rec.requests, scratch, real, rec.requests.segments)
             return self._run(args, kwargs)
 
 

@@ -12,10 +12,19 @@ accumulates the gradients and applies them once:
   depends on and the lookups run once on the whole batch, the rest per
   micro-batch.
 * ``interleave_from="mlp"``: the lookup chains run once on the whole batch;
-  the layers after them (interaction, MLP, loss) run per micro-batch on slices
-  of the lookups' outputs (Fig. 8 a), which bounds the peak memory of the
-  MLP's feature maps. The micro-batches' gradients with respect to the lookup
-  outputs are concatenated and sent back through the chains once.
+  the layers after them (interaction, MLP, loss) run per micro-batch on row
+  slices of the lookups' outputs (Fig. 8 a), which bounds the peak memory of
+  the MLP's feature maps. The micro-batches' gradients with respect to the
+  lookup outputs are concatenated and sent back through the chains once. The
+  slices are not stitched fields, so the dense fusions do not apply.
+* ``interleave_from="mlp_fused"``: the same, but each micro-batch's lookups
+  are a StitchCombine of the chain's gathered rows with its slice of the
+  inverse index (``micro_batch_stitch.py``), so StitchConcat and
+  StitchConcatMatMul still apply; the gradients are summed at the gathered
+  rows. Faster for small MLPs; for a wide first layer the fused matmul's
+  per-chunk partial sums (up to 8 x micro-batch x units) cost more memory
+  than the micro-batches save (W&D, batch 65,536, MLP 1024-512-256: above
+  the whole batch's peak), so it is not the default.
 
 Each packed table still gets one update with distinct rows per step (its
 micro-batch gradients are concatenated and their duplicate rows summed, so the
@@ -43,9 +52,10 @@ from keras.src.utils import losses_utils
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite import micro_batch_split
+from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
 
-MODES = ("embedding", "mlp")
+MODES = ("embedding", "mlp", "mlp_fused")
 
 
 # A model or a setting that micro-batching cannot run with the whole batch's math.
@@ -63,8 +73,9 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     if not isinstance(interleave_from, str) or not interleave_from:
         raise MicroBatchError(
             f"interleave_from={interleave_from!r}: hybridtf micro-batches from 'embedding' (the whole forward per "
-            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch) or the "
-            "name of a layer of a functional model (that layer and what follows it per micro-batch)."
+            "micro-batch), 'mlp' (lookups once on the whole batch, the layers after them per micro-batch; "
+            "'mlp_fused' keeps the dense fusions) or the name of a layer of a functional model (that layer and "
+            "what follows it per micro-batch)."
         )
     if interleave_from not in MODES:
         object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
@@ -193,8 +204,10 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     sizes = [bounds[i + 1] - bounds[i] for i in range(n)]
     weights = loss_weights(model, sizes, batch)
     variables = model.trainable_variables
-    if interleave_from == "mlp":
-        grads, y_pred = _from_mlp(model, x, y, sample_weight, bounds, weights, variables)
+    if interleave_from in ("mlp", "mlp_fused"):
+        grads, y_pred = _from_mlp(
+            model, x, y, sample_weight, bounds, weights, variables, interleave_from == "mlp_fused"
+        )
     elif interleave_from != "embedding":  # a layer name: the model cut at that layer
         parts, preds = micro_batch_split.from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split)
         grads, y_pred = [_sum_grads(p) for p in parts], _concat_structures(preds)
@@ -215,34 +228,45 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     return model.compute_metrics(x, y, y_pred, sample_weight)
 
 
-def _from_mlp(model, x, y, sample_weight, bounds, weights, variables):
+def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     requests = model._htf_whole_batch_requests(x)
     table_vars = [v for v in variables if id(v) in model._htf_table_variable_ids]
     dense_vars = [v for v in variables if id(v) not in model._htf_table_variable_ids]
     with tf.GradientTape() as lookup_tape:
         outputs = lookup_all(requests)
+    # Lookups that come from a StitchCombine get one per micro-batch (the fusions still apply; the
+    # gradient is taken at the chain's gathered rows); others are sliced (gradient at the outputs).
+    stitch = MicroBatchStitch(outputs, bounds[-1], enabled=fused)
+    sliced = [i for i in range(len(outputs)) if i not in set(stitch.restitched)]
     acc = _Accumulator(len(dense_vars))
-    out_grads: list[list] = [[] for _ in outputs]
+    d_rows: list = [None] * len(stitch.rows)
+    out_grads: list[list] = [[] for _ in sliced]
     preds = []
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split((x, y, sample_weight), lo, hi)
-        out_i = [o[lo:hi] for o in outputs]
         with tf.GradientTape() as tape:
-            tape.watch(out_i)
+            tape.watch(stitch.rows)
+            out_i = stitch.micro_batch(lo, hi)
+            sliced_i = [out_i[j] for j in sliced]
+            tape.watch(sliced_i)
             with context.replaying(requests, out_i):
                 pred = model(xi, training=True)
             loss = model.compute_loss(xi, yi, pred, swi)
             scaled = loss * weights[i]
         model._validate_target_and_loss(yi, loss)
-        g = tape.gradient(scaled, dense_vars + out_i)
+        g = tape.gradient(scaled, dense_vars + stitch.rows + sliced_i)
         acc.add(g[: len(dense_vars)])
-        for parts, gi, oi in zip(out_grads, g[len(dense_vars) :], out_i):
+        for k, (got, r) in enumerate(zip(g[len(dense_vars) : len(dense_vars) + len(stitch.rows)], stitch.rows)):
+            part = tf.zeros_like(r) if got is None else tf.convert_to_tensor(got)
+            d_rows[k] = part if d_rows[k] is None else d_rows[k] + part
+        for parts, gi, oi in zip(out_grads, g[len(dense_vars) + len(stitch.rows) :], sliced_i):
             parts.append(tf.zeros_like(oi) if gi is None else tf.convert_to_tensor(gi))
         preds.append(pred)
-    d_outputs = [tf.concat(parts, 0) for parts in out_grads]
-    table_grads = lookup_tape.gradient(outputs, table_vars, output_gradients=d_outputs)
+    targets = stitch.rows + [outputs[j] for j in sliced]
+    sent = d_rows + [tf.concat(parts, 0) for parts in out_grads]
+    table_grads = lookup_tape.gradient(targets, table_vars, output_gradients=sent) if targets else []
     dense_grads = acc.result()
     by_id = {id(v): g for v, g in zip(dense_vars, dense_grads)}
     by_id.update({id(v): g for v, g in zip(table_vars, table_grads)})
-    return [by_id[id(v)] for v in variables], _concat_structures(preds)
+    return [by_id.get(id(v)) for v in variables], _concat_structures(preds)
