@@ -174,7 +174,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adagrad", help="Keras optimizer of an uncompiled user model")
     p.add_argument("--loss", default="binary_crossentropy", help="Keras loss of an uncompiled user model")
     p.add_argument("--micro-batches", type=int, default=1, help="D-interleaving: micro-batches per step")
-    p.add_argument("--interleave-from", choices=("embedding", "mlp"), default="embedding")
+    p.add_argument("--interleave-from", choices=("embedding", "mlp", "mlp_fused"), default="embedding")
     p.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument(
