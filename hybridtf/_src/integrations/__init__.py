@@ -2,7 +2,8 @@
 
 Keras (``hybridtf.keras``):
 
-* ``keras_model``: ``optimize``, the per-instance rewrite of a built Keras model.
+* ``keras_model``: ``optimize``, the per-instance rewrite of a built Keras model; its steps
+  (capture, plan, storage, hooks) are the functions of ``keras_optimize_steps``.
 * ``keras_record``: the record pass that finds the lookups of the model's forward pass.
 * ``keras_optimizers``: fused updates of packed tables, LazyAdam.
 * ``keras_slots``: optimizer state saved and restored in the plain model's layout.

@@ -25,17 +25,15 @@ import os
 import tensorflow as tf
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.keras_capture import SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import runtime_subclass
-from hybridtf._src.distribute import watchdog
-from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_interleave, keras_record
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_record
+from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
-from hybridtf._src.plan.packing import PackingPlan, plan_packing
-from hybridtf._src.plan.tables import TableSpec, UnpackedTable
-from hybridtf._src.rewrite import dataflow_fusion, regularization
-from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
-from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
+from hybridtf._src.plan.packing import PackingPlan
+from hybridtf._src.rewrite import dataflow_fusion
+from hybridtf._src.rewrite.packed_storage import TableView
+from hybridtf._src.rewrite.runtime import lookup_all
 
 _log = logging.getLogger("hybridtf")
 
@@ -460,93 +458,28 @@ def optimize(
     if not model.built:
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
 
-    captured, skipped = find_embeddings(model)
-    specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
-    if plan is None:
-        if max_shards is None:
-            max_shards = 8 if tf.config.list_physical_devices("GPU") else 1
-        plan = (
-            plan_packing(
-                specs,
-                stats,
-                exclude=tuple(exclude),
-                force_groups=force_groups,
-                max_shards=max_shards,
-                shard_strategy=shard_strategy,
-                replicate_below_rows=replicate_below_rows,
-            )
-            if specs
-            else None
-        )
-    else:
-        _check_plan_matches(plan, specs)
-    if plan is None or not plan.packed_tables:
-        if plan is None:
-            plan = PackingPlan((), (), (), "uniform", 0.0, max_shards=max_shards or 1)
-        skipped = skipped + [SkippedLayer(u.name, _with_fix(u)) for u in plan.unpacked]
-        _warn_skipped(skipped, 0)
-        model.__dict__.pop("call", None)
-        model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
-        object.__setattr__(model, "_htf_plan", plan)
-        object.__setattr__(model, "_htf_skipped", skipped)
+    captured, skipped, specs = steps.capture(model)
+    plan = steps.make_plan(
+        specs,
+        plan,
+        stats=stats,
+        exclude=exclude,
+        force_groups=force_groups,
+        max_shards=max_shards,
+        shard_strategy=shard_strategy,
+        replicate_below_rows=replicate_below_rows,
+    )
+    skipped = steps.skipped_layers(skipped, plan)
+    _warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
+    if not plan.packed_tables:
+        _leave_unpacked(model, plan, skipped)
         return model
-
-    packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
-    skipped = skipped + [SkippedLayer(u.name, _with_fix(u)) for u in plan.unpacked]
-    _warn_skipped(skipped, len(packed_names))
-    tables = {t.name: t for t in captured if t.name in packed_names}
-    weighted_layers = {id(layer) for layer in model.layers if layer.weights}
-    table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
-    plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
-    plain_trainable = [table_of_var.get(id(w), w) for w in model.trainable_weights]  # the optimizer's order
-    values = {name: t.layer.embeddings for name, t in tables.items()}
-    runtime_box: list = []
-
-    def swap_in_views(storage, names):
-        # The packed table holds these tables now: point each layer at its view
-        # and drop every reference to its own variable, freeing it right away.
-        if not runtime_box:
-            runtime_box.append(PackedRuntime(plan, storage, share_unique=share_unique))
-        for name in names:
-            layer = tables[name].layer
-            old = values.pop(name)
-            layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
-            layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
-            layer.__class__ = hybrid_class(type(layer))
-            layer.embeddings = storage.view(name)
-            if tables[name].regularizer is not None:
-                storage.regularizers[name] = tables[name].regularizer
-            if getattr(layer, "embeddings_regularizer", None) is not None:
-                regularization.replace_penalty(layer, old, layer.embeddings, storage)
-            object.__setattr__(layer, "_htf_table", name)
-            object.__setattr__(layer, "_htf_runtime", runtime_box[0])
-
-    world = current_world()
-    PackedTables(plan, values, release=swap_in_views, world=world)
-    runtime = runtime_box[0]
-    plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
-
-    model.__dict__.pop("call", None)
-    model.__class__ = runtime_subclass(_HybridModelMixin, type(model))
-    object.__setattr__(model, "_htf_runtime", runtime)
-    object.__setattr__(model, "_htf_skipped", skipped)
-    object.__setattr__(model, "_htf_weighted_layers", weighted_layers)
-    object.__setattr__(model, "_htf_plain_weights", plain_weights)
-    object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
-    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
-    object.__setattr__(model, "_htf_fused_concats", [])
-    object.__setattr__(model, "_htf_fused_dense_names", [])
-    if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
-        table_vars = {id(v) for v in runtime.storage.packed.values()}
-        with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):
-            world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
-    object.__setattr__(model, "_htf_plain_trainable", plain_trainable)
-    if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
-        hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, plain_trainable)
-        if "_htf_pending_values" in model.optimizer.__dict__:  # built: its state moves to the packed layout now
-            model.optimizer.build(model.trainable_variables)
-    keras_interleave.attach(
+    state = steps.pack_storage(model, plan, captured, share_unique=share_unique)
+    _rewrite_model(model, state, skipped, fused_updates=fused_updates, fuse_concat=fuse_concat, fuse_dense=fuse_dense)
+    steps.install_hooks(
         model,
+        state,
+        fused_updates=fused_updates,
         micro_batches=micro_batches,
         interleave_from=interleave_from,
         micro_batch_memory=micro_batch_memory,
@@ -554,32 +487,37 @@ def optimize(
         interleave_scale=interleave_scale,
         interleave_exclude=interleave_exclude,
     )
-    if world.distributed:  # after attach: interleaving checks the user's own train_step, not hybridtf's mixins
-        horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
-    model.train_function = model.test_function = model.predict_function = None
     return model
 
 
-def _with_fix(unpacked: UnpackedTable) -> str:
-    if unpacked.reason == "excluded by user":
-        return "excluded by user (optimize(exclude=...)); remove it from exclude to pack it"
-    return unpacked.reason
+def _leave_unpacked(model: tf.keras.Model, plan: PackingPlan, skipped: list[SkippedLayer]) -> None:
+    """Nothing to pack: the model stays as it is, with ``hybridtf_plan`` / ``hybridtf_skipped``."""
+    model.__dict__.pop("call", None)
+    model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
+    object.__setattr__(model, "_htf_plan", plan)
+    object.__setattr__(model, "_htf_skipped", skipped)
 
 
-def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:
-    have = {s.name: s for s in specs}
-    for pt in plan.packed_tables:
-        for m in pt.members:
-            spec = have.get(m.name)
-            if spec is None:
-                raise ValueError(
-                    f"plan packs table {m.name!r} but the model has no packable embedding layer of that name."
-                )
-            if spec.num_rows != m.num_rows or spec.dim != pt.dim:
-                raise ValueError(
-                    f"plan has table {m.name!r} as {m.num_rows} x {pt.dim}, the model's layer is "
-                    f"{spec.num_rows} x {spec.dim}."
-                )
+def _rewrite_model(
+    model: tf.keras.Model,
+    state: steps.PackedState,
+    skipped: list[SkippedLayer],
+    *,
+    fused_updates: bool,
+    fuse_concat: bool,
+    fuse_dense: bool,
+) -> None:
+    """Step 4 of ``optimize``: the model's run-time subclass that runs its step through the packed chains."""
+    model.__dict__.pop("call", None)
+    model.__class__ = runtime_subclass(_HybridModelMixin, type(model))
+    object.__setattr__(model, "_htf_runtime", state.runtime)
+    object.__setattr__(model, "_htf_skipped", skipped)
+    object.__setattr__(model, "_htf_weighted_layers", state.weighted_layers)
+    object.__setattr__(model, "_htf_plain_weights", state.plain_weights)
+    object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
+    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
+    object.__setattr__(model, "_htf_fused_concats", [])
+    object.__setattr__(model, "_htf_fused_dense_names", [])
 
 
 __all__ = ["TableView", "is_optimized", "optimize"]

@@ -1,0 +1,229 @@
+"""The steps of ``hybridtf.keras.optimize``, each a function that can be run and tested on its own.
+
+``optimize`` (``keras_model.py``) runs them in order:
+
+1. ``capture``: the model's packable ``Embedding`` layers, the ones skipped and why, their specs.
+2. ``make_plan``: the packing plan, planned (PICASSO §III-B) or given by the user and checked.
+3. ``pack_storage``: one packed variable per packed table from the layers' current weights; each
+   layer's ``embeddings`` becomes a view of its rows; the ``PackedRuntime`` that runs the chains.
+4. rewrite (``keras_model._rewrite_model``): the model's run-time subclass that runs the step
+   through the packed chains, with its bookkeeping attributes.
+5. ``install_hooks``: Horovod broadcast of the dense weights, the optimizer's fused updates, the
+   interleaving wrappers (§III-C) and the collective guards.
+
+Example:
+    >>> captured, skipped, specs = capture(model)
+    >>> plan = make_plan(specs)
+    >>> print(plan)  # which tables would share a packed table
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+
+from hybridtf._src.capture.keras_capture import CapturedTable, SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World, current_world
+from hybridtf._src.integrations import horovod_hooks, keras_interleave
+from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
+from hybridtf._src.plan.packing import PackingPlan, plan_packing
+from hybridtf._src.plan.tables import TableSpec, UnpackedTable
+from hybridtf._src.rewrite import regularization
+from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.rewrite.runtime import PackedRuntime
+
+
+def capture(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer], list[TableSpec]]:
+    """Step 1: the model's packable embedding layers, the skipped ones with the reason, and their table specs.
+
+    Example:
+        >>> captured, skipped, specs = capture(model)
+        >>> [s.name for s in specs], [(s.name, s.reason) for s in skipped]
+    """
+    captured, skipped = find_embeddings(model)
+    specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
+    return captured, skipped, specs
+
+
+def make_plan(
+    specs: list[TableSpec],
+    plan: PackingPlan | None = None,
+    *,
+    stats=None,
+    exclude=(),
+    force_groups=None,
+    max_shards: int | None = None,
+    shard_strategy: str = "mod",
+    replicate_below_rows: int = 0,
+) -> PackingPlan:
+    """Step 2: the packing plan for ``specs``: ``plan`` checked against them, or a new one.
+
+    Args:
+        specs: the captured tables (``capture``).
+        plan: a user plan to use as it is; checked against ``specs``.
+        stats, exclude, force_groups, max_shards, shard_strategy, replicate_below_rows: as for
+            ``optimize`` (``max_shards`` None: 8 with a GPU, else 1).
+
+    Returns:
+        A ``PackingPlan``; one without packed tables when there is nothing to pack.
+
+    Raises:
+        ValueError: ``plan`` packs a table the model does not have, or with another shape.
+    """
+    if plan is not None:
+        _check_plan_matches(plan, specs)
+        return plan
+    if max_shards is None:
+        max_shards = 8 if tf.config.list_physical_devices("GPU") else 1
+    if not specs:
+        return PackingPlan((), (), (), "uniform", 0.0, max_shards=max_shards)
+    return plan_packing(
+        specs,
+        stats,
+        exclude=tuple(exclude),
+        force_groups=force_groups,
+        max_shards=max_shards,
+        shard_strategy=shard_strategy,
+        replicate_below_rows=replicate_below_rows,
+    )
+
+
+def skipped_layers(skipped: list[SkippedLayer], plan: PackingPlan) -> list[SkippedLayer]:
+    """The layers ``capture`` skipped plus the captured tables ``plan`` leaves unpacked, each with the fix."""
+    return skipped + [SkippedLayer(u.name, _with_fix(u)) for u in plan.unpacked]
+
+
+@dataclasses.dataclass
+class PackedState:
+    """What ``pack_storage`` made, and the model's weight orders from before (for save/restore).
+
+    Attributes:
+        runtime: the ``PackedRuntime`` (packed storage, plan, chains).
+        world: the Horovod job (or one process) the tables were packed for.
+        weighted_layers: ids of the model's layers that had weights.
+        plain_weights: ``model.weights`` in the plain model's order, views where tables were.
+        plain_trainable: ``model.trainable_weights`` in the plain order, table names where tables were.
+    """
+
+    runtime: PackedRuntime
+    world: World
+    weighted_layers: set
+    plain_weights: list
+    plain_trainable: list
+
+
+def pack_storage(
+    model: tf.keras.Model, plan: PackingPlan, captured: list[CapturedTable], *, share_unique: bool = True
+) -> PackedState:
+    """Step 3: packed variables for ``plan``'s packed tables, filled from the layers' current weights.
+
+    Each packed layer's ``embeddings`` becomes a ``TableView`` of its rows (its own variable is
+    freed as soon as its table is packed), its class a run-time subclass whose lookups go through
+    the capture context, and its regularizer's penalty reads the packed rows. The model's own
+    class is not changed here (that is the rewrite step).
+
+    Raises:
+        ValueError: ``plan`` has no packed tables.
+    """
+    if not plan.packed_tables:
+        raise ValueError("pack_storage needs a plan with packed tables.")
+    packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
+    tables = {t.name: t for t in captured if t.name in packed_names}
+    weighted_layers = {id(layer) for layer in model.layers if layer.weights}
+    table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
+    plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
+    plain_trainable = [table_of_var.get(id(w), w) for w in model.trainable_weights]  # the optimizer's order
+    values = {name: t.layer.embeddings for name, t in tables.items()}
+    runtime_box: list = []
+
+    def swap_in_views(storage, names):
+        # The packed table holds these tables now: point each layer at its view
+        # and drop every reference to its own variable, freeing it right away.
+        if not runtime_box:
+            runtime_box.append(PackedRuntime(plan, storage, share_unique=share_unique))
+        for name in names:
+            layer = tables[name].layer
+            old = values.pop(name)
+            layer._trainable_weights = [w for w in layer._trainable_weights if w is not old]
+            layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
+            layer.__class__ = hybrid_class(type(layer))
+            layer.embeddings = storage.view(name)
+            if tables[name].regularizer is not None:
+                storage.regularizers[name] = tables[name].regularizer
+            if getattr(layer, "embeddings_regularizer", None) is not None:
+                regularization.replace_penalty(layer, old, layer.embeddings, storage)
+            object.__setattr__(layer, "_htf_table", name)
+            object.__setattr__(layer, "_htf_runtime", runtime_box[0])
+
+    world = current_world()
+    PackedTables(plan, values, release=swap_in_views, world=world)
+    plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
+    return PackedState(runtime_box[0], world, weighted_layers, plain_weights, plain_trainable)
+
+
+def install_hooks(
+    model: tf.keras.Model,
+    state: PackedState,
+    *,
+    fused_updates: bool = True,
+    micro_batches: int | str = 1,
+    interleave_from: str = "embedding",
+    micro_batch_memory: float | None = None,
+    interleave_groups=None,
+    interleave_scale: float = 1.0,
+    interleave_exclude=(),
+) -> None:
+    """Step 5: what the rewritten model needs around its step.
+
+    Under Horovod every rank starts from rank 0's dense weights (the tables were broadcast when
+    packed); an optimizer compiled before ``optimize`` gets the fused updates (its built state
+    moves to the packed layout); the interleaving wrappers are attached; under Horovod the step
+    functions are guarded so that no rank waits forever in a collective the others do not run.
+    The model's cached step functions are dropped so that the next ``fit`` traces the new step.
+    """
+    world, runtime = state.world, state.runtime
+    if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
+        table_vars = {id(v) for v in runtime.storage.packed.values()}
+        with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):
+            world.hvd.broadcast_variables([w for w in model.weights if id(w) not in table_vars], root_rank=0)
+    object.__setattr__(model, "_htf_plain_trainable", state.plain_trainable)
+    if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
+        hybridize_optimizer(model.optimizer, runtime.storage, fused_updates, state.plain_trainable)
+        if "_htf_pending_values" in model.optimizer.__dict__:  # built: its state moves to the packed layout now
+            model.optimizer.build(model.trainable_variables)
+    keras_interleave.attach(
+        model,
+        micro_batches=micro_batches,
+        interleave_from=interleave_from,
+        micro_batch_memory=micro_batch_memory,
+        interleave_groups=interleave_groups,
+        interleave_scale=interleave_scale,
+        interleave_exclude=interleave_exclude,
+    )
+    if world.distributed:  # after attach: interleaving checks the user's own train_step, not hybridtf's mixins
+        horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
+    model.train_function = model.test_function = model.predict_function = None
+
+
+def _with_fix(unpacked: UnpackedTable) -> str:
+    if unpacked.reason == "excluded by user":
+        return "excluded by user (optimize(exclude=...)); remove it from exclude to pack it"
+    return unpacked.reason
+
+
+def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:
+    have = {s.name: s for s in specs}
+    for pt in plan.packed_tables:
+        for m in pt.members:
+            spec = have.get(m.name)
+            if spec is None:
+                raise ValueError(
+                    f"plan packs table {m.name!r} but the model has no packable embedding layer of that name."
+                )
+            if spec.num_rows != m.num_rows or spec.dim != pt.dim:
+                raise ValueError(
+                    f"plan has table {m.name!r} as {m.num_rows} x {pt.dim}, the model's layer is "
+                    f"{spec.num_rows} x {spec.dim}."
+                )
