@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 
 def fields():
-    from benchmarks import ctr_data
+    from hybridtf._src.models import ctr_data
 
     dims = (8, 16, 32)
     return [ctr_data.FieldSpec(f"c{i}", 20_000, dims[i % 3]) for i in range(24)]
@@ -80,7 +80,8 @@ def _worker(args) -> dict:
     import tensorflow as tf
 
     import hybridtf as htf
-    from benchmarks import ctr_data, ctr_models, trace_overlap
+    from benchmarks import trace_overlap
+    from hybridtf._src.models import ctr_data, ctr_models
 
     size, rank, hvd = 1, 0, None
     if args.ranks > 1:
