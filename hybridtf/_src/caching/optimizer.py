@@ -20,9 +20,17 @@ def _layer_of(variable):
     return getattr(variable, "_htf_dynamic_embedding", None)
 
 
+def _is_optimizer_class(cls) -> bool:
+    """A Keras optimizer class, not a mixin nor a run-time subclass ``(mixin, cls)`` of one."""
+    optimizer = tf.keras.optimizers.Optimizer
+    if not issubclass(cls, optimizer):
+        return False
+    return not (len(cls.__bases__) == 2 and not issubclass(cls.__bases__[0], optimizer))
+
+
 def update_kind(optimizer) -> str | None:
     """The table update that reproduces ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
-    base = next(c for c in type(optimizer).__mro__ if not issubclass(c, _DynamicOptimizerMixin))
+    base = next(c for c in type(optimizer).__mro__ if _is_optimizer_class(c))
     if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
         return None
     if getattr(optimizer, "use_ema", False) or getattr(optimizer, "weight_decay", None):

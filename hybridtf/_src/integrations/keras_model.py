@@ -33,7 +33,7 @@ from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_i
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec, UnpackedTable
-from hybridtf._src.rewrite import dataflow_fusion, regularization
+from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic, regularization
 from hybridtf._src.rewrite.packed_storage import PackedTables, TableView
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
@@ -457,6 +457,8 @@ def optimize(
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
 
     captured, skipped = find_embeddings(model)
+    dynamic = packed_dynamic.pack_dynamic(model, exclude=tuple(exclude))  # one HybridHash store per group
+    skipped = skipped + dynamic.skipped
     specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
     if plan is None:
         if max_shards is None:
@@ -485,6 +487,7 @@ def optimize(
         model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
         object.__setattr__(model, "_htf_plan", plan)
         object.__setattr__(model, "_htf_skipped", skipped)
+        packed_dynamic.attach(model, dynamic)
         return model
 
     packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
@@ -552,6 +555,7 @@ def optimize(
     )
     if world.distributed:  # after attach: interleaving checks the user's own train_step, not hybridtf's mixins
         horovod_hooks.guard_collectives(model)  # no rank waits forever in a step the others do not run
+    packed_dynamic.attach(model, dynamic)
     model.train_function = model.test_function = model.predict_function = None
     return model
 
