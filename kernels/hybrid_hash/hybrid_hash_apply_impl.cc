@@ -23,8 +23,8 @@ ImplStatus CheckSlots(const Config& config, int held, int needed, const char* wh
 }  // namespace
 
 template <typename RowFn>
-ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t n,
-                            const char* what, const ParallelFor& pf, RowFn&& fn) {
+ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t n, const char* what,
+                            const ParallelFor& pf, RowFn&& fn) {
   ImplStatus valid = CheckMembers(members, n);
   if (!valid.ok()) return valid;
   std::shared_lock<std::shared_mutex> lock(mu_);

@@ -198,10 +198,9 @@ ImplStatus Store::CheckMembers(const int64_t* members, int64_t n) const {
   for (int64_t i = 0; i < n; ++i) {
     if (members[i] < 0 || members[i] >= num) {
       return ImplStatus::InvalidArgument(
-          Quoted(config_) + ": members[" + std::to_string(i) + "] = " +
-          std::to_string(members[i]) + " is not a table of this store, which packs " +
-          std::to_string(num) + " table(s). Pass member indices in [0, " + std::to_string(num) +
-          ").");
+          Quoted(config_) + ": members[" + std::to_string(i) + "] = " + std::to_string(members[i]) +
+          " is not a table of this store, which packs " + std::to_string(num) +
+          " table(s). Pass member indices in [0, " + std::to_string(num) + ").");
     }
   }
   return ImplStatus::Ok();
@@ -232,8 +231,7 @@ void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
 void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
   const uint64_t mask = map_.size() - 1;
   uint64_t i = Slot(member, id);
-  while (map_[i] != kEmpty &&
-         (Record(map_[i])->id != id || MemberOf(Record(map_[i])) != member)) {
+  while (map_[i] != kEmpty && (Record(map_[i])->id != id || MemberOf(Record(map_[i])) != member)) {
     i = (i + 1) & mask;
   }
   if (map_[i] == kEmpty) return;

@@ -75,8 +75,8 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
   for (int64_t i = 0; only_member >= 0 && i < n; ++i) {
     if (M(members, i) != static_cast<uint32_t>(only_member)) {
       return ImplStatus::InvalidArgument(t + ": restoring member " + std::to_string(only_member) +
-                                         " got a row of member " +
-                                         std::to_string(M(members, i)) + ".");
+                                         " got a row of member " + std::to_string(M(members, i)) +
+                                         ".");
     }
   }
   if (num_slots < 0 || num_slots > kMaxSlots) {
@@ -147,7 +147,7 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     Header* h = Record(r);
     h->count =
         static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(counts[i], 0), 0xFFFFFFFFll));
-    float* f = ColdFloats(h);
+    float* f = Floats(h);  // a packed store's member import may place new rows in free hot entries
     std::memcpy(f, rows + i * dim, 4 * dim);
     if (num_slots == num_slots_) {  // else (a checkpoint without slots): slot_init stays
       std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);

@@ -276,7 +276,7 @@ class DynamicGroup:
             else:
                 embedded = tf.gather(self.table.lookup(unique_ids, insert=False, members=unique_members), inverse)
             pieces = tf.split(embedded, sizes, 0) if len(flats) > 1 else [embedded]
-            return [req.owner._combine(ids, piece) for req, ids, piece in zip(requests, prepared, pieces)]
+            return [_combine(req.owner, ids, piece) for req, ids, piece in zip(requests, prepared, pieces)]
 
     def apply_gradient(self, grad, optimizer, kind: str):
         """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
@@ -312,6 +312,14 @@ class DynamicGroup:
         )
 
 
+def _combine(layer, ids, rows):
+    """A lookup's output from its rows: dense one-hot ids of static trailing shape take one reshape."""
+    if layer.combiner is None and isinstance(ids, tf.Tensor) and ids.shape.rank and ids.shape[1:].is_fully_defined():
+        out = tf.reshape(rows, [-1, *ids.shape[1:], layer.output_dim])
+        return tf.cast(out, layer.compute_dtype) if out.dtype != layer.compute_dtype else out
+    return layer._combine(ids, rows)
+
+
 class _PackedMemberMixin:
     """Per-instance overrides of a packed DynamicEmbedding: lookups go through the capture context."""
 
@@ -339,10 +347,9 @@ class _PackedMemberMixin:
 
     @property
     def trainable_weights(self):
-        group = self._htf_runtime
-        if self.trainable and group.layers[0] is self:  # the group's buffer, once
-            return [group.rows_buffer]
-        return []
+        # Every member shows the group's buffer (Keras dedups it in the model's weights), so each
+        # layer keeps its checkpoint key (functional models number the layers that have weights).
+        return [self._htf_runtime.rows_buffer] if self.trainable else []
 
 
 class _DynamicModelMixin:
