@@ -236,3 +236,14 @@ def test_optimize_keeps_a_trained_layers_rows_and_bad_members_are_errors():
         store.lookup(tf.constant([1, 2], tf.int64), insert=False, members=tf.constant([0], tf.int64))
     with pytest.raises(ValueError, match="packed into store"):
         model.get_layer("field0").table.lookup(tf.constant([1], tf.int64), insert=True)
+
+
+def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
+    x, y = _data(steps=8)
+    model = _compiled(htf.keras.optimize(_dynamic_model(**TABLE)), "adagrad")
+    _fit(model, x, y)
+    expected = model.predict(x[:64], verbose=0)
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    out = next(iter(served(tf.constant(x[:64])).values()))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
