@@ -5,7 +5,10 @@ process on the same batches (Zipf ids, raw 64-bit values for the dynamic
 variants, their ranks for the static one), Keras ``fit`` with Adagrad:
 
 * ``dynamic``: one ``hybridtf.layers.DynamicEmbedding`` per field (HybridHash,
-  fused lookup and update, ``dynamic_optimizer``);
+  fused lookup and update, ``dynamic_optimizer``): one store and one chain per field;
+* ``dynamic_packed``: the same model through ``hybridtf.keras.optimize``: the
+  fields share ONE packed HybridHash store keyed by (field, id), one chain
+  (unique, lookup, gather) and one fused update per step;
 * ``tf_lookup``: what a user writes today without hybridtf: per field a
   ``tf.lookup.experimental.MutableHashTable`` id -> row index, new ids get the
   next free rows of a ``[capacity, dim]`` variable, gather + Keras' sparse
@@ -15,8 +18,10 @@ variants, their ranks for the static one), Keras ``fit`` with Adagrad:
 
 Prints samples/s per variant and one JSON line; writes JSON + PNG to ``--out-dir``.
 Short runs: the numbers are for comparing variants in one run, not absolute.
+``--repeats N`` runs the variants N times, alternating, and keeps each one's
+best (a shared machine's load changes between runs).
 
-    python benchmarks/bench_hybrid_hash_throughput.py [--fields 26] [--batch 1024] [--steps 20]
+    python benchmarks/bench_hybrid_hash_throughput.py [--fields 26] [--batch 1024] [--steps 20] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ def make_model(fields, dim, kind, vocab):
     inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(fields)]
     outs = []
     for i, x in enumerate(inputs):
-        if kind == "dynamic":
+        if kind in ("dynamic", "dynamic_packed"):
             layer = htf.layers.DynamicEmbedding(
                 dim, hot_rows=vocab // 5, warmup_steps=5, flush_every=10, name=f"emb{i}"
             )
@@ -80,9 +85,9 @@ def make_model(fields, dim, kind, vocab):
     h = tf.keras.layers.Dense(64, activation="relu")(h)
     model = tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(h))
     opt = tf.keras.optimizers.Adagrad(0.05)
-    if kind == "dynamic":
+    if kind in ("dynamic", "dynamic_packed"):
         opt = htf.keras.dynamic_optimizer(opt)
-    if kind == "static_packed":
+    if kind in ("static_packed", "dynamic_packed"):
         model = htf.keras.optimize(model)
     model.compile(optimizer=opt, loss="binary_crossentropy")
     return model
@@ -126,23 +131,29 @@ def main():
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--variants", nargs="+", default=["dynamic", "tf_lookup", "static_packed"])
+    parser.add_argument("--variants", nargs="+", default=["dynamic_packed", "dynamic", "tf_lookup", "static_packed"])
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     raw, static, y = batches(args.fields, args.batch, args.steps, args.vocab)
-    results = {}
-    for kind in args.variants:
-        results[kind] = run_variant(kind, args, raw, static, y)
-        print(f"{args.fields} fields, {kind:14s} {results[kind]:10.0f} samples/s", flush=True)
+    results, runs = {}, {kind: [] for kind in args.variants}
+    for _ in range(args.repeats):
+        for kind in args.variants:
+            runs[kind].append(run_variant(kind, args, raw, static, y))
+            tf.keras.backend.clear_session()
+            print(f"{args.fields} fields, {kind:14s} {runs[kind][-1]:10.0f} samples/s", flush=True)
+    results = {kind: max(r) for kind, r in runs.items()}
     payload = {
         "benchmark": "hybrid_hash_throughput",
         "args": {k: str(v) for k, v in vars(args).items()},
         "samples_per_s": results,
+        "runs": runs,
+        "load_average": os.getloadavg(),
     }
-    if "dynamic" in results and "tf_lookup" in results:
-        payload["dynamic_over_tf_lookup"] = results["dynamic"] / results["tf_lookup"]
-    if "dynamic" in results and "static_packed" in results:
-        payload["dynamic_over_static_packed"] = results["dynamic"] / results["static_packed"]
+    for dyn in ("dynamic", "dynamic_packed"):
+        for other in ("tf_lookup", "static_packed"):
+            if dyn in results and other in results:
+                payload[f"{dyn}_over_{other}"] = results[dyn] / results[other]
     args.out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"bench_hybrid_hash_throughput-{args.fields}f-{stamp}"

@@ -23,8 +23,10 @@ ImplStatus CheckSlots(const Config& config, int held, int needed, const char* wh
 }  // namespace
 
 template <typename RowFn>
-ImplStatus Store::ApplyRows(const int64_t* ids, int64_t n, const char* what, const ParallelFor& pf,
-                            RowFn&& fn) {
+ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t n, const char* what,
+                            const ParallelFor& pf, RowFn&& fn) {
+  ImplStatus valid = CheckMembers(members, n);
+  if (!valid.ok()) return valid;
   std::shared_lock<std::shared_mutex> lock(mu_);
   const uint32_t serial =
       (__atomic_add_fetch(&update_serial_, 1, __ATOMIC_RELAXED) % 0xFFFFFFF0u) + 1;
@@ -32,7 +34,7 @@ ImplStatus Store::ApplyRows(const int64_t* ids, int64_t n, const char* what, con
   std::atomic<int64_t> bad{n};  // first bad position
   pf(n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      const uint32_t r = Find(ids[i]);
+      const uint32_t r = Find(M(members, i), ids[i]);
       records[i] = r;
       bool ok = r != kEmpty;
       if (ok) ok = __atomic_exchange_n(&Record(r)->mark, serial, __ATOMIC_RELAXED) != serial;
@@ -50,6 +52,7 @@ ImplStatus Store::ApplyRows(const int64_t* ids, int64_t n, const char* what, con
     return ImplStatus::InvalidArgument(
         std::string(what) + " of HybridHash table '" + config_.name + "': ids[" +
         std::to_string(b) + "] = " + std::to_string(ids[b]) +
+        (members ? " (member " + std::to_string(members[b]) + ")" : std::string()) +
         (absent ? " is not in the table. Update only ids looked up (with training=True) in "
                   "this step."
                 : " is repeated; fused updates need distinct ids (sum the gradient rows of "
@@ -66,21 +69,21 @@ ImplStatus Store::ApplyRows(const int64_t* ids, int64_t n, const char* what, con
 }
 
 ImplStatus Store::ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
-                           const ParallelFor& pf) {
+                           const ParallelFor& pf, const int64_t* members) {
   const int64_t dim = config_.dim;
-  return ApplyRows(ids, n, "SGD update", pf, [&](float* w, int64_t i) {
+  return ApplyRows(ids, members, n, "SGD update", pf, [&](float* w, int64_t i) {
     const float* g = grad + i * dim;
     for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
   });
 }
 
 ImplStatus Store::ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr,
-                               float eps, const ParallelFor& pf) {
+                               float eps, const ParallelFor& pf, const int64_t* members) {
   const int64_t dim = config_.dim;
   const float neg_lr = -lr;
   ImplStatus slots = CheckSlots(config_, num_slots_, 1, "Adagrad update");
   if (!slots.ok()) return slots;
-  return ApplyRows(ids, n, "Adagrad update", pf, [&](float* w, int64_t i) {
+  return ApplyRows(ids, members, n, "Adagrad update", pf, [&](float* w, int64_t i) {
     const float* g = grad + i * dim;
     float* a = w + dim;
     for (int64_t c = 0; c < dim; ++c) {
@@ -92,12 +95,13 @@ ImplStatus Store::ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n,
 }
 
 ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
-                            float c2, float eps, bool lazy, const ParallelFor& pf) {
+                            float c2, float eps, bool lazy, const ParallelFor& pf,
+                            const int64_t* members) {
   const int64_t dim = config_.dim;
   ImplStatus slots = CheckSlots(config_, num_slots_, 2, "Adam update");
   if (!slots.ok()) return slots;
   if (lazy) {
-    return ApplyRows(ids, n, "LazyAdam update", pf, [&](float* w, int64_t i) {
+    return ApplyRows(ids, members, n, "LazyAdam update", pf, [&](float* w, int64_t i) {
       const float* g = grad + i * dim;
       float* m = w + dim;
       float* v = w + 2 * dim;
@@ -119,14 +123,14 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
   // Validate and add the gradient first (through ApplyRows, so that a bad id
   // changes nothing), keeping decay-then-add order per element:
   //   m' = (m + (-m) * c1) + g * c1.
-  ImplStatus status = ApplyRows(ids, n, "Adam update", pf, [&](float* w, int64_t) {
+  ImplStatus status = ApplyRows(ids, members, n, "Adam update", pf, [&](float* w, int64_t) {
     (void)w;  // validation pass only
   });
   if (!status.ok()) return status;
   std::unique_lock<std::shared_mutex> lock(mu_);
   std::vector<float*> touched_grad(static_cast<size_t>(next_record_), nullptr);
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t r = Find(ids[i]);
+    const uint32_t r = Find(M(members, i), ids[i]);
     if (r == kEmpty) {
       return ImplStatus::InvalidArgument("Adam update of HybridHash table '" + config_.name +
                                          "': ids[" + std::to_string(i) +

@@ -94,17 +94,40 @@ ImplStatus ValidateConfig(const Config& c) {
     return ImplStatus::InvalidArgument(t + ": ttl_steps must be >= 0 (0 = off), got " +
                                        std::to_string(c.ttl_steps) + ".");
   }
-  if (c.initializer == Initializer::kUniform && !(c.init_a < c.init_b)) {
-    return ImplStatus::InvalidArgument(t + ": a uniform initializer needs minval < maxval.");
+  if (static_cast<int64_t>(c.members.size()) > kMaxMembers) {
+    return ImplStatus::InvalidArgument(t + ": a packed store holds at most " +
+                                       std::to_string(kMaxMembers) + " tables, got " +
+                                       std::to_string(c.members.size()) + ". Split the group.");
   }
-  if (c.initializer == Initializer::kNormal && !(c.init_b > 0.f)) {
-    return ImplStatus::InvalidArgument(t + ": a normal initializer needs stddev > 0.");
+  const std::vector<RowInit> inits = MemberInits(c);
+  for (size_t m = 0; m < inits.size(); ++m) {
+    const std::string who = c.members.empty() ? t : t + " member " + std::to_string(m);
+    if (inits[m].initializer == Initializer::kUniform && !(inits[m].init_a < inits[m].init_b)) {
+      return ImplStatus::InvalidArgument(who + ": a uniform initializer needs minval < maxval.");
+    }
+    if (inits[m].initializer == Initializer::kNormal && !(inits[m].init_b > 0.f)) {
+      return ImplStatus::InvalidArgument(who + ": a normal initializer needs stddev > 0.");
+    }
   }
   return ImplStatus::Ok();
 }
 
+std::vector<RowInit> MemberInits(const Config& c) {
+  if (!c.members.empty()) return c.members;
+  RowInit init;
+  init.seed = c.seed;
+  init.initializer = c.initializer;
+  init.init_a = c.init_a;
+  init.init_b = c.init_b;
+  return {init};
+}
+
 void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows) {
-  const int64_t dim = config.dim;
+  InitialRowsWith(MemberInits(config)[0], config.dim, ids, n, rows);
+}
+
+void InitialRowsWith(const RowInit& config, int64_t dim, const int64_t* ids, int64_t n,
+                     float* rows) {
   for (int64_t i = 0; i < n; ++i) {
     float* row = rows + i * dim;
     const uint64_t base = Mix(config.seed ^ Mix(static_cast<uint64_t>(ids[i])));
@@ -144,8 +167,9 @@ void StatsToArray(const Stats& s, int64_t* out) {
   std::memcpy(out, values, sizeof(values));
 }
 
-Store::Store(const Config& config) : config_(config) {
-  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+Store::Store(const Config& config) : config_(config), inits_(MemberInits(config)) {
+  key_bytes_ = config.members.size() > 1 ? 8 : 0;
+  record_bytes_ = RecordBytes();
   map_.assign(16, kEmpty);
 }
 
@@ -168,35 +192,55 @@ float* Store::Floats(Header* h) const {
   return ColdFloats(h);
 }
 
-uint64_t Store::Slot(int64_t id) const {
-  return Mix(static_cast<uint64_t>(id)) & (map_.size() - 1);
+ImplStatus Store::CheckMembers(const int64_t* members, int64_t n) const {
+  if (members == nullptr) return ImplStatus::Ok();
+  const int64_t num = num_members();
+  for (int64_t i = 0; i < n; ++i) {
+    if (members[i] < 0 || members[i] >= num) {
+      return ImplStatus::InvalidArgument(
+          Quoted(config_) + ": members[" + std::to_string(i) + "] = " + std::to_string(members[i]) +
+          " is not a table of this store, which packs " + std::to_string(num) +
+          " table(s). Pass member indices in [0, " + std::to_string(num) + ").");
+    }
+  }
+  return ImplStatus::Ok();
 }
 
-uint32_t Store::Find(int64_t id) const {
+uint64_t Store::Slot(uint32_t member, int64_t id) const {
+  const uint64_t key = static_cast<uint64_t>(id) ^ (uint64_t{member} * 0xD6E8FEB86659FD93ull);
+  return Mix(key) & (map_.size() - 1);
+}
+
+uint32_t Store::Find(uint32_t member, int64_t id) const {
   const uint64_t mask = map_.size() - 1;
-  for (uint64_t s = Slot(id);; s = (s + 1) & mask) {
+  for (uint64_t s = Slot(member, id);; s = (s + 1) & mask) {
     const uint32_t index = map_[s];
-    if (index == kEmpty || Record(index)->id == id) return index;
+    if (index == kEmpty) return index;
+    const Header* h = Record(index);
+    if (h->id == id && MemberOf(h) == member) return index;
   }
 }
 
-void Store::MapInsert(int64_t id, uint32_t index) {
+void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
   const uint64_t mask = map_.size() - 1;
-  uint64_t s = Slot(id);
+  uint64_t s = Slot(member, id);
   while (map_[s] != kEmpty) s = (s + 1) & mask;
   map_[s] = index;
 }
 
-void Store::MapErase(int64_t id) {  // backward-shift deletion
+void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
   const uint64_t mask = map_.size() - 1;
-  uint64_t i = Slot(id);
-  while (map_[i] != kEmpty && Record(map_[i])->id != id) i = (i + 1) & mask;
+  uint64_t i = Slot(member, id);
+  while (map_[i] != kEmpty && (Record(map_[i])->id != id || MemberOf(Record(map_[i])) != member)) {
+    i = (i + 1) & mask;
+  }
   if (map_[i] == kEmpty) return;
   uint64_t j = i;
   for (;;) {
     j = (j + 1) & mask;
     if (map_[j] == kEmpty) break;
-    const uint64_t k = Slot(Record(map_[j])->id);
+    const Header* hj = Record(map_[j]);
+    const uint64_t k = Slot(MemberOf(hj), hj->id);
     const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
     if (stays) continue;
     map_[i] = map_[j];
@@ -214,7 +258,7 @@ ImplStatus Store::GrowMap() {
   map_.assign(size, kEmpty);
   for (uint32_t r = 0; r < next_record_; ++r) {
     Header* h = Record(r);
-    if (h->mark != kDead) MapInsert(h->id, r);
+    if (h->mark != kDead) MapInsert(MemberOf(h), h->id, r);
   }
   return ImplStatus::Ok();
 }
@@ -245,7 +289,7 @@ ImplStatus Store::AllocRecord(uint32_t* index) {
   return ImplStatus::Ok();
 }
 
-ImplStatus Store::Insert(int64_t id, uint32_t* index) {
+ImplStatus Store::Insert(uint32_t member, int64_t id, uint32_t* index) {
   if (config_.capacity > 0 && size_ >= config_.capacity) {
     ImplStatus status = EvictFor(size_ - config_.capacity + 1);
     if (!status.ok()) return status;
@@ -262,8 +306,9 @@ ImplStatus Store::Insert(int64_t id, uint32_t* index) {
   h->hot = -1;
   h->last_step = step_;
   h->mark = 0;
+  if (key_bytes_) *reinterpret_cast<uint64_t*>(h + 1) = member;
   float* f = ColdFloats(h);
-  InitialRows(config_, &id, 1, f);
+  InitialRowsWith(inits_[member], config_.dim, &id, 1, f);
   for (int s = 0; s < num_slots_; ++s) {
     std::fill(f + (1 + s) * config_.dim, f + (2 + s) * config_.dim, slot_init_[s]);
   }
@@ -274,7 +319,7 @@ ImplStatus Store::Insert(int64_t id, uint32_t* index) {
     hot_owner_[e] = *index;
     h->hot = static_cast<int32_t>(e);
   }
-  MapInsert(id, *index);
+  MapInsert(member, id, *index);
   ++size_;
   inserts_.fetch_add(1, std::memory_order_relaxed);
   return ImplStatus::Ok();
@@ -302,7 +347,7 @@ ImplStatus Store::EvictFor(int64_t needed) {
     if (lfu && x->count != y->count) return x->count < y->count;
     if (x->last_step != y->last_step) return x->last_step < y->last_step;
     if (!lfu && x->count != y->count) return x->count < y->count;
-    return x->id < y->id;
+    return x->id != y->id ? x->id < y->id : MemberOf(x) < MemberOf(y);
   };
   std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(), colder);
   candidates.resize(k);
@@ -313,7 +358,7 @@ ImplStatus Store::EvictFor(int64_t needed) {
 void Store::EvictIndices(const std::vector<uint32_t>& victims) {
   for (uint32_t r : victims) {
     Header* h = Record(r);
-    MapErase(h->id);
+    MapErase(MemberOf(h), h->id);
     h->mark = kDead;
     free_.push_back(r);
     --size_;
@@ -322,7 +367,9 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
 }
 
 ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
-                         float* out, const ParallelFor& pf) {
+                         float* out, const ParallelFor& pf, const int64_t* members) {
+  ImplStatus valid = CheckMembers(members, n);
+  if (!valid.ok()) return valid;
   const int64_t dim = config_.dim;
   std::vector<char> missing(static_cast<size_t>(n), 0);
   std::atomic<int64_t> num_missing{0};
@@ -332,7 +379,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
     pf(n, 16 + 2 * dim, [&](int64_t begin, int64_t end) {
       int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
       for (int64_t i = begin; i < end; ++i) {
-        const uint32_t r = Find(ids[i]);
+        const uint32_t r = Find(M(members, i), ids[i]);
         if (r == kEmpty) {
           missing[i] = 1;
           ++miss;
@@ -370,16 +417,16 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   if (num_missing.load() == 0) return ImplStatus::Ok();
   if (!insert) {  // a pure read: absent ids get their initial rows
     for (int64_t i = 0; i < n; ++i) {
-      if (missing[i]) InitialRows(config_, ids + i, 1, out + i * dim);
+      if (missing[i]) InitialRowsWith(inits_[M(members, i)], dim, ids + i, 1, out + i * dim);
     }
     return ImplStatus::Ok();
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
   for (int64_t i = 0; i < n; ++i) {
     if (!missing[i]) continue;
-    uint32_t r = Find(ids[i]);
+    uint32_t r = Find(M(members, i), ids[i]);
     if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
-      ImplStatus status = Insert(ids[i], &r);
+      ImplStatus status = Insert(M(members, i), ids[i], &r);
       if (!status.ok()) return status;
     }
     Header* h = Record(r);
@@ -400,14 +447,14 @@ void Store::RelayoutLocked(int num_slots, const float* slot_init) {
   chunks_.clear();
   num_slots_ = num_slots;
   slot_init_.assign(slot_init, slot_init + num_slots);
-  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+  record_bytes_ = RecordBytes();
   for (size_t c = 0; c < old.size(); ++c) {
     chunks_.emplace_back(new char[kChunkRows * record_bytes_]);
     for (int64_t i = 0; i < kChunkRows; ++i) {
       const char* src = old[c].get() + i * old_bytes;
       char* dst = chunks_[c].get() + i * record_bytes_;
-      std::memcpy(dst, src, sizeof(Header) + 4 * dim);
-      float* f = reinterpret_cast<float*>(dst + sizeof(Header));
+      std::memcpy(dst, src, sizeof(Header) + key_bytes_ + 4 * dim);
+      float* f = reinterpret_cast<float*>(dst + sizeof(Header) + key_bytes_);
       for (int s = 0; s < num_slots; ++s) {
         std::fill(f + (1 + s) * dim, f + (2 + s) * dim, slot_init[s]);
       }
@@ -471,7 +518,8 @@ void Store::FlushLocked() {
     std::nth_element(live.begin(), live.begin() + k, live.end(), [&](uint32_t a, uint32_t b) {
       const Header* x = Record(a);
       const Header* y = Record(b);
-      return x->count != y->count ? x->count > y->count : x->id < y->id;
+      if (x->count != y->count) return x->count > y->count;
+      return x->id != y->id ? x->id < y->id : MemberOf(x) < MemberOf(y);
     });
   }
   hot_.assign(static_cast<size_t>(config_.hot_rows * RowFloats()), 0.f);

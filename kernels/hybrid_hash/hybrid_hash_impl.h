@@ -29,6 +29,16 @@
 // counter-based hash (splitmix64) gives uniform bits, so a row is the same
 // whatever the arrival order, batch or rank.
 //
+// Packed stores (PICASSO's packed HybridHash): a store may hold the rows of
+// several tables ("members", Config::members), keyed by the pair (member, id)
+// so that every int64 id of every member stays distinct (no bit packing).
+// Each member keeps its own seed and initializer, so its rows are those of
+// an unpacked table with that config. Members share the hot tier (top-k over
+// all members), the step, the optimizer slots and the statistics. A packed
+// record stores its member in 8 bytes after the header; unpacked stores keep
+// the 24-byte header. Every API taking ids takes an optional members array
+// (nullptr: member 0).
+//
 // Capacity (optional, 0 = unbounded): an insert into a full table first
 // evicts max(needed, capacity / 32) records that are neither hot nor touched
 // in the current step, least-frequent first ("lfu": count, then oldest) or
@@ -71,6 +81,16 @@ constexpr int kMaxSlots = 2;
 constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kMaxRows = (int64_t{1} << 31) - 1;
 
+// How a member's new rows are initialized.
+struct RowInit {
+  uint64_t seed = 0;
+  Initializer initializer = Initializer::kUniform;
+  float init_a = -0.05f;
+  float init_b = 0.05f;
+};
+
+constexpr int64_t kMaxMembers = int64_t{1} << 20;
+
 struct Config {
   std::string name = "hybrid_hash";  // the table's name, used in every message
   int64_t dim = 0;
@@ -85,12 +105,19 @@ struct Config {
   float count_decay = 1.f;  // in (0, 1]
   EvictPolicy evict_policy = EvictPolicy::kLfu;
   int64_t ttl_steps = 0;  // 0 = off
+  // Packed store: one entry per member (the seed/initializer fields above are
+  // then unused). Empty: one member, initialized by the fields above.
+  std::vector<RowInit> members;
 };
+
+// The members' row initializers of a config (one entry when not packed).
+std::vector<RowInit> MemberInits(const Config& config);
 
 ImplStatus ValidateConfig(const Config& config);
 
 // Fills rows[i * dim + c] with the initial row of ids[i] (no table needed).
 void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows);
+void InitialRowsWith(const RowInit& init, int64_t dim, const int64_t* ids, int64_t n, float* rows);
 
 struct Stats {
   int64_t size = 0;         // rows stored
@@ -116,6 +143,7 @@ void StatsToArray(const Stats& stats, int64_t* out);  // kNumStats values, field
 // An export: ids ascending, rows [n, dim], slots [n, num_slots, dim], counts.
 struct Snapshot {
   std::vector<int64_t> ids;
+  std::vector<int64_t> members;  // sorted by (member, id)
   std::vector<float> rows;
   std::vector<float> slots;
   std::vector<int64_t> counts;
@@ -138,7 +166,10 @@ class Store {
   // hit statistics (training); else a pure read that returns the initial row
   // of an absent id without inserting it.
   ImplStatus Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert, float* out,
-                    const ParallelFor& pf);
+                    const ParallelFor& pf, const int64_t* members = nullptr);
+  int64_t num_members() const { return static_cast<int64_t>(inits_.size()); }
+  // InvalidArgument unless every members[i] (if any) is a member index.
+  ImplStatus CheckMembers(const int64_t* members, int64_t n) const;
 
   // Sets the optimizer slot layout (num_slots values of slot_init). A table
   // without slots gets them (existing rows are given slot_init); asking for a
@@ -148,11 +179,12 @@ class Store {
   // Fused updates of distinct present ids with gradient rows grad[n * dim],
   // the same float operations as kernels/sparse_apply (Keras 2.15 exact).
   ImplStatus ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
-                      const ParallelFor& pf);
+                      const ParallelFor& pf, const int64_t* members = nullptr);
   ImplStatus ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr, float eps,
-                          const ParallelFor& pf);
+                          const ParallelFor& pf, const int64_t* members = nullptr);
   ImplStatus ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
-                       float c2, float eps, bool lazy, const ParallelFor& pf);
+                       float c2, float eps, bool lazy, const ParallelFor& pf,
+                       const int64_t* members = nullptr);
 
   // Ends a training step: Algorithm 1's flush check (L23-26), then step + 1.
   void EndStep();
@@ -162,9 +194,12 @@ class Store {
   Stats GetStats() const;
   void Export(Snapshot* out);
   // Replaces the content. ids distinct; rows [n, dim]; slots [n, num_slots, dim].
+  // members (nullptr: member 0) give each row's member. only_member >= 0
+  // replaces that member's rows only (every members[i] must equal it) and
+  // keeps the other members' rows.
   ImplStatus Import(const int64_t* ids, const float* rows, const float* slots,
                     const int64_t* counts, int64_t n, int64_t num_slots, const float* slot_init,
-                    int64_t step);
+                    int64_t step, const int64_t* members = nullptr, int64_t only_member = -1);
 
  private:
   struct Header {
@@ -183,13 +218,24 @@ class Store {
   explicit Store(const Config& config);
   int64_t RowFloats() const { return (1 + num_slots_) * config_.dim; }
   Header* Record(uint32_t index) const;
-  float* ColdFloats(Header* h) const { return reinterpret_cast<float*>(h + 1); }
+  int64_t RecordBytes() const {
+    return (static_cast<int64_t>(sizeof(Header)) + key_bytes_ + 4 * RowFloats() + 7) / 8 * 8;
+  }
+  float* ColdFloats(Header* h) const {
+    return reinterpret_cast<float*>(reinterpret_cast<char*>(h + 1) + key_bytes_);
+  }
+  uint32_t MemberOf(const Header* h) const {
+    return key_bytes_ ? *reinterpret_cast<const uint32_t*>(h + 1) : 0u;
+  }
   float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
-  uint64_t Slot(int64_t id) const;
-  uint32_t Find(int64_t id) const;                 // record index or kEmpty
-  ImplStatus Insert(int64_t id, uint32_t* index);  // exclusive lock held
-  void MapInsert(int64_t id, uint32_t index);
-  void MapErase(int64_t id);
+  uint64_t Slot(uint32_t member, int64_t id) const;
+  uint32_t Find(uint32_t member, int64_t id) const;                 // record index or kEmpty
+  ImplStatus Insert(uint32_t member, int64_t id, uint32_t* index);  // exclusive lock held
+  void MapInsert(uint32_t member, int64_t id, uint32_t index);
+  void MapErase(uint32_t member, int64_t id);
+  static uint32_t M(const int64_t* members, int64_t i) {
+    return members ? static_cast<uint32_t>(members[i]) : 0u;
+  }
   ImplStatus GrowMap();
   ImplStatus AllocRecord(uint32_t* index);
   ImplStatus EvictFor(int64_t needed);
@@ -200,10 +246,12 @@ class Store {
   void ClearLocked();
   std::mutex& Stripe(uint32_t index) const { return stripes_[index % kStripes]; }
   template <typename RowFn>
-  ImplStatus ApplyRows(const int64_t* ids, int64_t n, const char* what, const ParallelFor& pf,
-                       RowFn&& fn);
+  ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, int64_t n, const char* what,
+                       const ParallelFor& pf, RowFn&& fn);
 
   Config config_;
+  std::vector<RowInit> inits_;  // one per member
+  int64_t key_bytes_ = 0;       // 8 in a packed store (the record's member), else 0
   int num_slots_ = 0;
   std::vector<float> slot_init_;
   int64_t record_bytes_ = 0;

@@ -22,13 +22,18 @@ void Store::Export(Snapshot* out) {
   for (uint32_t r = 0; r < next_record_; ++r) {
     if (Record(r)->mark != kDead) live.push_back(r);
   }
-  std::sort(live.begin(), live.end(),
-            [&](uint32_t a, uint32_t b) { return Record(a)->id < Record(b)->id; });
+  std::sort(live.begin(), live.end(), [&](uint32_t a, uint32_t b) {
+    const Header* x = Record(a);
+    const Header* y = Record(b);
+    const uint32_t mx = MemberOf(x), my = MemberOf(y);
+    return mx != my ? mx < my : x->id < y->id;
+  });
   const int64_t dim = config_.dim, n = static_cast<int64_t>(live.size());
   out->num_slots = num_slots_;
   out->slot_init = slot_init_;
   out->step = step_;
   out->ids.resize(n);
+  out->members.resize(n);
   out->counts.resize(n);
   out->rows.resize(n * dim);
   out->slots.resize(n * num_slots_ * dim);
@@ -36,6 +41,7 @@ void Store::Export(Snapshot* out) {
     Header* h = Record(live[i]);
     const float* f = ColdFloats(h);
     out->ids[i] = h->id;
+    out->members[i] = MemberOf(h);
     out->counts[i] = h->count;
     std::memcpy(out->rows.data() + i * dim, f, 4 * dim);
     std::memcpy(out->slots.data() + i * num_slots_ * dim, f + dim, 4 * num_slots_ * dim);
@@ -56,14 +62,29 @@ void Store::ClearLocked() {
 
 ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slots,
                          const int64_t* counts, int64_t n, int64_t num_slots,
-                         const float* slot_init, int64_t step) {
+                         const float* slot_init, int64_t step, const int64_t* members,
+                         int64_t only_member) {
   const std::string t = Quoted(config_);
+  ImplStatus valid = CheckMembers(members, n);
+  if (!valid.ok()) return valid;
+  if (only_member >= num_members()) {
+    return ImplStatus::InvalidArgument(t + ": member " + std::to_string(only_member) +
+                                       " is not a table of this store (it packs " +
+                                       std::to_string(num_members()) + ").");
+  }
+  for (int64_t i = 0; only_member >= 0 && i < n; ++i) {
+    if (M(members, i) != static_cast<uint32_t>(only_member)) {
+      return ImplStatus::InvalidArgument(t + ": restoring member " + std::to_string(only_member) +
+                                         " got a row of member " + std::to_string(M(members, i)) +
+                                         ".");
+    }
+  }
   if (num_slots < 0 || num_slots > kMaxSlots) {
     return ImplStatus::InvalidArgument(t + ": a checkpoint with " + std::to_string(num_slots) +
                                        " slots per row; at most " + std::to_string(kMaxSlots) +
                                        " are supported.");
   }
-  if (config_.capacity > 0 && n > config_.capacity) {
+  if (config_.capacity > 0 && n > config_.capacity && only_member < 0) {
     return ImplStatus::InvalidArgument(
         t + ": the checkpoint holds " + std::to_string(n) + " rows, more than capacity " +
         std::to_string(config_.capacity) + ". Restore into a table with a larger capacity.");
@@ -71,34 +92,74 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
   if (step < 0 || step > 0xFFFFFFFFll) {
     return ImplStatus::InvalidArgument(t + ": bad step " + std::to_string(step) + ".");
   }
-  std::vector<int64_t> sorted(ids, ids + n);
+  std::vector<std::pair<int64_t, int64_t>> sorted(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) sorted[i] = {M(members, i), ids[i]};
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     return ImplStatus::InvalidArgument(t + ": the imported ids are not distinct.");
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
-  ClearLocked();
-  num_slots_ = static_cast<int>(num_slots);
-  slot_init_.assign(slot_init, slot_init + num_slots);
-  record_bytes_ = (static_cast<int64_t>(sizeof(Header)) + 4 * RowFloats() + 7) / 8 * 8;
+  if (only_member < 0) {
+    ClearLocked();
+    num_slots_ = static_cast<int>(num_slots);
+    slot_init_.assign(slot_init, slot_init + num_slots);
+    record_bytes_ = RecordBytes();
+  } else {  // one member of a packed store: the others keep their rows
+    WriteBackLocked();
+    std::vector<uint32_t> old;
+    for (uint32_t r = 0; r < next_record_; ++r) {
+      const Header* h = Record(r);
+      if (h->mark != kDead && MemberOf(h) == static_cast<uint32_t>(only_member)) old.push_back(r);
+    }
+    for (uint32_t r : old) {  // removed, not evicted: not counted
+      Header* h = Record(r);
+      if (h->hot >= 0) hot_owner_[h->hot] = kEmpty;
+      h->hot = -1;
+      MapErase(MemberOf(h), h->id);
+      h->mark = kDead;
+      free_.push_back(r);
+      --size_;
+    }
+    if (num_slots > 0 && num_slots_ == 0) {
+      RelayoutLocked(static_cast<int>(num_slots), slot_init);
+    } else if (num_slots > 0 && num_slots != num_slots_) {
+      return ImplStatus::InvalidArgument(
+          t + ": the checkpoint of member " + std::to_string(only_member) + " has " +
+          std::to_string(num_slots) + " optimizer slot(s) per row, the store holds " +
+          std::to_string(num_slots_) +
+          ". Restore a checkpoint trained with the same optimizer kind.");
+    }
+    if (config_.capacity > 0 && size_ + n > config_.capacity) {
+      return ImplStatus::InvalidArgument(t + ": restoring member " + std::to_string(only_member) +
+                                         " needs " + std::to_string(size_ + n) +
+                                         " rows, more than capacity " +
+                                         std::to_string(config_.capacity) + ".");
+    }
+  }
   step_ = static_cast<uint32_t>(step);
   const int64_t dim = config_.dim;
   const int64_t saved_capacity = config_.capacity;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t r;
-    ImplStatus status = Insert(ids[i], &r);
+    ImplStatus status = Insert(M(members, i), ids[i], &r);
     if (!status.ok()) return status;
     inserts_.fetch_sub(1, std::memory_order_relaxed);  // restored, not inserted
     Header* h = Record(r);
     h->count =
         static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(counts[i], 0), 0xFFFFFFFFll));
-    float* f = ColdFloats(h);
+    float* f = Floats(h);  // a packed store's member import may place new rows in free hot entries
     std::memcpy(f, rows + i * dim, 4 * dim);
-    std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);
+    if (num_slots == num_slots_) {  // else (a checkpoint without slots): slot_init stays
+      std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);
+    }
   }
   (void)saved_capacity;
   // The hot tier as the last flush before `step` left it (values do not depend on it).
-  if (step_ > config_.warmup_steps) FlushLocked();
+  if (step_ > config_.warmup_steps) {
+    FlushLocked();
+  } else if (only_member >= 0 && hot_phase_) {  // free hot entries may have been left by removals
+    FlushLocked();
+  }
   return ImplStatus::Ok();
 }
 

@@ -48,6 +48,19 @@ Status Scalar(OpKernelContext* ctx, int i, float* out) {
 
 std::string Name(const Store& store) { return "HybridHash table '" + store.config().name + "'"; }
 
+// The members input (index i): empty (member 0 for all) or one per id.
+Status Members(OpKernelContext* ctx, int i, const Store& store, int64_t n, const int64_t** out) {
+  const Tensor& t = ctx->input(i);
+  *out = nullptr;
+  if (t.NumElements() == 0 && t.dims() == 1) return Status();
+  if (t.dims() != 1 || t.dim_size(0) != n) {
+    return errors::InvalidArgument(Name(store), ": members must be empty or one per id [", n,
+                                   "], got shape ", t.shape().DebugString(), ".");
+  }
+  *out = t.flat<int64_t>().data();
+  return Status();
+}
+
 // Small batches run on the op's own thread: a model has one lookup and one
 // update per table per step, and TensorFlow already runs the tables' ops in
 // parallel (inter-op); sharding a few thousand rows costs more than it saves.
@@ -77,6 +90,34 @@ class TableOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("count_decay", &config_.count_decay));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("evict_policy", &policy));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("ttl_steps", &config_.ttl_steps));
+    std::vector<::tensorflow::int64> member_seeds;
+    std::vector<std::string> member_inits;
+    std::vector<float> member_a, member_b;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("member_seeds", &member_seeds));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("member_initializers", &member_inits));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("member_init_a", &member_a));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("member_init_b", &member_b));
+    const size_t num_members = member_seeds.size();
+    OP_REQUIRES(ctx,
+                member_inits.size() == num_members && member_a.size() == num_members &&
+                    member_b.size() == num_members,
+                errors::InvalidArgument("HybridHash table '", config_.name,
+                                        "': member_seeds, member_initializers, member_init_a "
+                                        "and member_init_b must have the same length, got ",
+                                        num_members, ", ", member_inits.size(), ", ",
+                                        member_a.size(), ", ", member_b.size(), "."));
+    for (size_t m = 0; m < num_members; ++m) {
+      RowInit init;
+      init.seed = static_cast<uint64_t>(member_seeds[m]);
+      init.init_a = member_a[m];
+      init.init_b = member_b[m];
+      OP_REQUIRES(ctx, ParseInitializer(member_inits[m], &init.initializer),
+                  errors::InvalidArgument("HybridHash table '", config_.name, "' member ", m,
+                                          ": initializer must be zeros, constant, uniform or "
+                                          "normal, got '",
+                                          member_inits[m], "'."));
+      config_.members.push_back(init);
+    }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("shared_name", &shared_name_));
     config_.seed = static_cast<uint64_t>(seed);
@@ -107,7 +148,9 @@ class TableOp : public OpKernel {
                             }));
     ::tensorflow::core::ScopedUnref unref(resource);
     const Config& held = resource->store()->config();
-    OP_REQUIRES(ctx, held.dim == config_.dim && held.name == config_.name,
+    OP_REQUIRES(ctx,
+                held.dim == config_.dim && held.name == config_.name &&
+                    held.members.size() == config_.members.size(),
                 errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
                                         Name(*resource->store()), " of dim ", held.dim,
                                         "; give table '", config_.name, "' its own shared_name."));
@@ -145,13 +188,15 @@ class LookupOp : public OpKernel {
                 errors::InvalidArgument(Name(*store), " has dim ", store->dim(),
                                         ", the lookup asks for ", dim_, "."));
     const int64_t n = ids.NumElements();
+    const int64_t* members;
+    OP_REQUIRES_OK(ctx, Members(ctx, 3, *store, n, &members));
     Tensor* rows;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
     if (n == 0) return;
     OP_REQUIRES_OK(ctx, ToTfStatus(store->Lookup(
                             ids.flat<int64_t>().data(),
                             counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
-                            insert_, rows->flat<float>().data(), ChoosePf(ctx, n, dim_))));
+                            insert_, rows->flat<float>().data(), ChoosePf(ctx, n, dim_), members)));
   }
 
  private:
@@ -187,20 +232,24 @@ class ApplyOp : public OpKernel {
     const int64_t* id = ids.flat<int64_t>().data();
     const float* g = grad.flat<float>().data();
     const int64_t n = ids.NumElements();
+    const int64_t* mem;
+    OP_REQUIRES_OK(ctx, Members(ctx, 3 + num_scalars, *store, n, &mem));
     const ParallelFor pf = ChoosePf(ctx, n, store->dim());
     ImplStatus status;
     switch (kind_) {
       case Kind::kSgd:
-        status = store->ApplySgd(id, g, n, s[0], pf);
+        status = store->ApplySgd(id, g, n, s[0], pf, mem);
         break;
       case Kind::kAdagrad:
         status = store->EnsureSlots(1, &acc_init_);
-        if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf);
+        if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf, mem);
         break;
       case Kind::kAdam: {
         const float zeros[2] = {0.f, 0.f};
         status = store->EnsureSlots(2, zeros);
-        if (status.ok()) status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf);
+        if (status.ok()) {
+          status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf, mem);
+        }
         break;
       }
     }
@@ -270,13 +319,15 @@ class ExportOp : public OpKernel {
     Snapshot snap;
     store->Export(&snap);
     const int64_t n = static_cast<int64_t>(snap.ids.size()), dim = store->dim();
-    Tensor *ids, *rows, *slots, *counts, *slot_init, *step;
+    Tensor *ids, *rows, *slots, *counts, *slot_init, *step, *members;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &ids));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim}), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, snap.num_slots, dim}), &slots));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n}), &counts));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({snap.num_slots}), &slot_init));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &step));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({n}), &members));
+    std::memcpy(members->flat<int64_t>().data(), snap.members.data(), 8 * n);
     std::memcpy(ids->flat<int64_t>().data(), snap.ids.data(), 8 * n);
     std::memcpy(rows->flat<float>().data(), snap.rows.data(), 4 * snap.rows.size());
     std::memcpy(slots->flat<float>().data(), snap.slots.data(), 4 * snap.slots.size());
@@ -288,7 +339,9 @@ class ExportOp : public OpKernel {
 
 class ImportOp : public OpKernel {
  public:
-  explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("member", &member_));
+  }
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::core::RefCountPtr<HybridHashResource> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
@@ -318,12 +371,17 @@ class ImportOp : public OpKernel {
                 errors::InvalidArgument(Name(*store), ": the checkpoint's slots ",
                                         slots.shape().DebugString(), " do not match [", n, ", ",
                                         slot_init.NumElements(), ", ", store->dim(), "]."));
+    const int64_t* members;
+    OP_REQUIRES_OK(ctx, Members(ctx, 7, *store, n, &members));
     OP_REQUIRES_OK(
         ctx, ToTfStatus(store->Import(ids.flat<int64_t>().data(), rows.flat<float>().data(),
                                       slots.flat<float>().data(), counts.flat<int64_t>().data(), n,
                                       slots.dim_size(1), slot_init.flat<float>().data(),
-                                      step.scalar<int64_t>()())));
+                                      step.scalar<int64_t>()(), members, member_)));
   }
+
+ private:
+  ::tensorflow::int64 member_ = -1;
 };
 
 #define HYBRIDTF_REGISTER(name, Op) \

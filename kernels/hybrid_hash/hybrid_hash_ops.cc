@@ -39,6 +39,10 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashTable"))
     .Attr("count_decay: float = 1.0")
     .Attr("evict_policy: string = 'lfu'")
     .Attr("ttl_steps: int = 0")
+    .Attr("member_seeds: list(int) = []")
+    .Attr("member_initializers: list(string) = []")
+    .Attr("member_init_a: list(float) = []")
+    .Attr("member_init_b: list(float) = []")
     .Attr("container: string = ''")
     .Attr("shared_name: string = ''")
     .SetIsStateful()
@@ -46,12 +50,18 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashTable"))
       c->set_output(0, c->Scalar());
       return Status();
     })
-    .Doc("Creates (or finds, by shared_name) a HybridHash table and returns its handle.");
+    .Doc(R"doc(
+Creates (or finds, by shared_name) a HybridHash table and returns its handle.
+member_*: a packed store of len(member_seeds) tables keyed by (member, id),
+each member with its own seed and initializer (then seed/initializer/init_*
+are unused); empty: one table.
+)doc");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashLookup"))
     .Input("table: resource")
     .Input("ids: int64")
     .Input("counts: int64")
+    .Input("members: int64")
     .Output("rows: float")
     .Attr("dim: int")
     .Attr("insert: bool = true")
@@ -61,6 +71,7 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashLookup"))
 Rows of ids. insert=true (training): find-or-insert, counts[i] occurrences of
 ids[i] are added to its frequency (counts empty: 1 each), hit statistics.
 insert=false: a pure read; absent ids get their initial rows, not inserted.
+members: each id's table in a packed store (empty: member 0).
 )doc");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgd"))
@@ -68,6 +79,7 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgd"))
     .Input("ids: int64")
     .Input("grad: float")
     .Input("lr: float")
+    .Input("members: int64")
     .Attr("end_step: bool = true")
     .SetShapeFn(NoOutputs)
     .Doc("Keras SGD (no momentum) on the rows of distinct ids; then Algorithm 1's step end.");
@@ -78,6 +90,7 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdagrad"))
     .Input("grad: float")
     .Input("lr: float")
     .Input("epsilon: float")
+    .Input("members: int64")
     .Attr("initial_accumulator_value: float = 0.1")
     .Attr("end_step: bool = true")
     .SetShapeFn(NoOutputs)
@@ -91,6 +104,7 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdam"))
     .Input("one_minus_beta1: float")
     .Input("one_minus_beta2: float")
     .Input("epsilon: float")
+    .Input("members: int64")
     .Attr("lazy: bool = false")
     .Attr("end_step: bool = true")
     .SetShapeFn(NoOutputs)
@@ -127,6 +141,7 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashExport"))
     .Output("counts: int64")
     .Output("slot_init: float")
     .Output("step: int64")
+    .Output("members: int64")
     .Attr("dim: int")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
@@ -139,9 +154,10 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashExport"))
       c->set_output(3, c->Vector(n));
       c->set_output(4, c->Vector(c->UnknownDim()));
       c->set_output(5, c->Scalar());
+      c->set_output(6, c->Vector(n));
       return Status();
     })
-    .Doc("All rows, ids ascending, hot tier written back first.");
+    .Doc("All rows, sorted by (member, id), hot tier written back first.");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashImport"))
     .Input("table: resource")
@@ -151,7 +167,12 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashImport"))
     .Input("counts: int64")
     .Input("slot_init: float")
     .Input("step: int64")
+    .Input("members: int64")
+    .Attr("member: int = -1")
     .SetShapeFn(NoOutputs)
-    .Doc("Replaces the table's content with an export.");
+    .Doc(R"doc(
+Replaces the table's content with an export (members empty: member 0).
+member >= 0: replaces that member's rows only (a packed store's table).
+)doc");
 
 }  // namespace hybridtf

@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
@@ -194,6 +195,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         ids = prepare_ids(ids, self.combiner or "none", self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         flat = tf.cast(flat, tf.int64)
+        if context.is_recording():  # an optimized model's record pass: its outputs are discarded, touch nothing
+            return self._combine(ids, tf.zeros(tf.stack([tf.size(flat), self.output_dim])))
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         if save_context.in_save_context():  # SavedModel export: a static lookup + gather
             serving = self._serving_snapshot()

@@ -27,6 +27,11 @@ def update_kind(optimizer) -> str | None:
 
 
 class _DynamicOptimizerMixin:
+    def build(self, var_list):
+        # Distinct-rows buffers train through their tables' own slots: no Keras slots for them, so the
+        # optimizer's variables (checkpointed by position) are the same packed or not.
+        return super().build([v for v in var_list if _layer_of(v) is None])
+
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         dynamic = [(g, v) for g, v in grads_and_vars if _layer_of(v) is not None]

@@ -8,6 +8,11 @@ eager mode or under ``tf.init_scope``), destroyed with its Python object, and
 checkpointed (``tf.train.Checkpoint``, ``Model.save_weights``) as the tensors
 of its export: ids (ascending), rows, slots, counts, slot initial values,
 step and the table's name. The hot tier is written back before the export.
+
+A packed store (``TableConfig.members``, PICASSO's packed HybridHash) holds
+several tables keyed by (member, id); every op then takes a ``members``
+vector (each id's member index) and each member keeps its own seed and
+initializer. ``hybridtf/_src/rewrite/packed_dynamic.py`` builds them.
 """
 
 from __future__ import annotations
@@ -40,6 +45,21 @@ STAT_NAMES = (
 INITIALIZERS = ("zeros", "constant", "uniform", "normal")
 EVICT_POLICIES = ("lfu", "lru")
 _uid = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class MemberInit:
+    """One table of a packed store: its name and how its new rows are initialized."""
+
+    name: str
+    seed: int
+    initializer: str = "uniform"
+    init_a: float = -0.05
+    init_b: float = 0.05
+
+
+def _members(members):
+    return tf.zeros([0], tf.int64) if members is None else tf.cast(members, tf.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +96,7 @@ class TableConfig:
     count_decay: float = 1.0
     evict_policy: str = "lfu"
     ttl_steps: int = 0
+    members: tuple = ()
 
     def __post_init__(self):
         t = f"HybridHash table {self.name!r}"
@@ -98,9 +119,14 @@ class TableConfig:
             raise ValueError(f"{t}: count_decay must be in (0, 1], got {self.count_decay!r}.")
 
     def op_attrs(self) -> dict:
-        attrs = dataclasses.asdict(self)
+        attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "members"}
         attrs["table_name"] = attrs.pop("name")
         attrs["seed"] = int(self.seed) & 0x7FFFFFFFFFFFFFFF
+        if self.members:
+            attrs["member_seeds"] = [int(m.seed) & 0x7FFFFFFFFFFFFFFF for m in self.members]
+            attrs["member_initializers"] = [m.initializer for m in self.members]
+            attrs["member_init_a"] = [float(m.init_a) for m in self.members]
+            attrs["member_init_b"] = [float(m.init_b) for m in self.members]
         return attrs
 
 
@@ -149,29 +175,37 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
             )
         return tf.cast(ids, tf.int64) if dtype != tf.int64 else ids
 
-    def lookup(self, ids, counts=None, insert: bool = True):
-        """Rows ``[n, dim]`` of the 1-D ids (training: find-or-insert and count; else read only)."""
+    def lookup(self, ids, counts=None, insert: bool = True, members=None):
+        """Rows ``[n, dim]`` of the 1-D ids (training: find-or-insert and count; else read only).
+
+        ``members``: in a packed store, each id's member index (None: member 0).
+        """
         ids = self.check_ids(tf.convert_to_tensor(ids))
         counts = tf.zeros([0], tf.int64) if counts is None else tf.cast(counts, tf.int64)
         return load_ops().hybrid_tf_hybrid_hash_lookup(
-            self.resource_handle, ids, counts, dim=self._config.dim, insert=insert
+            self.resource_handle, ids, counts, _members(members), dim=self._config.dim, insert=insert
         )
 
-    def apply_sgd(self, ids, grad, lr, end_step=True):
-        return load_ops().hybrid_tf_hybrid_hash_apply_sgd(self.resource_handle, ids, grad, lr, end_step=end_step)
+    def apply_sgd(self, ids, grad, lr, end_step=True, members=None):
+        return load_ops().hybrid_tf_hybrid_hash_apply_sgd(
+            self.resource_handle, ids, grad, lr, _members(members), end_step=end_step
+        )
 
-    def apply_adagrad(self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True):
+    def apply_adagrad(self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True, members=None):
         return load_ops().hybrid_tf_hybrid_hash_apply_adagrad(
             self.resource_handle,
             ids,
             grad,
             lr,
             epsilon,
+            _members(members),
             initial_accumulator_value=initial_accumulator_value,
             end_step=end_step,
         )
 
-    def apply_adam(self, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, lazy=False, end_step=True):
+    def apply_adam(
+        self, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, lazy=False, end_step=True, members=None
+    ):
         return load_ops().hybrid_tf_hybrid_hash_apply_adam(
             self.resource_handle,
             ids,
@@ -180,6 +214,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
             one_minus_beta1,
             one_minus_beta2,
             epsilon,
+            _members(members),
             lazy=lazy,
             end_step=end_step,
         )
@@ -202,11 +237,20 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     def export(self):
         """``(ids, rows, slots, counts, slot_init, step)``; ids ascending, hot tier written back first."""
+        return self.export_with_members()[:6]
+
+    def export_with_members(self):
+        """``export()`` plus each row's member index; rows sorted by (member, id)."""
         return load_ops().hybrid_tf_hybrid_hash_export(self.resource_handle, dim=self._config.dim)
 
-    def import_(self, ids, rows, slots, counts, slot_init, step):
-        """Replaces the content with an export (same table, same dim)."""
-        return load_ops().hybrid_tf_hybrid_hash_import(self.resource_handle, ids, rows, slots, counts, slot_init, step)
+    def import_(self, ids, rows, slots, counts, slot_init, step, members=None, member: int = -1):
+        """Replaces the content with an export (same table, same dim).
+
+        ``member >= 0`` replaces that member's rows only (a packed store).
+        """
+        return load_ops().hybrid_tf_hybrid_hash_import(
+            self.resource_handle, ids, rows, slots, counts, slot_init, step, _members(members), member=member
+        )
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _serialize_to_tensors(self):

@@ -67,6 +67,11 @@ def active():
     return stack[-1] if stack else None
 
 
+def is_recording() -> bool:
+    """Whether the innermost active context records (its lookups' outputs are discarded)."""
+    return isinstance(active(), _Recording)
+
+
 @contextlib.contextmanager
 def recording():
     """Collects the LookupRequests issued inside; yields the recorder."""

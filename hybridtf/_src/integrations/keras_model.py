@@ -31,7 +31,7 @@ from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_r
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan
-from hybridtf._src.rewrite import dataflow_fusion
+from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
 from hybridtf._src.rewrite.packed_storage import TableView
 from hybridtf._src.rewrite.runtime import lookup_all
 
@@ -459,6 +459,8 @@ def optimize(
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
 
     captured, skipped, specs = steps.capture(model)
+    dynamic = packed_dynamic.pack_dynamic(model, exclude=tuple(exclude))  # one HybridHash store per group
+    skipped = skipped + dynamic.skipped
     plan = steps.make_plan(
         specs,
         plan,
@@ -473,6 +475,7 @@ def optimize(
     _warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
+        packed_dynamic.attach(model, dynamic)
         return model
     state = steps.pack_storage(model, plan, captured, share_unique=share_unique)
     _rewrite_model(model, state, skipped, fused_updates=fused_updates, fuse_concat=fuse_concat, fuse_dense=fuse_dense)
@@ -487,6 +490,8 @@ def optimize(
         interleave_scale=interleave_scale,
         interleave_exclude=interleave_exclude,
     )
+    packed_dynamic.attach(model, dynamic)
+    model.train_function = model.test_function = model.predict_function = None
     return model
 
 

@@ -1,0 +1,466 @@
+"""Packed HybridHash: the DynamicEmbedding tables of a group share one store and one chain.
+
+PICASSO's packed HybridHash (§III-B D-packing applied to §III-D caching):
+``hybridtf.keras.optimize`` groups the model's ``DynamicEmbedding`` layers by
+what a store holds for all its tables (dim, hot size, warm-up, flush interval,
+count decay, eviction policy, TTL) and gives each group ONE HybridHash store,
+keyed by (member, id): every int64 id of every member stays distinct, and each
+member keeps its own seed and initializer, so its rows are exactly those of
+the unpacked layer. The store's hot tier holds ``sum(hot_rows)`` rows, chosen
+by Algorithm 1 over all members.
+
+One chain per group and step (``DynamicGroup.lookup``): the ids of every
+member's lookup are concatenated, made distinct over (member, id) with two
+1-D uniques (ids, then member * n_unique_ids + id index: lossless), looked up
+by one find-or-insert op, written into one trainable distinct-rows buffer,
+gathered once, split per lookup and combined per layer (reshape or bag
+pooling). The buffer's gradient goes to ONE fused update per step (with the
+members vector) through ``dynamic_optimizer``'s hook, which ends the store's
+step once.
+
+Checkpoints stay per table: each member layer's ``table`` is a
+``MemberTable`` that saves and restores only that member's (ids, rows, slots,
+counts) under the layer's own checkpoint key, with the same tensors as an
+unpacked ``HybridHashTable``, so packed and plain checkpoints load into each
+other. Statistics (hit ratio, size, inserts, evictions) are per store: every
+member layer reports its group's store.
+
+Not packed (``model.hybridtf_skipped`` says why): layers with a ``capacity``
+(eviction chooses victims per table; over a shared store it would choose
+others), non-trainable or unbuilt layers, and excluded ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import tensorflow as tf
+from tensorflow.python.saved_model import save_context
+
+from hybridtf._src.caching.layer import DynamicEmbedding
+from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
+from hybridtf._src.capture import context
+from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.keras_capture import SkippedLayer
+from hybridtf._src.capture.lookup_api import prepare_ids
+from hybridtf._src.capture.subclassing import runtime_subclass
+
+GROUP_FIELDS = ("dim", "hot_rows", "warmup_steps", "flush_every", "count_decay", "evict_policy", "ttl_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicGroupPlan:
+    """One packed HybridHash store: its name, what its members share and the members, in order."""
+
+    name: str
+    dim: int
+    hot_rows_per_table: int
+    warmup_steps: int
+    flush_every: int
+    count_decay: float
+    evict_policy: str
+    ttl_steps: int
+    members: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["members"] = list(self.members)
+        return d
+
+
+@dataclasses.dataclass
+class DynamicPacking:
+    """What ``pack_dynamic`` did: the groups (with their runtimes) and the layers it left alone."""
+
+    groups: list
+    skipped: list
+
+    @property
+    def plan(self) -> list[DynamicGroupPlan]:
+        return [g.plan for g in self.groups]
+
+    def to_json(self) -> str:
+        return json.dumps([p.to_dict() for p in self.plan], indent=1)
+
+
+def _training_flag() -> bool:
+    """The training flag of the Keras call being traced (the model's), as a Python bool."""
+    from keras.src.engine import base_layer_utils
+
+    training = base_layer_utils.call_context().training
+    if training is None:
+        training = tf.keras.backend.learning_phase()
+    if isinstance(training, (tf.Tensor, tf.Variable)):
+        training = tf.get_static_value(training)
+    return bool(training)
+
+
+class MemberTable(tf.__internal__.tracking.Trackable):
+    """One member's part of a packed store, where the layer's own ``HybridHashTable`` was.
+
+    Reads (``lookup(insert=False)``, ``export``) see this member's rows only;
+    checkpoints save and restore them with the tensors of an unpacked table
+    (ids ascending, rows, slots, counts, slot_init, step, table_name).
+    ``stats()`` are the store's (all members).
+    """
+
+    def __init__(self, group: DynamicGroup, member: int, config: TableConfig):
+        self._group = group
+        self._member = int(member)
+        self._config = config
+
+    @property
+    def config(self) -> TableConfig:
+        return self._config
+
+    @property
+    def name(self) -> str:
+        return self._config.name
+
+    @property
+    def store(self) -> HybridHashTable:
+        return self._group.table
+
+    def check_ids(self, ids):
+        return self.store.check_ids(ids)
+
+    def _members(self, ids):
+        return tf.fill(tf.shape(ids, out_type=tf.int64), tf.constant(self._member, tf.int64))
+
+    def lookup(self, ids, counts=None, insert: bool = True):
+        if insert:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r} is packed into store {self._group.plan.name!r}: training lookups "
+                "run through the optimized model's call (one chain per store). Call the model, not the layer."
+            )
+        ids = self.check_ids(tf.convert_to_tensor(ids))
+        return self.store.lookup(ids, insert=False, members=self._members(ids))
+
+    def export(self):
+        ids, rows, slots, counts, slot_init, step, members = self.store.export_with_members()
+        mine = tf.equal(members, self._member)
+        return (
+            tf.boolean_mask(ids, mine),
+            tf.boolean_mask(rows, mine),
+            tf.boolean_mask(slots, mine),
+            tf.boolean_mask(counts, mine),
+            slot_init,
+            step,
+        )
+
+    def import_(self, ids, rows, slots, counts, slot_init, step):
+        return self.store.import_(ids, rows, slots, counts, slot_init, step, self._members(ids), member=self._member)
+
+    def stats(self) -> dict:
+        return self.store.stats()
+
+    def stats_tensor(self):
+        return self.store.stats_tensor()
+
+    def flush(self):
+        return self.store.flush()
+
+    def _serialize_to_tensors(self):
+        ids, rows, slots, counts, slot_init, step = self.export()
+        return {
+            "ids": ids,
+            "rows": rows,
+            "slots": slots,
+            "counts": counts,
+            "slot_init": slot_init,
+            "step": step,
+            "table_name": tf.constant(self.name),
+        }
+
+    def _restore_from_tensors(self, restored_tensors):
+        t = restored_tensors
+        if tf.executing_eagerly():
+            saved = t["table_name"].numpy().decode()
+            if saved != self.name:
+                raise ValueError(
+                    f"HybridHash table {self.name!r}: the checkpoint entry holds table {saved!r}. Restore a "
+                    f"checkpoint of this model (same layers and names), or rename the layer to {saved!r}."
+                )
+            check = tf.no_op()
+        else:
+            check = tf.debugging.assert_equal(
+                t["table_name"],
+                tf.constant(self.name),
+                message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table",
+            )
+        with tf.control_dependencies([check]):
+            return self.import_(t["ids"], t["rows"], t["slots"], t["counts"], t["slot_init"], t["step"])
+
+
+class DynamicGroup:
+    """A packed store, its distinct-rows buffer and the chain that serves its members' lookups.
+
+    It is the ``_htf_runtime`` of its member layers (``rewrite.runtime.lookup_all``
+    hands it their recorded requests) and the ``_htf_dynamic_embedding`` of its
+    buffer (``caching.optimizer`` hands it the buffer's gradient).
+    """
+
+    def __init__(self, plan: DynamicGroupPlan, layers: list[DynamicEmbedding]):
+        self.plan = plan
+        self.layers = list(layers)
+        self.member_of = {id(layer): m for m, layer in enumerate(layers)}
+        first = layers[0]._table_config
+        config = TableConfig(
+            name=plan.name,
+            dim=plan.dim,
+            hot_rows=plan.hot_rows_per_table * len(layers),
+            warmup_steps=first.warmup_steps,
+            flush_every=first.flush_every,
+            count_decay=first.count_decay,
+            evict_policy=first.evict_policy,
+            ttl_steps=first.ttl_steps,
+            members=tuple(
+                MemberInit(c.name, c.seed, c.initializer, c.init_a, c.init_b)
+                for c in (layer._table_config for layer in layers)
+            ),
+        )
+        self.table = HybridHashTable(config)
+        with tf.init_scope():
+            self.rows_buffer = tf.Variable(
+                tf.zeros([0, plan.dim]),
+                shape=tf.TensorShape([None, plan.dim]),
+                trainable=True,
+                name=f"{plan.name}_distinct_rows",
+            )
+            self.ids_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            self.members_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+        self.rows_buffer._htf_dynamic_embedding = self
+
+    def lookup(self, requests) -> list:
+        """One output per request of this group's members: one unique, one lookup, one gather."""
+        training = _training_flag()
+        with tf.name_scope(self.plan.name):
+            prepared, flats, members = [], [], []
+            for req in requests:
+                layer = req.owner
+                ids = req.ids
+                if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+                    ids = tf.convert_to_tensor(ids)
+                self.table.check_ids(ids)
+                ids = prepare_ids(ids, layer.combiner or "none", layer.name)
+                flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+                prepared.append(ids)
+                flats.append(tf.cast(flat, tf.int64))
+                members.append(self.member_of[id(layer)])
+            static = [f.shape.num_elements() for f in flats]
+            if all(n is not None for n in static):
+                sizes = static
+                member_ids = tf.repeat(tf.constant(members, tf.int64), tf.constant(sizes, tf.int64))
+            else:
+                sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
+                member_ids = tf.repeat(tf.constant(members, tf.int64), sizes)
+            all_ids = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
+            # Distinct (member, id) pairs without packing bits of the id: distinct ids first,
+            # then distinct (member, index of the id) as member * n_ids + index (< 2**51).
+            id_values, id_index = tf.unique(all_ids, out_idx=tf.int64)
+            n_ids = tf.size(id_values, out_type=tf.int64)
+            keys = member_ids * n_ids + id_index
+            unique_keys, inverse, counts = tf.unique_with_counts(keys, out_idx=tf.int32)
+            unique_members = unique_keys // tf.maximum(n_ids, 1)
+            unique_ids = tf.gather(id_values, unique_keys - unique_members * n_ids)
+            if training:
+                rows = self.table.lookup(unique_ids, counts, insert=True, members=unique_members)
+                deps = [
+                    self.rows_buffer.assign(rows),
+                    self.ids_buffer.assign(unique_ids),
+                    self.members_buffer.assign(unique_members),
+                ]
+                with tf.control_dependencies(deps):
+                    embedded = tf.gather(self.rows_buffer, inverse)
+            else:
+                embedded = tf.gather(self.table.lookup(unique_ids, insert=False, members=unique_members), inverse)
+            pieces = tf.split(embedded, sizes, 0) if len(flats) > 1 else [embedded]
+            return [_combine(req.owner, ids, piece) for req, ids, piece in zip(requests, prepared, pieces)]
+
+    def apply_gradient(self, grad, optimizer, kind: str):
+        """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
+        from hybridtf._src.run import sparse_apply
+
+        ids = self.ids_buffer.read_value()
+        members = self.members_buffer.read_value()
+        n = tf.shape(ids)[0]
+        if isinstance(grad, tf.IndexedSlices):
+            grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
+        grad = tf.cast(grad, tf.float32)
+        lr = tf.cast(optimizer.learning_rate, tf.float32)
+        if kind == "sgd":
+            return self.table.apply_sgd(ids, grad, lr, members=members)
+        if kind == "adagrad":
+            return self.table.apply_adagrad(
+                ids,
+                grad,
+                lr,
+                tf.constant(optimizer.epsilon, tf.float32),
+                initial_accumulator_value=float(optimizer.initial_accumulator_value),
+                members=members,
+            )
+        return self.table.apply_adam(
+            ids,
+            grad,
+            sparse_apply.adam_alpha(optimizer, tf.float32),
+            tf.constant(1 - optimizer.beta_1, tf.float32),
+            tf.constant(1 - optimizer.beta_2, tf.float32),
+            tf.constant(optimizer.epsilon, tf.float32),
+            lazy=kind == "lazy_adam",
+            members=members,
+        )
+
+
+def _combine(layer, ids, rows):
+    """A lookup's output from its rows: dense one-hot ids of static trailing shape take one reshape."""
+    if layer.combiner is None and isinstance(ids, tf.Tensor) and ids.shape.rank and ids.shape[1:].is_fully_defined():
+        out = tf.reshape(rows, [-1, *ids.shape[1:], layer.output_dim])
+        return tf.cast(out, layer.compute_dtype) if out.dtype != layer.compute_dtype else out
+    return layer._combine(ids, rows)
+
+
+class _PackedMemberMixin:
+    """Per-instance overrides of a packed DynamicEmbedding: lookups go through the capture context."""
+
+    @tf.autograph.experimental.do_not_convert
+    def call(self, inputs, training=None):
+        if save_context.in_save_context():  # SavedModel export: the layer's plain-TF snapshot of its rows
+            return super().call(inputs, training=training)
+        request = LookupRequest(self.name, inputs, self.combiner or "none", owner=self)
+        return context.dispatch(request, lambda: self._htf_placeholder(inputs), lambda: self._htf_direct(request))
+
+    def _htf_placeholder(self, inputs):
+        ids = inputs
+        if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+            ids = tf.convert_to_tensor(ids)
+        ids = prepare_ids(ids, self.combiner or "none", self.name)
+        if self.combiner is not None:
+            return tf.zeros(tf.stack([ids.nrows(out_type=tf.int32), self.output_dim]), self.compute_dtype)
+        if isinstance(ids, tf.RaggedTensor):
+            return ids.with_flat_values(tf.zeros(tf.stack([tf.size(ids.flat_values), self.output_dim])))
+        return tf.zeros(tf.concat([tf.shape(ids), [self.output_dim]], 0), self.compute_dtype)
+
+    def _htf_direct(self, request):
+        """The layer called on its own (outside the model's call): its group's chain for this lookup."""
+        return self._htf_runtime.lookup([request])[0]
+
+    @property
+    def trainable_weights(self):
+        # Every member shows the group's buffer (Keras dedups it in the model's weights), so each
+        # layer keeps its checkpoint key (functional models number the layers that have weights).
+        return [self._htf_runtime.rows_buffer] if self.trainable else []
+
+
+class _DynamicModelMixin:
+    """A model whose only packed tables are dynamic: its call records the lookups, then replays them."""
+
+    @tf.autograph.experimental.do_not_convert
+    def call(self, inputs, *args, **kwargs):
+        if getattr(self, "_htf_runtime", None) is not None or context.active() is not None:
+            return super().call(inputs, *args, **kwargs)  # the static packing's call records them too
+        from hybridtf._src.integrations import keras_record
+        from hybridtf._src.rewrite.runtime import lookup_all
+
+        base_call = super().call
+        if args:
+            names = self._call_spec.arg_names[1 : 1 + len(args)]
+            kwargs = {**dict(zip(names, args)), **kwargs}
+        record_kwargs = dict(kwargs)
+        if self._expects_training_arg:
+            record_kwargs["training"] = False
+        requests = keras_record.lookups_from_inputs(self, base_call, inputs, record_kwargs)
+        if requests is None:
+            with keras_record.discarding_losses(self), context.recording() as rec:
+                base_call(inputs, **record_kwargs)
+            requests = rec.requests
+        outputs = lookup_all(requests)
+        with context.replaying(requests, outputs):
+            return base_call(inputs, **kwargs)
+
+    @property
+    def hybridtf_dynamic_plan(self) -> list[DynamicGroupPlan]:
+        """The packed HybridHash stores (one per group of DynamicEmbedding layers)."""
+        return self._htf_dynamic.plan
+
+
+def _group_key(layer) -> tuple:
+    c = layer._table_config
+    return (c.dim, c.hot_rows, c.warmup_steps, c.flush_every, c.count_decay, c.evict_policy, c.ttl_steps)
+
+
+def _dynamic_layers(model) -> list:
+    seen, out = set(), []
+    for layer in model._flatten_layers(include_self=False):
+        if isinstance(layer, DynamicEmbedding) and id(layer) not in seen:
+            seen.add(id(layer))
+            out.append(layer)
+    return out
+
+
+def pack_dynamic(model, exclude=()) -> DynamicPacking:
+    """Groups the model's DynamicEmbedding layers into packed stores and moves their rows there.
+
+    Args:
+        model: a built Keras model.
+        exclude: layer names to leave unpacked.
+
+    Returns:
+        A ``DynamicPacking`` (groups and skipped layers with the reason).
+
+    Example:
+        >>> packing = pack_dynamic(model)
+        >>> [g.plan.members for g in packing.groups]
+        [('user', 'item', 'ad')]
+    """
+    skipped, by_key = [], {}
+    for layer in _dynamic_layers(model):
+        c = layer._table_config
+        if layer.name in exclude:
+            skipped.append(SkippedLayer(layer.name, "excluded by user (optimize(exclude=...))"))
+        elif layer.table is None:
+            skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
+        elif not layer.trainable:
+            skipped.append(SkippedLayer(layer.name, "non-trainable DynamicEmbedding: left as its own store"))
+        elif c.capacity:
+            skipped.append(
+                SkippedLayer(
+                    layer.name,
+                    f"DynamicEmbedding with capacity={c.capacity}: eviction chooses victims per table, a packed "
+                    "store would choose them over all its tables; set capacity=0 (unbounded) or ttl_steps to pack it",
+                )
+            )
+        else:
+            by_key.setdefault(_group_key(layer), []).append(layer)
+    groups = []
+    for k, (key, layers) in enumerate(by_key.items()):
+        dim, hot, warmup, flush, decay, policy, ttl = key
+        if len(layers) == 1:
+            skipped.append(SkippedLayer(layers[0].name, "the only DynamicEmbedding with its settings: nothing to pack"))
+            continue
+        name = f"hybridtf_dynamic_d{dim}" + (f"_{k}" if len(by_key) > 1 else "")
+        plan = DynamicGroupPlan(name, dim, hot, warmup, flush, decay, policy, ttl, tuple(x.name for x in layers))
+        group = DynamicGroup(plan, layers)
+        for m, layer in enumerate(layers):
+            old = layer.table
+            view = MemberTable(group, m, layer._table_config)
+            view.import_(*old.export())  # a trained layer keeps its rows, slots and counts
+            layer.__dict__.pop("call", None)
+            layer.__class__ = runtime_subclass(_PackedMemberMixin, type(layer))
+            object.__setattr__(layer, "table", view)
+            object.__setattr__(layer, "_htf_runtime", group)
+        groups.append(group)
+    return DynamicPacking(groups, skipped)
+
+
+def attach(model, packing: DynamicPacking) -> None:
+    """Gives ``model`` the call that records and replays its dynamic lookups (when it has packed stores)."""
+    object.__setattr__(model, "_htf_dynamic", packing)
+    if not packing.groups:
+        return
+    model.__dict__.pop("call", None)
+    model.__class__ = runtime_subclass(_DynamicModelMixin, type(model))
+    model.train_function = model.test_function = model.predict_function = None
+
+
+__all__ = ["DynamicGroup", "DynamicGroupPlan", "DynamicPacking", "MemberTable", "attach", "pack_dynamic"]

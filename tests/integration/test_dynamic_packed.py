@@ -1,0 +1,249 @@
+"""Packed HybridHash: optimize() puts the DynamicEmbedding tables of a group into one store and one chain.
+
+The backbone: a model with several DynamicEmbedding fields trains the same
+per-step losses (fp32, 1e-5 relative, flushes during the run) packed by
+``htf.keras.optimize``, unpacked, and as a plain Keras model whose Embedding
+rows are each field's deterministic initial rows. Also: ids of different
+fields with the same value stay distinct, the grouping rules, a mixed
+static + dynamic model, and checkpoints that load packed <-> unpacked bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+
+V, D, FIELDS, BATCH, STEPS = 48, 8, 4, 32, 100
+
+
+def _data(steps=STEPS, seed=0, fields=FIELDS, big=False):
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, V + 1) ** 1.1
+    x = rng.choice(V, size=(steps * BATCH, fields), p=p / p.sum()).astype(np.int64)
+    if big:  # raw 64-bit values (negative ones too), the same values in every field
+        x = np.random.default_rng(99).integers(-(2**63), 2**63 - 1, size=V, dtype=np.int64)[x]
+    y = rng.normal(size=(steps * BATCH, 1)).astype(np.float32)
+    return x, y
+
+
+def _dense_head(h):
+    h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+    return tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
+
+
+def _dynamic_model(fields=FIELDS, **table):
+    ids = tf.keras.Input((fields,), dtype=tf.int64)
+    outs = []
+    for f in range(fields):
+        col = ids[:, f : f + 1]
+        combiner = "sum" if f == 1 else None  # one pooled field
+        e = htf.layers.DynamicEmbedding(D, combiner=combiner, seed=100 + f, name=f"field{f}", **table)(col)
+        outs.append(e if combiner else tf.keras.layers.Flatten()(e))
+    return tf.keras.Model(ids, _dense_head(tf.keras.layers.Concatenate()(outs)))
+
+
+def _plain_model(dynamic_model, ids_seen, fields=FIELDS):
+    """Keras Embeddings over the ranks of ``ids_seen``, initialised to each field's initial rows."""
+    ids = tf.keras.Input((fields,), dtype=tf.int64)
+    outs = []
+    for f in range(fields):
+        layer = dynamic_model.get_layer(f"field{f}")
+        init = tf.keras.initializers.Constant(layer.initial_rows(ids_seen).numpy())
+        col = ids[:, f : f + 1]
+        if f == 1:
+            bag = htf.layers.EmbeddingBag(len(ids_seen), D, combiner="sum", embeddings_initializer=init, name="plain1")
+            e = bag(col)
+        else:
+            emb = tf.keras.layers.Embedding(len(ids_seen), D, embeddings_initializer=init, name=f"plain{f}")
+            e = tf.keras.layers.Flatten()(emb(col))
+        outs.append(e)
+    return tf.keras.Model(ids, _dense_head(tf.keras.layers.Concatenate()(outs)))
+
+
+def _optimizer(kind):
+    return {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}[kind]()
+
+
+class _Losses(tf.keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.losses = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(logs["loss"])
+
+
+def _fit(model, x, y):
+    losses = _Losses()
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False, callbacks=[losses])
+    return np.array(losses.losses)
+
+
+TABLE = dict(hot_rows=12, warmup_steps=10, flush_every=7)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_packed_equals_unpacked_and_plain_keras(kind):
+    x, y = _data(big=True)
+    packed = htf.keras.optimize(_dynamic_model(**TABLE))
+    assert [sorted(g.members) for g in packed.hybridtf_dynamic_plan] == [[f"field{f}" for f in range(FIELDS)]]
+    unpacked = _dynamic_model(**TABLE)
+    seen, ranks = np.unique(x, return_inverse=True)
+    plain = _plain_model(unpacked, seen)
+    for m in (packed, unpacked):
+        m.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer(kind)), loss="mse")
+    plain.compile(optimizer=_optimizer(kind), loss="mse")
+    l_packed, l_unpacked = _fit(packed, x, y), _fit(unpacked, x, y)
+    l_plain = _fit(plain, ranks.reshape(x.shape), y)
+    assert len(l_packed) == STEPS
+    np.testing.assert_allclose(l_packed, l_unpacked, rtol=1e-5)
+    np.testing.assert_allclose(l_packed, l_plain, rtol=1e-5)
+    # one store: its size is the distinct (field, id) pairs; flushes happened; per field the rows are the plain ones
+    stats = packed.get_layer("field0").stats()
+    assert stats["size"] == sum(len(np.unique(x[:, f])) for f in range(FIELDS))
+    assert stats["flushes"] >= (STEPS - 10) // 7 and stats["hot_used"] == 12 * FIELDS and stats["step"] == STEPS
+    for f in range(FIELDS):
+        ids, rows = packed.get_layer(f"field{f}").table.export()[:2]
+        plain_rows = plain.get_layer(f"plain{f}").embeddings.numpy()
+        np.testing.assert_allclose(rows.numpy(), plain_rows[np.searchsorted(seen, ids.numpy())], rtol=1e-5, atol=1e-7)
+
+
+def _train_graph_ops(model, x, y):
+    model.fit(x[:BATCH], y[:BATCH], batch_size=BATCH, epochs=1, verbose=0)
+    graph = model.train_function.get_concrete_function(iter(tf.data.Dataset.from_tensors((x[:BATCH], y[:BATCH])))).graph
+    ops = [op.type for op in graph.get_operations()]
+    for f in graph._functions.values():  # the step's body is a nested function
+        ops += [n.op for n in f.definition.node_def]
+    return ops
+
+
+def test_one_store_one_chain_one_update_per_step():
+    x, y = _data(steps=2)
+    packed = htf.keras.optimize(_dynamic_model(**TABLE))
+    packed.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adagrad")), loss="mse")
+    unpacked = _dynamic_model(**TABLE)
+    unpacked.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adagrad")), loss="mse")
+    ops_packed, ops_unpacked = _train_graph_ops(packed, x, y), _train_graph_ops(unpacked, x, y)
+    assert ops_packed.count("HybridTF>HybridHashLookup") == 1
+    assert ops_packed.count("HybridTF>HybridHashApplyAdagrad") == 1
+    assert ops_unpacked.count("HybridTF>HybridHashLookup") == FIELDS
+    assert ops_unpacked.count("HybridTF>HybridHashApplyAdagrad") == FIELDS
+    assert packed.get_layer("field2").stats()["step"] == unpacked.get_layer("field2").stats()["step"] == 1
+
+
+def test_grouping_rules_and_skipped_reasons():
+    ids = tf.keras.Input((6,), dtype=tf.int64)
+    specs = [
+        dict(output_dim=4, hot_rows=8, name="a"),
+        dict(output_dim=4, hot_rows=8, name="b"),
+        dict(output_dim=8, hot_rows=8, name="c"),  # other dim
+        dict(output_dim=8, hot_rows=8, name="d"),
+        dict(output_dim=4, hot_rows=16, name="e"),  # other hot size, alone
+        dict(output_dim=4, hot_rows=8, capacity=100, name="f"),  # eviction per table
+    ]
+    outs = [tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(**s)(ids[:, i : i + 1])) for i, s in enumerate(specs)]
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(outs)))
+    model = htf.keras.optimize(model)
+    groups = {tuple(sorted(p.members)): p for p in model.hybridtf_dynamic_plan}
+    assert set(groups) == {("a", "b"), ("c", "d")}
+    assert groups[("a", "b")].dim == 4 and groups[("c", "d")].dim == 8
+    skipped = {s.name: s.reason for s in model.hybridtf_skipped}
+    assert "capacity=100" in skipped["f"] and "nothing to pack" in skipped["e"]
+    assert model.get_layer("a").table.store is model.get_layer("b").table.store
+    assert model.get_layer("a").table.store is not model.get_layer("c").table.store
+    x = np.arange(60, dtype=np.int64).reshape(10, 6)
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    model.fit(x, np.ones((10, 1), np.float32), batch_size=5, verbose=0)
+    assert model.get_layer("a").stats()["size"] == 20 and model.get_layer("f").stats()["size"] == 10
+
+
+def _mixed_model():
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    static = tf.keras.layers.Embedding(V, D, embeddings_initializer=tf.keras.initializers.RandomUniform(seed=5))
+    outs = [tf.keras.layers.Flatten()(static(ids[:, :1]))]
+    for f in (1, 2):
+        layer = htf.layers.DynamicEmbedding(D, seed=f, name=f"dyn{f}", **TABLE)
+        outs.append(tf.keras.layers.Flatten()(layer(ids[:, f : f + 1])))
+    return tf.keras.Model(ids, _dense_head(tf.keras.layers.Concatenate()(outs)))
+
+
+def test_mixed_static_and_dynamic_model_is_exact():
+    x, y = _data(steps=40, fields=3)
+    packed, unpacked = htf.keras.optimize(_mixed_model()), _mixed_model()
+    assert packed.hybridtf_plan.packed_tables and len(packed.hybridtf_dynamic_plan) == 1
+    for m in (packed, unpacked):
+        m.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adagrad")), loss="mse")
+    np.testing.assert_allclose(_fit(packed, x, y), _fit(unpacked, x, y), rtol=1e-5)
+
+
+def _exports(model, names):
+    return {n: [t.numpy() for t in model.get_layer(n).table.export()] for n in names}
+
+
+def _compiled(model, kind="adam"):
+    model.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer(kind)), loss="mse")
+    model.optimizer.build(model.trainable_variables)  # its state is restored now, not deferred
+    return model
+
+
+def test_checkpoints_load_packed_to_unpacked_and_back_bit_identical(tmp_path):
+    x, y = _data(steps=30, big=True)
+    names = [f"field{f}" for f in range(FIELDS)]
+    packed = _compiled(htf.keras.optimize(_dynamic_model(**TABLE)))
+    _fit(packed, x[: 20 * BATCH], y[: 20 * BATCH])
+    packed.save_weights(str(tmp_path / "packed"))
+    saved = _exports(packed, names)
+    # packed -> unpacked: every table holds the packed member's ids, rows, slots and counts, bit for bit
+    unpacked = _compiled(_dynamic_model(**TABLE))
+    unpacked.load_weights(str(tmp_path / "packed"))
+    for n in names:
+        for a, b in zip(saved[n], _exports(unpacked, names)[n]):
+            np.testing.assert_array_equal(a, b)
+    # unpacked -> packed (a fresh packed model)
+    unpacked.save_weights(str(tmp_path / "unpacked"))
+    again = _compiled(htf.keras.optimize(_dynamic_model(**TABLE)))
+    again.load_weights(str(tmp_path / "unpacked"))
+    for n in names:
+        for a, b in zip(saved[n], _exports(again, names)[n]):
+            np.testing.assert_array_equal(a, b)
+    # optimizer state (Adam's iterations and the dense layers' moments) comes back too: later training agrees
+    rest_x, rest_y = x[20 * BATCH :], y[20 * BATCH :]
+    l_packed = _fit(packed, rest_x, rest_y)  # the model that never stopped
+    np.testing.assert_allclose(_fit(again, rest_x, rest_y), l_packed, rtol=1e-5)
+    np.testing.assert_allclose(_fit(unpacked, rest_x, rest_y), l_packed, rtol=1e-5)
+
+
+def test_optimize_keeps_a_trained_layers_rows_and_bad_members_are_errors():
+    x, y = _data(steps=5)
+    model = _dynamic_model(**TABLE)
+    model.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adagrad")), loss="mse")
+    _fit(model, x, y)
+    names = [f"field{f}" for f in range(FIELDS)]
+    before = _exports(model, names)
+    model = htf.keras.optimize(model)
+    after = _exports(model, names)
+    for n in names:
+        for a, b in zip(before[n], after[n]):
+            np.testing.assert_array_equal(a, b)
+    store = model.get_layer("field0").table.store
+    with pytest.raises(tf.errors.InvalidArgumentError, match="members\\[1\\] = 7 is not a table of this store"):
+        store.lookup(tf.constant([1, 2], tf.int64), insert=False, members=tf.constant([0, 7], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="members must be empty or one per id"):
+        store.lookup(tf.constant([1, 2], tf.int64), insert=False, members=tf.constant([0], tf.int64))
+    with pytest.raises(ValueError, match="packed into store"):
+        model.get_layer("field0").table.lookup(tf.constant([1], tf.int64), insert=True)
+
+
+def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
+    x, y = _data(steps=8)
+    model = _compiled(htf.keras.optimize(_dynamic_model(**TABLE)), "adagrad")
+    _fit(model, x, y)
+    expected = model.predict(x[:64], verbose=0)
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    out = next(iter(served(tf.constant(x[:64])).values()))
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
