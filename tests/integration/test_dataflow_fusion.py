@@ -227,3 +227,22 @@ def test_custom_loop_with_hybridtf_function_gets_the_same_fusions(batches, refer
     for op_type in ("HybridTF>StitchConcatMatMul", "HybridTF>StitchConcatMatMulGrad", "HybridTF>StitchConcatGrad"):
         assert ops[op_type] == reference[1][op_type] == 1
     assert model.hybridtf_fused_dense == ["h0"]
+
+
+@pytest.mark.parametrize("n", [2, 3, 8, 9, 10, 17, 26, 201])
+@pytest.mark.parametrize("width", [None, 4])
+def test_fused_field_sum_rounds_like_add_n_bit_for_bit(n, width):
+    """The fused sum adds its columns as TensorFlow's CPU AddN kernel adds its inputs (what a plain graph's chain of
+    adds runs after Grappler): the same floats, not merely close. Magnitudes spread over 1e-7..1e7 make any other
+    association round differently."""
+    from hybridtf._src.rewrite.dataflow_fusion import add_n_order, add_n_sum
+
+    rng = np.random.default_rng(n)
+    shape = (64, n) if width is None else (64, n, width)
+    x = tf.constant((rng.standard_normal(shape) * np.exp(rng.uniform(-16, 16, shape))).astype(np.float32))
+    terms = [x[:, i : i + 1] if width is None else x[:, i] for i in range(n)]
+    np.testing.assert_array_equal(add_n_sum(x).numpy(), tf.add_n(terms).numpy())
+    if n > 8 and width is None:  # Eigen reduces an inner axis in SIMD lanes: another rounding
+        assert not np.array_equal(tf.reduce_sum(x, axis=1).numpy().ravel(), tf.add_n(terms).numpy().ravel())
+    # Grappler sorts a commutative op's inputs by name: "f10" before "f2"
+    assert add_n_order([f"f{i}" for i in range(12)])[:4] == [0, 1, 10, 11]

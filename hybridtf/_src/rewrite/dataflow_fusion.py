@@ -83,6 +83,29 @@ def _static_target(out: tf.Tensor) -> list[int] | None:
     return [-1, *dims[1:]]
 
 
+def _as_traced(fused: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+    """``fused`` (values of ``out``) with ``out``'s shape, as TensorFlow's C++ shape inference will see it.
+
+    The fused ops' shape functions cannot know the batch size (it is a runtime
+    value of the packed chain), while the op they replace had it statically
+    (e.g. Keras ``train_on_batch`` traces with the batch's shape). Grappler
+    re-infers shapes from the graph, not from Python's ``set_shape``, and some
+    of its rewrites (the arithmetic optimizer's) only fire on known shapes:
+    without the static shape the fused graph would be optimized differently
+    from the plain one, and its float results would round differently
+    downstream (xDeepFM's CIN drifted so). A reshape to the static shape (no
+    copy) gives Grappler what the original op gave it; with an unknown batch,
+    the shape is only set for Python.
+    """
+    if out.shape.is_fully_defined():
+        return tf.reshape(fused, out.shape.as_list())
+    target = _static_target(out)
+    if target is not None and fused.shape.rank != out.shape.rank:
+        fused = tf.reshape(fused, target)
+    fused.set_shape(out.shape)
+    return fused
+
+
 def _same_shape(a: tf.TensorShape, b: tf.TensorShape) -> bool:
     if a.rank is None or a.rank != b.rank:
         return False
@@ -176,9 +199,7 @@ def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
         layout.add(t, w)
     if layout.num_fields == 0:
         return None
-    fused = layout.build(out.shape[0])
-    if out.shape.rank != 2:
-        fused = tf.reshape(fused, target)
+    fused = _as_traced(layout.build(out.shape[0]), out)
     scope.note(scope.log.concats, op)
     return [fused]
 
@@ -227,19 +248,79 @@ def _sum_rule(scope: FusionScope, op: tf.Operation):
     if len(terms) < 2:
         return None
     layout = ColumnLayout()
-    for t in terms:
-        layout.add(t, width)
+    for i in add_n_order([node_input_name(t) for t in terms]):  # the plain graph's order (see add_n_sum)
+        layout.add(terms[i], width)
     columns = layout.build(out.shape[0])
     if width == 1:  # the wide part: its gradient is a [B, 1] column that StitchConcatGrad reads in place
-        total = tf.reduce_sum(columns, axis=1, keepdims=True)
+        total = add_n_sum(columns)
     else:
-        total = tf.reduce_sum(tf.reshape(columns, [-1, len(terms), width]), axis=1)
-    if out.shape.rank != 2:
-        total = tf.reshape(total, target)
-    total.set_shape(out.shape)
+        total = add_n_sum(tf.reshape(columns, [-1, len(terms), width]))
+    total = _as_traced(total, out)
     scope._sums[total.ref()] = terms
     scope.note(scope.log.concats, op)
     return [total]
+
+
+ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
+
+
+def node_input_name(t: tf.Tensor) -> str:
+    """How a GraphDef node names ``t`` among its inputs (``op`` for output 0, else ``op:k``)."""
+    return t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}"
+
+
+def add_n_order(names: list[str]) -> list[int]:
+    """The order in which the plain graph adds terms named ``names`` (see ``add_n_sum``): sorted by name."""
+    return sorted(range(len(names)), key=lambda i: names[i])
+
+
+def _ordered_sum(x: tf.Tensor) -> tf.Tensor:
+    """``x[:, 0] + x[:, 1] + ...`` strictly left to right (``cumsum`` scans each row in order), axis 1 removed."""
+    return tf.cumsum(x, axis=1)[:, -1]
+
+
+@tf.custom_gradient
+def add_n_sum(x: tf.Tensor):
+    """The sum over axis 1 of ``x`` (``[B, n, ...]``, n >= 2) rounded as TensorFlow's CPU ``AddN`` kernel rounds it.
+
+    What the plain graph runs for a sum of fields: Grappler's arithmetic
+    optimizer turns a chain of adds (Keras ``Add``, Python ``+``) into one
+    ``AddN`` and sorts the inputs of commutative ops by name; ``tf.add_n`` is
+    an ``AddN`` sorted the same way. The CPU ``AddN`` kernel then adds the
+    first ``r`` inputs left to right (``r = n % 8``, or 8 for ``r == 0``, 9 for
+    ``r == 1``) and adds each further block of eight, itself summed left to
+    right, to the running total. The caller orders the columns as
+    ``add_n_order``; this function reproduces the association with ``cumsum``
+    (which scans strictly in order), bit for bit. ``reduce_sum`` would not:
+    Eigen reduces an inner axis in SIMD lanes. The gradient of every term is
+    the output gradient: a ``Tile`` of it, which StitchConcatGrad reads
+    as a column without materialising ``[B, n]``.
+
+    Returns:
+        ``[B, 1]`` for a matrix ``x``, else ``[B, ...]`` (axis 1 summed away).
+    """
+    n = int(x.shape[1])
+    head = n % ADD_N_CHUNK
+    head = {0: ADD_N_CHUNK, 1: ADD_N_CHUNK + 1}.get(head, head)
+    head = min(head, n)
+    total = _ordered_sum(x[:, :head])
+    if head < n:
+        inner = x.shape.as_list()[2:]
+        blocks = tf.reshape(x[:, head:], [-1, (n - head) // ADD_N_CHUNK, ADD_N_CHUNK, *inner])
+        block_sums = tf.cumsum(blocks, axis=2)[:, :, -1]
+        # [total, block sums...] without a ConcatV2 (the graph's concatenations are the user's): x + 0 is exact
+        rank = block_sums.shape.rank
+        blocks = block_sums.shape[1]
+        running = tf.pad(tf.expand_dims(total, 1), [[0, 0], [0, blocks]] + [[0, 0]] * (rank - 2))
+        total = _ordered_sum(running + tf.pad(block_sums, [[0, 0], [1, 0]] + [[0, 0]] * (rank - 2)))
+    if x.shape.rank == 2:
+        total = tf.expand_dims(total, 1)
+
+    def grad(dy):  # a Tile, as reduce_sum's gradient: StitchConcatGrad reads its [B, 1] source
+        multiples = [1, n] + [1] * (x.shape.rank - 2)
+        return tf.tile(dy if x.shape.rank == 2 else tf.expand_dims(dy, 1), multiples)
+
+    return total, grad
 
 
 def _matmul_rule(scope: FusionScope, op: tf.Operation):
@@ -249,9 +330,8 @@ def _matmul_rule(scope: FusionScope, op: tf.Operation):
     fused = fused_matmul(x, kernel)
     if fused is None:
         return None
-    fused.set_shape(op.outputs[0].shape)
     scope.note(scope.log.dense, op)
-    return [fused]
+    return [_as_traced(fused, op.outputs[0])]
 
 
 def _outer_product_rule(scope: FusionScope, op: tf.Operation):
