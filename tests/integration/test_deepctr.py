@@ -105,14 +105,17 @@ def test_deepctr_model_packs_every_table_and_trains_exactly(kind, opt):
     np.testing.assert_allclose(_train(packed, make[opt](), batches), expected, rtol=1e-5, atol=0)
 
 
-def test_deepctr_keras_save_load_resumes_exactly(tmp_path):
-    batches = _batches("DeepFM", 30)
-    _, packed = _pair("DeepFM", batches)
-    _train(packed, tf.keras.optimizers.Adagrad(0.05), batches[:10])
-    path = str(tmp_path / "deepfm.keras")
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", MODELS)
+def test_deepctr_keras_save_load_resumes_exactly(kind, tmp_path):
+    """``.keras`` save -> load -> re-wrap resumes as if uninterrupted (weights and Adagrad slots restored)."""
+    batches = _batches(kind, 16)
+    _, packed = _pair(kind, batches)
+    _train(packed, tf.keras.optimizers.Adagrad(0.05), batches[:6])
+    path = str(tmp_path / f"{kind}.keras")
     packed.save(path)
-    uninterrupted = np.array([packed.train_on_batch(x, y) for x, y in batches[10:]])
+    uninterrupted = np.array([packed.train_on_batch(x, y) for x, y in batches[6:]])
     restored = htf.keras.optimize(tf.keras.models.load_model(path, custom_objects=custom_objects))
     restored.compile(optimizer=restored.optimizer, loss="binary_crossentropy")
-    resumed = np.array([restored.train_on_batch(x, y) for x, y in batches[10:]])
+    resumed = np.array([restored.train_on_batch(x, y) for x, y in batches[6:]])
     np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6, atol=0)

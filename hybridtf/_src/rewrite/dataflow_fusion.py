@@ -132,15 +132,24 @@ class FusionScope:
         self.fuse_dense = fuse_dense
         self.model = model
         self.log = FusionLog()
-        self._sums: dict = {}  # ref of a fused field sum -> the tensors it sums
+        self._pending: dict = {}  # ref of a user's field sum -> (the fields it adds, where it was written)
+        self._fused_sums: dict = {}  # ref of a user's field sum -> its fused replacement, once a consumer needs it
         self._untracked: dict = {}
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is None or outputs is None or not inputs:
+            return outputs
         rule = RULES.get(op_type)
-        if rule is None or graph is None or outputs is None or not inputs:
+        if rule is None and not self._pending and op_type not in SUM_OPS:
             return outputs
         # by name: an earlier callback may have replaced ``outputs`` already
         op = graph.get_operation_by_name(op_name) if op_name else outputs[0].op
+        if self._defer_sum(op):
+            return outputs
+        if self._pending:
+            self._materialize_inputs(op)
+        if rule is None:
+            return outputs
         try:
             replaced = rule(self, op)
         except (ValueError, TypeError):  # a shape or dtype this rewrite does not cover: keep the op
@@ -177,10 +186,50 @@ class FusionScope:
             kind.append(name)
 
     def sum_terms(self, t: tf.Tensor):
-        """The tensors a fused field sum ``t`` adds up (through Identity), or None."""
-        while t.op.type == "Identity" and t.op.inputs:
-            t = t.op.inputs[0]
-        return self._sums.get(t.ref())
+        """The fields a user's field sum ``t`` adds up, or None."""
+        entry = self._pending.get(t.ref())
+        return None if entry is None else entry[0]
+
+    def _defer_sum(self, op: tf.Operation) -> bool:
+        """Records a field sum (or an Identity of one) without building anything yet (see ``_field_sum_terms``).
+
+        A chain of adds creates one partial sum per field; fusing each would leave
+        hundreds of dead fused sums in the traced step. The user's own adds stay
+        (without a consumer once the sum is fused); the fused sum is built once,
+        for the first op that uses the sum otherwise (``_materialize_inputs``).
+        """
+        if op.type == "Identity" and op.inputs and op.inputs[0].ref() in self._pending:
+            self._pending[op.outputs[0].ref()] = self._pending[op.inputs[0].ref()]
+            return True
+        if op.type not in SUM_OPS:
+            return False
+        try:
+            terms = _field_sum_terms(self, op)
+        except (ValueError, TypeError):
+            terms = None
+        if terms is None:
+            return False
+        self._pending[op.outputs[0].ref()] = (terms, self.where(op))
+        return True
+
+    def _materialize_inputs(self, op: tf.Operation) -> None:
+        """Points ``op``'s inputs that are deferred field sums at their fused sums (built on first use).
+
+        The op's gradient record, made after this callback, reads ``op.inputs``:
+        the gradient flows into the fused sum, and the user's adds get none.
+        """
+        for i, t in enumerate(op.inputs):
+            entry = self._pending.get(t.ref())
+            if entry is None:
+                continue
+            fused = self._fused_sums.get(t.ref())
+            if fused is None:
+                terms, where = entry
+                fused = _build_field_sum(terms, t)
+                self._fused_sums[t.ref()] = fused
+                if where not in self.log.concats:
+                    self.log.concats.append(where)
+            op._update_input(i, fused)
 
 
 def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
@@ -224,8 +273,8 @@ def _pack_rule(scope: FusionScope, op: tf.Operation):
     return _columns(scope, op, op.inputs, _normalize(op.get_attr("axis"), rank))
 
 
-def _sum_rule(scope: FusionScope, op: tf.Operation):
-    """``AddN`` / ``AddV2`` whose terms are all fields (or fused field sums) of the output's shape."""
+def _field_sum_terms(scope: FusionScope, op: tf.Operation) -> list | None:
+    """The fields an ``AddN`` / ``AddV2`` adds, when every term is a field (or a field sum) of the output's shape."""
     out = op.outputs[0]
     if out.dtype not in FLOAT_DTYPES or out.shape.rank is None or out.shape.rank < 1:
         return None
@@ -245,8 +294,12 @@ def _sum_rule(scope: FusionScope, op: tf.Operation):
         if src is None or src[2] != width:
             return None
         terms.append(t)
-    if len(terms) < 2:
-        return None
+    return terms if len(terms) >= 2 else None
+
+
+def _build_field_sum(terms: list, out: tf.Tensor) -> tf.Tensor:
+    """One StitchConcat of ``terms`` (fields of ``out``'s shape) and their sum in the plain graph's rounding."""
+    width = math.prod(out.shape.as_list()[1:])
     layout = ColumnLayout()
     for i in add_n_order([node_input_name(t) for t in terms]):  # the plain graph's order (see add_n_sum)
         layout.add(terms[i], width)
@@ -255,10 +308,7 @@ def _sum_rule(scope: FusionScope, op: tf.Operation):
         total = add_n_sum(columns)
     else:
         total = add_n_sum(tf.reshape(columns, [-1, len(terms), width]))
-    total = _as_traced(total, out)
-    scope._sums[total.ref()] = terms
-    scope.note(scope.log.concats, op)
-    return [total]
+    return _as_traced(total, out)
 
 
 ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
@@ -353,12 +403,13 @@ def _outer_product_rule(scope: FusionScope, op: tf.Operation):
     return [out]
 
 
+# Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
+SUM_OPS = frozenset({"AddN", "AddV2"})
+
 # Op type -> rule(scope, op) returning the replacement outputs, or None to keep the op.
 RULES = {
     "ConcatV2": _concat_rule,
     "Pack": _pack_rule,
-    "AddN": _sum_rule,
-    "AddV2": _sum_rule,
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
 }
