@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from benchmarks import handwritten_models as hm
-from tests.integration.step_ops import graph_pruned_op_types, pruned_op_types, step_graph
+from tests.integration.step_ops import graph_pruned_op_types, pruned_op_types, step_graph, step_op_types
 
 VOCABS = [50, 80, 120, 30, 60, 200]
 STEPS = 12
@@ -246,3 +246,15 @@ def test_fused_field_sum_rounds_like_add_n_bit_for_bit(n, width):
         assert not np.array_equal(tf.reduce_sum(x, axis=1).numpy().ravel(), tf.add_n(terms).numpy().ravel())
     # Grappler sorts a commutative op's inputs by name: "f10" before "f2"
     assert add_n_order([f"f{i}" for i in range(12)])[:4] == [0, 1, 10, 11]
+
+
+@pytest.mark.parametrize("wide", ["add", "add_n"])
+def test_field_sum_is_built_once_not_per_partial_sum(wide, batches):
+    """A chain of adds over n fields builds one fused sum where the sum is used, not n - 1 partial fused sums
+    left dead in the traced step (they were most of a 200-field model's traced ops)."""
+    fused = htf.keras.optimize(hm.wide_and_deep("subclassed", wide, VOCABS))
+    fused.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    traced = collections.Counter(step_op_types(fused, batches))
+    # the wide sum, plus the deep concatenation that StitchConcatMatMul replaced (one unused op)
+    assert traced["HybridTF>StitchConcat"] == 2
+    assert traced["Cumsum"] <= 3  # one add_n_sum (a head block, the blocks of eight, the running total)
