@@ -258,3 +258,34 @@ def test_field_sum_is_built_once_not_per_partial_sum(wide, batches):
     # the wide sum, plus the deep concatenation that StitchConcatMatMul replaced (one unused op)
     assert traced["HybridTF>StitchConcat"] == 2
     assert traced["Cumsum"] <= 3  # one add_n_sum (a head block, the blocks of eight, the running total)
+
+
+def test_field_sum_returned_by_the_model_is_fused_for_the_loss(batches):
+    """A model whose output is the sum itself (a linear model): the loss, outside the forward pass, uses the fused
+    sum."""
+
+    class Linear(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 1, name=f"w{i}") for i, v in enumerate(VOCABS)]
+
+        def call(self, x):
+            return tf.add_n([tf.reshape(layer(x[f"f{i}"]), [-1, 1]) for i, layer in enumerate(self.embs)])
+
+    models = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(7)
+        model = Linear()
+        model(batches[0][0])
+        models.append(model)
+    plain, fused = models[0], htf.keras.optimize(models[1])
+
+    def train(model):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss=tf.keras.losses.BinaryCrossentropy(True))
+        return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+    np.testing.assert_allclose(train(fused), train(plain), rtol=1e-5, atol=0)
+    ops = _hybrid_ops(pruned_op_types(fused, batches))
+    assert ops["HybridTF>StitchConcat"] == 1 and ops["HybridTF>StitchConcatGrad"] == 1
+    assert ops["HybridTF>StitchCombine"] == 0, ops
+    assert len(fused.hybridtf_fused_concats) == 1

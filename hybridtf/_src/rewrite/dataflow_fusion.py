@@ -212,6 +212,35 @@ class FusionScope:
         self._pending[op.outputs[0].ref()] = (terms, self.where(op))
         return True
 
+    def _fused_sum(self, t: tf.Tensor) -> tf.Tensor:
+        fused = self._fused_sums.get(t.ref())
+        if fused is None:
+            terms, where = self._pending[t.ref()]
+            fused = _build_field_sum(terms, t)
+            self._fused_sums[t.ref()] = fused
+            if where not in self.log.concats:
+                self.log.concats.append(where)
+        return fused
+
+    def resolve(self, structure):
+        """``structure`` (the forward pass's result) with each deferred field sum replaced by its fused sum.
+
+        A sum the forward pass returns (a model whose output is its wide part) has
+        no consumer inside the pass; the caller's ops (the loss) use the fused sum.
+
+        Example:
+            >>> with fusing(model=model) as scope:
+            ...     y = model_call(inputs)
+            >>> y = scope.resolve(y)
+        """
+
+        def one(t):
+            if isinstance(t, tf.Tensor) and not tf.executing_eagerly() and t.ref() in self._pending:
+                return self._fused_sum(t)
+            return t
+
+        return tf.nest.map_structure(one, structure)
+
     def _materialize_inputs(self, op: tf.Operation) -> None:
         """Points ``op``'s inputs that are deferred field sums at their fused sums (built on first use).
 
@@ -219,17 +248,8 @@ class FusionScope:
         the gradient flows into the fused sum, and the user's adds get none.
         """
         for i, t in enumerate(op.inputs):
-            entry = self._pending.get(t.ref())
-            if entry is None:
-                continue
-            fused = self._fused_sums.get(t.ref())
-            if fused is None:
-                terms, where = entry
-                fused = _build_field_sum(terms, t)
-                self._fused_sums[t.ref()] = fused
-                if where not in self.log.concats:
-                    self.log.concats.append(where)
-            op._update_input(i, fused)
+            if t.ref() in self._pending:
+                op._update_input(i, self._fused_sum(t))
 
 
 def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
