@@ -14,14 +14,20 @@ None to keep the op:
   another fused concatenation: one ``StitchConcat`` (reshaped to the output's
   shape when that is not a matrix);
 * ``AddN`` / ``AddV2`` of fields of one shape (Keras ``Add`` is a chain of
-  ``AddV2``; each step's partial sum is recognised by the next): one
-  StitchConcat and one ``Sum`` over the fields. Its gradient is a column
-  broadcast that StitchConcatGrad reads without materialising it
+  ``AddV2``; each step's partial sum is recognised by the next): deferred, not
+  replaced; the first op that uses the sum otherwise (or the caller, through
+  ``FusionScope.resolve``) gets one StitchConcat and one sum over the fields
+  that rounds as the plain graph's ``AddN`` does (``add_n_sum``). Its gradient
+  is a column broadcast that StitchConcatGrad reads without materialising it
   (dim-1 fields: the wide part);
 * ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
   the MLP's first layer): one ``StitchConcatMatMul``;
 * ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
   a broadcast ``Mul`` (the same products, no batched GEMM per example).
+
+Every replacement whose original output had a fully static shape is reshaped
+to it (``_as_traced``), so that Grappler sees the shapes it saw in the plain
+graph and optimizes the rest of the step the same way.
 
 The callback runs after the op wrapper has created the original op and
 before the wrapper records it on the gradient tape; the wrapper then records
