@@ -47,6 +47,7 @@ class _HybridModelMixin:
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
             with dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope:  # this forward pass only
                 result = base_call(inputs, *args, **kwargs)
+            result = scope.resolve(result) if scope is not None else result
             self._htf_note_fusions(scope)
             return result
         if args:  # e.g. call(inputs, training) from SavedModel tracing: name them
@@ -66,6 +67,7 @@ class _HybridModelMixin:
             dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope,
         ):
             result = base_call(inputs, **kwargs)
+        result = scope.resolve(result) if scope is not None else result
         self._htf_note_fusions(scope)
         return result
 

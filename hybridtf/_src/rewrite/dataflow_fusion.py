@@ -14,14 +14,20 @@ None to keep the op:
   another fused concatenation: one ``StitchConcat`` (reshaped to the output's
   shape when that is not a matrix);
 * ``AddN`` / ``AddV2`` of fields of one shape (Keras ``Add`` is a chain of
-  ``AddV2``; each step's partial sum is recognised by the next): one
-  StitchConcat and one ``Sum`` over the fields. Its gradient is a column
-  broadcast that StitchConcatGrad reads without materialising it
+  ``AddV2``; each step's partial sum is recognised by the next): deferred, not
+  replaced; the first op that uses the sum otherwise (or the caller, through
+  ``FusionScope.resolve``) gets one StitchConcat and one sum over the fields
+  that rounds as the plain graph's ``AddN`` does (``add_n_sum``). Its gradient
+  is a column broadcast that StitchConcatGrad reads without materialising it
   (dim-1 fields: the wide part);
 * ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
   the MLP's first layer): one ``StitchConcatMatMul``;
 * ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
   a broadcast ``Mul`` (the same products, no batched GEMM per example).
+
+Every replacement whose original output had a fully static shape is reshaped
+to it (``_as_traced``), so that Grappler sees the shapes it saw in the plain
+graph and optimizes the rest of the step the same way.
 
 The callback runs after the op wrapper has created the original op and
 before the wrapper records it on the gradient tape; the wrapper then records
@@ -83,6 +89,29 @@ def _static_target(out: tf.Tensor) -> list[int] | None:
     return [-1, *dims[1:]]
 
 
+def _as_traced(fused: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+    """``fused`` (values of ``out``) with ``out``'s shape, as TensorFlow's C++ shape inference will see it.
+
+    The fused ops' shape functions cannot know the batch size (it is a runtime
+    value of the packed chain), while the op they replace had it statically
+    (e.g. Keras ``train_on_batch`` traces with the batch's shape). Grappler
+    re-infers shapes from the graph, not from Python's ``set_shape``, and some
+    of its rewrites (the arithmetic optimizer's) only fire on known shapes:
+    without the static shape the fused graph would be optimized differently
+    from the plain one, and its float results would round differently
+    downstream (xDeepFM's CIN drifted so). A reshape to the static shape (no
+    copy) gives Grappler what the original op gave it; with an unknown batch,
+    the shape is only set for Python.
+    """
+    if out.shape.is_fully_defined():
+        return tf.reshape(fused, out.shape.as_list())
+    target = _static_target(out)
+    if target is not None and fused.shape.rank != out.shape.rank:
+        fused = tf.reshape(fused, target)
+    fused.set_shape(out.shape)
+    return fused
+
+
 def _same_shape(a: tf.TensorShape, b: tf.TensorShape) -> bool:
     if a.rank is None or a.rank != b.rank:
         return False
@@ -109,15 +138,24 @@ class FusionScope:
         self.fuse_dense = fuse_dense
         self.model = model
         self.log = FusionLog()
-        self._sums: dict = {}  # ref of a fused field sum -> the tensors it sums
+        self._pending: dict = {}  # ref of a user's field sum -> (the fields it adds, where it was written)
+        self._fused_sums: dict = {}  # ref of a user's field sum -> its fused replacement, once a consumer needs it
         self._untracked: dict = {}
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        if graph is None or outputs is None or not inputs:
+            return outputs
         rule = RULES.get(op_type)
-        if rule is None or graph is None or outputs is None or not inputs:
+        if rule is None and not self._pending and op_type not in SUM_OPS:
             return outputs
         # by name: an earlier callback may have replaced ``outputs`` already
         op = graph.get_operation_by_name(op_name) if op_name else outputs[0].op
+        if self._defer_sum(op):
+            return outputs
+        if self._pending:
+            self._materialize_inputs(op)
+        if rule is None:
+            return outputs
         try:
             replaced = rule(self, op)
         except (ValueError, TypeError):  # a shape or dtype this rewrite does not cover: keep the op
@@ -154,10 +192,70 @@ class FusionScope:
             kind.append(name)
 
     def sum_terms(self, t: tf.Tensor):
-        """The tensors a fused field sum ``t`` adds up (through Identity), or None."""
-        while t.op.type == "Identity" and t.op.inputs:
-            t = t.op.inputs[0]
-        return self._sums.get(t.ref())
+        """The fields a user's field sum ``t`` adds up, or None."""
+        entry = self._pending.get(t.ref())
+        return None if entry is None else entry[0]
+
+    def _defer_sum(self, op: tf.Operation) -> bool:
+        """Records a field sum (or an Identity of one) without building anything yet (see ``_field_sum_terms``).
+
+        A chain of adds creates one partial sum per field; fusing each would leave
+        hundreds of dead fused sums in the traced step. The user's own adds stay
+        (without a consumer once the sum is fused); the fused sum is built once,
+        for the first op that uses the sum otherwise (``_materialize_inputs``).
+        """
+        if op.type == "Identity" and op.inputs and op.inputs[0].ref() in self._pending:
+            self._pending[op.outputs[0].ref()] = self._pending[op.inputs[0].ref()]
+            return True
+        if op.type not in SUM_OPS:
+            return False
+        try:
+            terms = _field_sum_terms(self, op)
+        except (ValueError, TypeError):
+            terms = None
+        if terms is None:
+            return False
+        self._pending[op.outputs[0].ref()] = (terms, self.where(op))
+        return True
+
+    def _fused_sum(self, t: tf.Tensor) -> tf.Tensor:
+        fused = self._fused_sums.get(t.ref())
+        if fused is None:
+            terms, where = self._pending[t.ref()]
+            fused = _build_field_sum(terms, t)
+            self._fused_sums[t.ref()] = fused
+            if where not in self.log.concats:
+                self.log.concats.append(where)
+        return fused
+
+    def resolve(self, structure):
+        """``structure`` (the forward pass's result) with each deferred field sum replaced by its fused sum.
+
+        A sum the forward pass returns (a model whose output is its wide part) has
+        no consumer inside the pass; the caller's ops (the loss) use the fused sum.
+
+        Example:
+            >>> with fusing(model=model) as scope:
+            ...     y = model_call(inputs)
+            >>> y = scope.resolve(y)
+        """
+
+        def one(t):
+            if isinstance(t, tf.Tensor) and not tf.executing_eagerly() and t.ref() in self._pending:
+                return self._fused_sum(t)
+            return t
+
+        return tf.nest.map_structure(one, structure)
+
+    def _materialize_inputs(self, op: tf.Operation) -> None:
+        """Points ``op``'s inputs that are deferred field sums at their fused sums (built on first use).
+
+        The op's gradient record, made after this callback, reads ``op.inputs``:
+        the gradient flows into the fused sum, and the user's adds get none.
+        """
+        for i, t in enumerate(op.inputs):
+            if t.ref() in self._pending:
+                op._update_input(i, self._fused_sum(t))
 
 
 def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
@@ -176,9 +274,7 @@ def _columns(scope: FusionScope, op: tf.Operation, values, axis: int | None):
         layout.add(t, w)
     if layout.num_fields == 0:
         return None
-    fused = layout.build(out.shape[0])
-    if out.shape.rank != 2:
-        fused = tf.reshape(fused, target)
+    fused = _as_traced(layout.build(out.shape[0]), out)
     scope.note(scope.log.concats, op)
     return [fused]
 
@@ -203,8 +299,8 @@ def _pack_rule(scope: FusionScope, op: tf.Operation):
     return _columns(scope, op, op.inputs, _normalize(op.get_attr("axis"), rank))
 
 
-def _sum_rule(scope: FusionScope, op: tf.Operation):
-    """``AddN`` / ``AddV2`` whose terms are all fields (or fused field sums) of the output's shape."""
+def _field_sum_terms(scope: FusionScope, op: tf.Operation) -> list | None:
+    """The fields an ``AddN`` / ``AddV2`` adds, when every term is a field (or a field sum) of the output's shape."""
     out = op.outputs[0]
     if out.dtype not in FLOAT_DTYPES or out.shape.rank is None or out.shape.rank < 1:
         return None
@@ -224,22 +320,83 @@ def _sum_rule(scope: FusionScope, op: tf.Operation):
         if src is None or src[2] != width:
             return None
         terms.append(t)
-    if len(terms) < 2:
-        return None
+    return terms if len(terms) >= 2 else None
+
+
+def _build_field_sum(terms: list, out: tf.Tensor) -> tf.Tensor:
+    """One StitchConcat of ``terms`` (fields of ``out``'s shape) and their sum in the plain graph's rounding."""
+    width = math.prod(out.shape.as_list()[1:])
     layout = ColumnLayout()
-    for t in terms:
-        layout.add(t, width)
+    for i in add_n_order([node_input_name(t) for t in terms]):  # the plain graph's order (see add_n_sum)
+        layout.add(terms[i], width)
     columns = layout.build(out.shape[0])
     if width == 1:  # the wide part: its gradient is a [B, 1] column that StitchConcatGrad reads in place
-        total = tf.reduce_sum(columns, axis=1, keepdims=True)
+        total = add_n_sum(columns)
     else:
-        total = tf.reduce_sum(tf.reshape(columns, [-1, len(terms), width]), axis=1)
-    if out.shape.rank != 2:
-        total = tf.reshape(total, target)
-    total.set_shape(out.shape)
-    scope._sums[total.ref()] = terms
-    scope.note(scope.log.concats, op)
-    return [total]
+        total = add_n_sum(tf.reshape(columns, [-1, len(terms), width]))
+    return _as_traced(total, out)
+
+
+ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
+
+
+def node_input_name(t: tf.Tensor) -> str:
+    """How a GraphDef node names ``t`` among its inputs (``op`` for output 0, else ``op:k``)."""
+    return t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}"
+
+
+def add_n_order(names: list[str]) -> list[int]:
+    """The order in which the plain graph adds terms named ``names`` (see ``add_n_sum``): sorted by name."""
+    return sorted(range(len(names)), key=lambda i: names[i])
+
+
+def _ordered_sum(x: tf.Tensor) -> tf.Tensor:
+    """``x[:, 0] + x[:, 1] + ...`` strictly left to right (``cumsum`` scans each row in order), axis 1 removed."""
+    return tf.cumsum(x, axis=1)[:, -1]
+
+
+@tf.custom_gradient
+def add_n_sum(x: tf.Tensor):
+    """The sum over axis 1 of ``x`` (``[B, n, ...]``, n >= 2) rounded as TensorFlow's CPU ``AddN`` kernel rounds it.
+
+    What the plain graph runs for a sum of fields: Grappler's arithmetic
+    optimizer turns a chain of adds (Keras ``Add``, Python ``+``) into one
+    ``AddN`` and sorts the inputs of commutative ops by name; ``tf.add_n`` is
+    an ``AddN`` sorted the same way. The CPU ``AddN`` kernel then adds the
+    first ``r`` inputs left to right (``r = n % 8``, or 8 for ``r == 0``, 9 for
+    ``r == 1``) and adds each further block of eight, itself summed left to
+    right, to the running total. The caller orders the columns as
+    ``add_n_order``; this function reproduces the association with ``cumsum``
+    (which scans strictly in order), bit for bit. ``reduce_sum`` would not:
+    Eigen reduces an inner axis in SIMD lanes. The gradient of every term is
+    the output gradient: a ``Tile`` of it, which StitchConcatGrad reads
+    as a column without materialising ``[B, n]``.
+
+    Returns:
+        ``[B, 1]`` for a matrix ``x``, else ``[B, ...]`` (axis 1 summed away).
+    """
+    n = int(x.shape[1])
+    head = n % ADD_N_CHUNK
+    head = {0: ADD_N_CHUNK, 1: ADD_N_CHUNK + 1}.get(head, head)
+    head = min(head, n)
+    total = _ordered_sum(x[:, :head])
+    if head < n:
+        inner = x.shape.as_list()[2:]
+        blocks = tf.reshape(x[:, head:], [-1, (n - head) // ADD_N_CHUNK, ADD_N_CHUNK, *inner])
+        block_sums = tf.cumsum(blocks, axis=2)[:, :, -1]
+        # [total, block sums...] without a ConcatV2 (the graph's concatenations are the user's): x + 0 is exact
+        rank = block_sums.shape.rank
+        blocks = block_sums.shape[1]
+        running = tf.pad(tf.expand_dims(total, 1), [[0, 0], [0, blocks]] + [[0, 0]] * (rank - 2))
+        total = _ordered_sum(running + tf.pad(block_sums, [[0, 0], [1, 0]] + [[0, 0]] * (rank - 2)))
+    if x.shape.rank == 2:
+        total = tf.expand_dims(total, 1)
+
+    def grad(dy):  # a Tile, as reduce_sum's gradient: StitchConcatGrad reads its [B, 1] source
+        multiples = [1, n] + [1] * (x.shape.rank - 2)
+        return tf.tile(dy if x.shape.rank == 2 else tf.expand_dims(dy, 1), multiples)
+
+    return total, grad
 
 
 def _matmul_rule(scope: FusionScope, op: tf.Operation):
@@ -249,9 +406,8 @@ def _matmul_rule(scope: FusionScope, op: tf.Operation):
     fused = fused_matmul(x, kernel)
     if fused is None:
         return None
-    fused.set_shape(op.outputs[0].shape)
     scope.note(scope.log.dense, op)
-    return [fused]
+    return [_as_traced(fused, op.outputs[0])]
 
 
 def _outer_product_rule(scope: FusionScope, op: tf.Operation):
@@ -273,12 +429,13 @@ def _outer_product_rule(scope: FusionScope, op: tf.Operation):
     return [out]
 
 
+# Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
+SUM_OPS = frozenset({"AddN", "AddV2"})
+
 # Op type -> rule(scope, op) returning the replacement outputs, or None to keep the op.
 RULES = {
     "ConcatV2": _concat_rule,
     "Pack": _pack_rule,
-    "AddN": _sum_rule,
-    "AddV2": _sum_rule,
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
 }
