@@ -31,7 +31,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
-from hybridtf._src.capture.regularizers import find_penalty
+from hybridtf._src.capture.regularizers import find_penalty, regularizer_spec
 from hybridtf._src.run import regularized_apply
 
 
@@ -53,6 +53,8 @@ class PackedPenalty:
             penalties = table_penalties(self.storage, view)
             if penalties is not None:  # one fused read of the packed table for all its members
                 return penalties.value(view.table)
+            if regularizer_spec(self.regularizer) == (None, None):  # L1L2(0, 0): Keras's constant 0
+                return tf.constant(0.0, view.dtype)
             # A gather of the member's rows: after the step's sparse ops TensorFlow's ReadVariableOp
             # copies the whole packed variable, so a slice per member would copy it once per member.
             start = view.row_offset
@@ -124,9 +126,11 @@ def _unchanged(graph, mark) -> bool:
     if nodes is None or mark is None:
         return False
     last_id, count = mark
-    for i in range(len(nodes) - count):
-        op = nodes.get(last_id + 1 + i)
-        if op is None or (op._is_stateful and op.type not in _READ_ONLY_OPS):
+    for i in range(last_id + 1, last_id + 1 + len(nodes) - count):
+        if i not in nodes:  # ids were not handed out one by one: cannot tell
+            return False
+        op = nodes[i]
+        if op._is_stateful and op.type not in _READ_ONLY_OPS:
             return False
     return True
 
