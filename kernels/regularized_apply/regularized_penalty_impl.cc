@@ -16,35 +16,42 @@ namespace {
 
 // Values per block: the unit of parallel work and of the deterministic combination order.
 constexpr int64_t kBlock = int64_t{1} << 15;
-constexpr int kLanes = 8;
+// Chunks of a block: 16 float lanes sum 32 values each (vectorizable, no reassociation), then the
+// chunk's lanes are added in double, so rounding error stays that of 32-value float sums.
+constexpr int kLanes = 16;
+constexpr int64_t kChunk = kLanes * 32;
 
 struct Sums {
   double abs = 0.0;
   double square = 0.0;
 };
 
-// sum|w| and sum(w * w) of n values, in double: eight independent lanes (vectorizable
-// without reassociation), then the tail, then the lanes in order.
-HYBRIDTF_MULTIVERSION Sums BlockSums(const float* __restrict w, int64_t n) {
-  double a[kLanes] = {0.0};
-  double q[kLanes] = {0.0};
+// sum(w * w) (and sum|w| when `with_abs`) of n values.
+HYBRIDTF_MULTIVERSION Sums BlockSums(const float* __restrict w, int64_t n, bool with_abs) {
+  Sums s;
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const double x = static_cast<double>(w[i + j]);
-      a[j] += std::fabs(x);
-      q[j] += x * x;  // exact: a float's square fits a double's mantissa
+  for (; i + kChunk <= n; i += kChunk) {
+    float q[kLanes] = {0.f};
+    for (int64_t k = 0; k < kChunk; k += kLanes) {
+      for (int j = 0; j < kLanes; ++j) q[j] += w[i + k + j] * w[i + k + j];
+    }
+    double chunk = 0.0;
+    for (int j = 0; j < kLanes; ++j) chunk += q[j];
+    s.square += chunk;
+    if (with_abs) {
+      float a[kLanes] = {0.f};
+      for (int64_t k = 0; k < kChunk; k += kLanes) {
+        for (int j = 0; j < kLanes; ++j) a[j] += std::fabs(w[i + k + j]);
+      }
+      chunk = 0.0;
+      for (int j = 0; j < kLanes; ++j) chunk += a[j];
+      s.abs += chunk;
     }
   }
-  Sums s;
   for (; i < n; ++i) {
     const double x = static_cast<double>(w[i]);
     s.abs += std::fabs(x);
-    s.square += x * x;
-  }
-  for (int j = 0; j < kLanes; ++j) {
-    s.abs += a[j];
-    s.square += q[j];
+    s.square += static_cast<double>(w[i] * w[i]);
   }
   return s;
 }
@@ -75,7 +82,7 @@ ImplStatus Penalties(const float* var, int64_t rows, int64_t dim,
         while (first[k + 1] <= b) ++k;
         const int64_t start = ranges[k].begin * dim + (b - first[k]) * kBlock;
         const int64_t stop = std::min(ranges[k].end * dim, start + kBlock);
-        partial[b] = BlockSums(var + start, stop - start);
+        partial[b] = BlockSums(var + start, stop - start, ranges[k].l1 != 0.f);
       }
     });
   }
