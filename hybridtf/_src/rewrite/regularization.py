@@ -102,7 +102,7 @@ class TablePenalties:
             return self._op(self.ranges[one], self.l1[one], self.l2[one])[0]
         graph = tf.compat.v1.get_default_graph()
         context = graph._get_control_flow_context()
-        cached = self._cached
+        cached = self._cached  # only the last graph's: at most one traced graph kept alive per packed table
         if cached is None or cached[0] is not graph or cached[1] is not context or not _unchanged(graph, cached[2]):
             cached = (graph, context, None, tf.unstack(self._op(self.ranges, self.l1, self.l2), len(self.index)))
         result = cached[3][k]
