@@ -39,7 +39,7 @@ def test_losses_come_from_one_op_per_packed_table_with_keras_values():
     want = _values(plain.losses)
     np.testing.assert_allclose(_values(fn()), want, rtol=1e-6, atol=0)
     np.testing.assert_allclose(_values(packed.losses), want, rtol=1e-6, atol=0)  # eager: one op per member
-    batches = _batches(regs, 30)
+    batches = _batches(regs, 15)
     expected = _train(plain, tf.keras.optimizers.Adagrad(0.05), batches)
     got = np.array([packed.train_on_batch(x, y) for x, y in batches])
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=0)
