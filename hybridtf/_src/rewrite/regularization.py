@@ -7,7 +7,10 @@ A Keras layer built with ``embeddings_regularizer=r`` adds the callable loss
 * **Value.** The layer's callable loss is replaced by one that evaluates the
   same regularizer object on the member's rows of the packed variable (same
   values, same shape, so the same float result), so ``model.losses`` and the
-  compiled loss are unchanged.
+  compiled loss are unchanged. Once the gradient is folded (below), the
+  values of all L1/L2 members of a packed table come from one
+  ``HybridTF>RegularizationPenalty`` op instead (``TablePenalties``: one read
+  of the table, Keras's value within 1e-6 relative, no gradient).
 * **Gradient.** Once an optimizer of the model is hooked by hybridtf
   (``compile``), the penalty is computed on ``stop_gradient`` of the rows and
   the optimizer adds the regularizer's gradient itself: in the fused update
