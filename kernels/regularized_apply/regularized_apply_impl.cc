@@ -6,6 +6,8 @@
 #include <numeric>
 #include <string>
 
+#include "kernels/common/multiversion.h"
+
 namespace hybridtf {
 namespace regularized_apply {
 
@@ -21,11 +23,93 @@ struct Segment {
   float l2;
 };
 
-inline float Sign(float w) { return static_cast<float>((w > 0.f) - (w < 0.f)); }
+__attribute__((always_inline)) inline float Sign(float w) {
+  return static_cast<float>((w > 0.f) - (w < 0.f));
+}
 
-// Keras's dense gradient of a regularized row: batch gradient + regularizer's derivative.
-inline float DenseGrad(float gb, float w, float l1, float two_l2) {
-  return gb + (l1 * Sign(w) + w * two_l2);
+// The row-walked updates over n contiguous values (whole rows): `gb` is the
+// batch gradient of those values, or null for rows absent from the batch
+// (gradient 0). Each is one flat loop per case, so that it vectorizes;
+// every value takes the same float operations in the same order as Keras's
+// dense formula (see the header): `gb + (l1 * sign(w) + w * (2 * l2))`, with
+// gb = 0 for absent rows.
+HYBRIDTF_MULTIVERSION void SgdRegularized(float* __restrict w, const float* __restrict gb,
+                                          int64_t n, float l1, float two_l2, float lr) {
+  if (gb != nullptr) {
+    for (int64_t i = 0; i < n; ++i)
+      w[i] = w[i] + (-(gb[i] + (l1 * Sign(w[i]) + w[i] * two_l2))) * lr;
+  } else {
+    for (int64_t i = 0; i < n; ++i) w[i] = w[i] + (-(0.f + (l1 * Sign(w[i]) + w[i] * two_l2))) * lr;
+  }
+}
+
+HYBRIDTF_MULTIVERSION void AdagradRegularized(float* __restrict w, float* __restrict a,
+                                              const float* __restrict gb, int64_t n, float l1,
+                                              float two_l2, float lr, float eps) {
+  if (gb != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gb[i] + (l1 * Sign(w[i]) + w[i] * two_l2);
+      const float acc = a[i] + g * g;
+      a[i] = acc;
+      w[i] = w[i] - (lr * g) / std::sqrt(acc + eps);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = 0.f + (l1 * Sign(w[i]) + w[i] * two_l2);
+      const float acc = a[i] + g * g;
+      a[i] = acc;
+      w[i] = w[i] - (lr * g) / std::sqrt(acc + eps);
+    }
+  }
+}
+
+HYBRIDTF_MULTIVERSION void AdamRegularized(float* __restrict w, float* __restrict m,
+                                           float* __restrict v, const float* __restrict gb,
+                                           int64_t n, float l1, float two_l2, const Hyper& h) {
+  const float c1 = h.c1, c2 = h.c2, alpha = h.alpha, eps = h.eps;
+  if (gb != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gb[i] + (l1 * Sign(w[i]) + w[i] * two_l2);
+      const float mi = m[i] + (g - m[i]) * c1;
+      const float vi = v[i] + (g * g - v[i]) * c2;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = 0.f + (l1 * Sign(w[i]) + w[i] * two_l2);
+      const float mi = m[i] + (g - m[i]) * c1;
+      const float vi = v[i] + (g * g - v[i]) * c2;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+    }
+  }
+}
+
+// Adam, unregularized rows: Keras's sparse formula (every row decays and moves).
+HYBRIDTF_MULTIVERSION void AdamUnregularized(float* __restrict w, float* __restrict m,
+                                             float* __restrict v, const float* __restrict gb,
+                                             int64_t n, const Hyper& h) {
+  const float c1 = h.c1, c2 = h.c2, alpha = h.alpha, eps = h.eps;
+  if (gb != nullptr) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float mi = (m[i] + (-m[i]) * c1) + gb[i] * c1;
+      const float vi = (v[i] + (-v[i]) * c2) + (gb[i] * gb[i]) * c2;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const float mi = m[i] + (-m[i]) * c1;
+      const float vi = v[i] + (-v[i]) * c2;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+    }
+  }
 }
 
 template <typename Idx>
@@ -35,65 +119,47 @@ int64_t FirstAtOrAfter(const SparseGrad<Idx>& grad, int64_t row) {
   return it - grad.indices;
 }
 
-// Rows [begin, end) of one segment; `u` is the first gradient row at or after `begin`.
+// Values [begin, end) (offsets into the table, whole rows) of one segment, `gb` as above.
+void Values(Kind kind, const Segment& seg, int64_t begin, int64_t end, float* var, float* s1,
+            float* s2, const float* gb, const Hyper& h) {
+  const int64_t n = end - begin;
+  float* w = var + begin;
+  if (!seg.regularized) {
+    AdamUnregularized(w, s1 + begin, s2 + begin, gb, n, h);
+    return;
+  }
+  const float two_l2 = 2.f * seg.l2;
+  switch (kind) {
+    case Kind::kSgd:
+      SgdRegularized(w, gb, n, seg.l1, two_l2, h.lr);
+      break;
+    case Kind::kAdagrad:
+      AdagradRegularized(w, s1 + begin, gb, n, seg.l1, two_l2, h.lr, h.eps);
+      break;
+    case Kind::kAdam:
+    case Kind::kLazyAdam:
+      AdamRegularized(w, s1 + begin, s2 + begin, gb, n, seg.l1, two_l2, h);
+      break;
+  }
+}
+
+// Rows [begin, end) of one segment; `u` is the first gradient row at or after `begin`. The runs
+// of rows between batch rows are contiguous in the table: each is one flat call.
 template <typename Idx>
 void SegmentRows(Kind kind, const Segment& seg, int64_t begin, int64_t end, int64_t u, float* var,
                  float* s1, float* s2, const SparseGrad<Idx>& grad, const Hyper& h) {
   const int64_t dim = grad.dim;
-  const float two_l2 = 2.f * seg.l2;
-  for (int64_t r = begin; r < end; ++r) {
-    const bool in_batch = u < grad.num && static_cast<int64_t>(grad.indices[u]) == r;
-    const float* gb = in_batch ? grad.values + u * dim : nullptr;
-    if (in_batch) ++u;
-    float* w = var + r * dim;
-    if (!seg.regularized) {  // Adam, unregularized row: Keras's sparse formula
-      float* m = s1 + r * dim;
-      float* v = s2 + r * dim;
-      for (int64_t c = 0; c < dim; ++c) {
-        float mi = m[c] + (-m[c]) * h.c1;
-        float vi = v[c] + (-v[c]) * h.c2;
-        if (gb != nullptr) {
-          mi = mi + gb[c] * h.c1;
-          vi = vi + (gb[c] * gb[c]) * h.c2;
-        }
-        m[c] = mi;
-        v[c] = vi;
-        w[c] = w[c] - (mi * h.alpha) / (std::sqrt(vi) + h.eps);
-      }
+  int64_t r = begin;
+  while (r < end) {
+    const int64_t next = u < grad.num ? std::min(end, static_cast<int64_t>(grad.indices[u])) : end;
+    if (next > r) {
+      Values(kind, seg, r * dim, next * dim, var, s1, s2, nullptr, h);
+      r = next;
       continue;
     }
-    switch (kind) {
-      case Kind::kSgd:
-        for (int64_t c = 0; c < dim; ++c) {
-          const float g = DenseGrad(gb ? gb[c] : 0.f, w[c], seg.l1, two_l2);
-          w[c] = w[c] + (-g) * h.lr;
-        }
-        break;
-      case Kind::kAdagrad: {
-        float* a = s1 + r * dim;
-        for (int64_t c = 0; c < dim; ++c) {
-          const float g = DenseGrad(gb ? gb[c] : 0.f, w[c], seg.l1, two_l2);
-          const float acc = a[c] + g * g;
-          a[c] = acc;
-          w[c] = w[c] - (h.lr * g) / std::sqrt(acc + h.eps);
-        }
-        break;
-      }
-      case Kind::kAdam:
-      case Kind::kLazyAdam: {
-        float* m = s1 + r * dim;
-        float* v = s2 + r * dim;
-        for (int64_t c = 0; c < dim; ++c) {
-          const float g = DenseGrad(gb ? gb[c] : 0.f, w[c], seg.l1, two_l2);
-          const float mi = m[c] + (g - m[c]) * h.c1;
-          const float vi = v[c] + (g * g - v[c]) * h.c2;
-          m[c] = mi;
-          v[c] = vi;
-          w[c] = w[c] - (mi * h.alpha) / (std::sqrt(vi) + h.eps);
-        }
-        break;
-      }
-    }
+    Values(kind, seg, r * dim, (r + 1) * dim, var, s1, s2, grad.values + u * dim, h);
+    ++u;
+    ++r;
   }
 }
 

@@ -18,6 +18,14 @@
 //   other rows: exactly the sparse updates of kernels/sparse_apply (batch rows
 //     only; Adam decays every row's moments and moves every row).
 //
+// Penalties computes the penalties' values themselves (what Keras's callable
+// losses return) for every regularized range in one read pass:
+//   out[k] = l1 * sum|w| + (2 * l2) * (sum(w * w) / 2)     over rows [begin, end)
+// (Keras 2.15's L1 / L2 / L1L2: `l1 * reduce_sum(abs(w))` and
+// `2 * l2 * l2_loss(w)`; a factor of 0 adds no term). The sums accumulate in
+// double over fixed blocks, combined in block order: the result does not
+// depend on the thread count and is within a few float roundings of Keras's.
+//
 // `l1 * sign(w)` is the gradient of Keras's `l1 * reduce_sum(abs(w))` and
 // `w * (2 * l2)` that of `2 * l2 * l2_loss(w)` (= `l2 * reduce_sum(square(w))`),
 // both for a loss whose regularization term enters with weight 1, as Keras's
@@ -75,6 +83,11 @@ SparseGrad<Idx> SortedCopy(const SparseGrad<Idx>& grad, std::vector<Idx>* indice
 template <typename Idx>
 void Apply(Kind kind, float* var, float* s1, float* s2, int64_t rows, const SparseGrad<Idx>& grad,
            const std::vector<RegRange>& ranges, const Hyper& h, const ParallelFor& pf);
+
+// out[k] = the penalty of ranges[k] (see the top of this file) of `var` ([rows, dim]).
+// Ranges as ValidateRanges accepts them; `out` has ranges.size() values.
+ImplStatus Penalties(const float* var, int64_t rows, int64_t dim,
+                     const std::vector<RegRange>& ranges, float* out, const ParallelFor& pf);
 
 }  // namespace regularized_apply
 }  // namespace hybridtf

@@ -8,6 +8,8 @@
 #include "kernels/common/tf_status.h"
 #include "kernels/regularized_apply/regularized_apply_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/resource_var.h"
 
 namespace hybridtf {
 namespace regularized_apply {
@@ -118,6 +120,52 @@ class AdamOp : public RegularizedApplyOp<Idx> {
  public:
   explicit AdamOp(OpKernelConstruction* ctx) : RegularizedApplyOp<Idx>(ctx, Kind::kAdam) {}
 };
+
+// The penalties' values: reads the variable under its shared lock (like ResourceGather).
+class RegularizationPenaltyOp : public OpKernel {
+ public:
+  explicit RegularizationPenaltyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ranges = ctx->input(1);
+    const Tensor& l1 = ctx->input(2);
+    const Tensor& l2 = ctx->input(3);
+    OP_REQUIRES(ctx,
+                ranges.dims() == 2 && ranges.dim_size(1) == 2 && l1.dims() == 1 && l2.dims() == 1 &&
+                    l1.dim_size(0) == ranges.dim_size(0) && l2.dim_size(0) == ranges.dim_size(0),
+                errors::InvalidArgument(
+                    "reg_ranges must be [num_ranges, 2] and reg_l1, reg_l2 [num_ranges], got ",
+                    ranges.shape().DebugString(), ", ", l1.shape().DebugString(), ", ",
+                    l2.shape().DebugString(), "."));
+    ::tensorflow::core::RefCountPtr<::tensorflow::Var> var;
+    OP_REQUIRES_OK(ctx,
+                   ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &var));
+    ::tensorflow::tf_shared_lock lock(*var->mu());
+    const Tensor* table = var->tensor();
+    OP_REQUIRES(ctx, table->IsInitialized(),
+                errors::FailedPrecondition("the table variable of RegularizationPenalty is not "
+                                           "initialized; initialize the model's variables first."));
+    OP_REQUIRES(ctx, table->dtype() == ::tensorflow::DT_FLOAT && table->dims() == 2,
+                errors::InvalidArgument(
+                    "RegularizationPenalty takes a float32 table variable [rows, dim], got ",
+                    ::tensorflow::DataTypeString(table->dtype()), " of shape ",
+                    table->shape().DebugString(), "."));
+    std::vector<RegRange> regs(static_cast<size_t>(ranges.dim_size(0)));
+    const auto r = ranges.matrix<int64_t>();
+    for (size_t k = 0; k < regs.size(); ++k) {
+      regs[k] = RegRange{r(k, 0), r(k, 1), l1.flat<float>()(k), l2.flat<float>()(k)};
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(0, ::tensorflow::TensorShape({ranges.dim_size(0)}), &out));
+    OP_REQUIRES_OK(ctx, ToTfStatus(Penalties(table->flat<float>().data(), table->dim_size(0),
+                                             table->dim_size(1), regs, out->flat<float>().data(),
+                                             CpuParallelFor(ctx))));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("RegularizationPenalty")).Device(::tensorflow::DEVICE_CPU),
+                        RegularizationPenaltyOp);
 
 #define HYBRIDTF_REGISTER(op_name, Op, Idx)                                                    \
   REGISTER_KERNEL_BUILDER(                                                                     \

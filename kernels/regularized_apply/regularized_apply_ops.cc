@@ -65,4 +65,30 @@ regularized row ranges: those rows take Keras Adam's dense update (LazyAdam
 gets a dense gradient there, so it runs Adam too); other rows the sparse update.
 )doc");
 
+REGISTER_OP(HYBRIDTF_OP("RegularizationPenalty"))
+    .Input("var: resource")
+    .Input("reg_ranges: int64")
+    .Input("reg_l1: float")
+    .Input("reg_l2: float")
+    .Output("penalties: float")
+    .SetShapeFn([](InferenceContext* c) {
+      ::tensorflow::shape_inference::ShapeHandle ranges, l1, l2;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &ranges));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &l1));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &l2));
+      ::tensorflow::shape_inference::DimensionHandle n;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(ranges, 0), c->Dim(l1, 0), &n));
+      TF_RETURN_IF_ERROR(c->Merge(n, c->Dim(l2, 0), &n));
+      c->set_output(0, c->Vector(n));
+      return Status();
+    })
+    .Doc(R"doc(
+The values of the L1/L2 penalties of a packed float32 table's regularized row
+ranges reg_ranges[k] = [begin, end) (factors reg_l1[k], reg_l2[k]) in one read
+of the rows, penalties[k] = l1 * sum|w| + 2 * l2 * (sum(w^2) / 2) over the
+range's rows, what Keras's L1 / L2 / L1L2 regularizers return for the member
+table. Reads the variable under its shared lock; no gradient (the fused
+updates add it).
+)doc");
+
 }  // namespace hybridtf

@@ -254,3 +254,43 @@ def gen_sparse_apply(op):
         ), valid
 
     return gen
+
+
+# ---- RegularizationPenalty ---------------------------------------------------------------------
+
+
+def gen_regularization_penalty(rng, cls):
+    rows, dim = int(rng.integers(0, 40)), int(rng.integers(1, 9))
+    var = rng.standard_normal((rows, dim)).astype(np.float32)
+    cuts = np.sort(rng.integers(0, rows + 1, 2 * int(rng.integers(0, 5))))
+    ranges = cuts.reshape(-1, 2).astype(np.int64)
+    l1 = rng.choice([0.0, 1e-5, 0.01, 0.5], len(ranges)).astype(np.float32)
+    l2 = rng.choice([0.0, 1e-5, 0.01, 0.5], len(ranges)).astype(np.float32)
+    valid = True
+    if cls in {"int64_extremes", "wrapping_sums"}:
+        k = int(rng.integers(len(ranges) + 1))
+        bad = _pick(rng, ((I64_MIN, 1), (0, I64_MAX), (-1, 1), (I64_MAX - 1, I64_MAX), (0, rows + 1)))
+        ranges = np.concatenate([ranges[:k], np.array([bad], np.int64), ranges[k:]]).astype(np.int64)
+        l1, l2 = (np.insert(x, k, 0.1).astype(np.float32) for x in (l1, l2))
+        valid = False
+    elif cls == "bad_attrs":
+        valid = len(ranges) == 0
+        if len(ranges):
+            (l1 if rng.integers(2) else l2)[int(rng.integers(len(ranges)))] = _pick(rng, (-0.5, np.nan, np.inf))
+    elif cls == "empty":
+        ranges = np.zeros((0, 2), np.int64) if rng.integers(2) else np.zeros((1, 2), np.int64)
+        l1, l2 = np.full(len(ranges), 0.1, np.float32), np.full(len(ranges), 0.2, np.float32)
+        if rng.integers(2):
+            var = np.zeros((0, dim), np.float32)
+    elif cls == "mismatched":
+        valid = False
+        choice = int(rng.integers(4))
+        if choice == 0:
+            l1 = np.append(l1, np.float32(0.1))
+        elif choice == 1:
+            ranges = np.zeros((len(ranges), 3), np.int64)
+        elif choice == 2:
+            var = var.reshape(-1)  # a vector table
+        else:
+            var = var.astype(np.float64)
+    return dict(var=var, ranges=ranges, l1=l1, l2=l2), valid

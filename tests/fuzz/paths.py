@@ -189,3 +189,23 @@ def ref_unique_subset(c):
             c["a_ids"], c["field_sizes"], c["source_fields"], c["source_offsets"], c["target_offsets"]
         )
     )
+
+
+def run_regularization_penalty(c, path):
+    tf = _tf()
+    var = tf.Variable(c["var"])
+    args = [tf.constant(c[k]) for k in ("ranges", "l1", "l2")]
+    if path == "raw":
+        return [_np(_ops().hybrid_tf_regularization_penalty(var.handle, *args))]
+    from hybridtf._src.run.regularized_apply import regularization_penalty
+
+    return [_np(regularization_penalty(var, *args))]
+
+
+def ref_regularization_penalty(c):
+    var = np.asarray(c["var"], np.float64)
+    out = []
+    for (b, e), l1, l2 in zip(c["ranges"], c["l1"], c["l2"]):
+        w = var[b:e]
+        out.append(l1 * np.abs(w).sum() + l2 * (w * w).sum())
+    return [np.array(out, np.float32)]

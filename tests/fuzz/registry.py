@@ -39,6 +39,13 @@ OPS = {
             ("raw", "wrapper"),
             "gather_rows",
         ),
+        _spec(
+            "RegularizationPenalty",
+            c.gen_regularization_penalty,
+            ("valid", "int64_extremes", "wrapping_sums", "bad_attrs", "empty", "mismatched"),
+            ("raw", "wrapper"),
+            "regularization_penalty",
+        ),
         _spec("PackIds", c.gen_pack_ids, FULL, ("raw", "wrapper", "native"), "pack_ids"),
         *(
             _spec(

@@ -88,7 +88,7 @@ def _inputs(dim, idx_dtype, order, seed):
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "lazy_adam"])
-@pytest.mark.parametrize("dim", [1, 4, 5])
+@pytest.mark.parametrize("dim", [1, 4, 5, 16])
 @pytest.mark.parametrize("idx_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("order", ["sorted", "unsorted"])
 def test_matches_keras_math(kind, dim, idx_dtype, order):
