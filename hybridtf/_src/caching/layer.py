@@ -195,7 +195,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         ids = prepare_ids(ids, self.combiner or "none", self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         flat = tf.cast(flat, tf.int64)
-        if context.is_recording():  # an optimized model's record pass: its outputs are discarded, touch nothing
+        if context.is_recording() and not context.record_pass_runs_lookups():
+            # an optimized model's record pass: its outputs are discarded, touch nothing (hybridtf.function's
+            # and Estimator's scratch-graph record passes never run and need the real lookup's gradient)
             return self._combine(ids, tf.zeros(tf.stack([tf.size(flat), self.output_dim])))
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         if save_context.in_save_context():  # SavedModel export: a static lookup + gather

@@ -72,6 +72,28 @@ def is_recording() -> bool:
     return isinstance(active(), _Recording)
 
 
+# Set on the recorder by hybridtf.function's and Estimator's record passes (see record_pass_runs_lookups).
+RUNS_LOOKUPS_ATTR = "lookups_in_record_pass"
+
+
+def record_pass_runs_lookups() -> bool:
+    """Whether the active recording wants real lookups instead of zero stand-ins.
+
+    ``hybridtf.function`` records in a scratch graph that never runs; there a
+    recorded lookup returns its direct lookup, so that gradients reach the
+    tables (optimizers reject a step in which no variable has a gradient)
+    and code that inspects the values still traces. Model-level recording
+    (``optimize``) runs in the real graph and keeps zero stand-ins.
+
+    Example:
+        >>> with recording() as rec:
+        ...     setattr(rec, RUNS_LOOKUPS_ATTR, True)
+        ...     record_pass_runs_lookups()
+        True
+    """
+    return bool(getattr(active(), RUNS_LOOKUPS_ATTR, False))
+
+
 @contextlib.contextmanager
 def recording():
     """Collects the LookupRequests issued inside; yields the recorder."""

@@ -122,7 +122,7 @@ class _HybridEmbeddingMixin:
         return self.embeddings.gather(ids)
 
     def _htf_placeholder(self, ids):
-        from hybridtf._src.capture.lookup_api import record_pass_runs_lookups
+        from hybridtf._src.capture.context import record_pass_runs_lookups
 
         if record_pass_runs_lookups():  # hybridtf.function's record pass: its graph never runs
             return self._htf_direct(LookupRequest(self._htf_table, ids, "none", owner=self))

@@ -23,34 +23,13 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.context import LookupRequest, record_pass_runs_lookups
 from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.lookup_chain import packed_lookup
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime
-
-# Set on the recorder by hybridtf.function's record pass (see record_pass_runs_lookups).
-RUNS_LOOKUPS_ATTR = "lookups_in_record_pass"
-
-
-def record_pass_runs_lookups() -> bool:
-    """Whether the active recording wants real lookups instead of zero stand-ins.
-
-    ``hybridtf.function`` records in a scratch graph that never runs; there a
-    recorded lookup returns its direct lookup, so that gradients reach the
-    tables (optimizers reject a step in which no variable has a gradient)
-    and code that inspects the values still traces. Model-level recording
-    (``optimize``) runs in the real graph and keeps zero stand-ins.
-
-    Example:
-        >>> with context.recording() as rec:
-        ...     setattr(rec, RUNS_LOOKUPS_ATTR, True)
-        ...     record_pass_runs_lookups()
-        True
-    """
-    return bool(getattr(context.active(), RUNS_LOOKUPS_ATTR, False))
 
 
 def placeholder(ids, combiner: str, dim: int, dtype: tf.DType, direct_fn=None):

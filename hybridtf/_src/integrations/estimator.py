@@ -40,8 +40,8 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.context import CaptureError, LookupRequest
-from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR, Tables
+from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
+from hybridtf._src.capture.lookup_api import Tables
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_capture as capture

@@ -37,8 +37,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.util import object_identity
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.context import CaptureError, LookupRequest
-from hybridtf._src.capture.lookup_api import RUNS_LOOKUPS_ATTR
+from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
 from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
