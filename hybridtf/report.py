@@ -14,6 +14,7 @@ Example:
 Command line (a built-in example by short name, or your own builder of a built Keras model)::
 
     python -m hybridtf.report --model wdl|deepfm|dlrm|din|none --fields criteo|200 [--dynamic STEPS] [--json]
+    python -m hybridtf.report --model wdl --micro-batches 2 --timing 5   # step time with and without interleaving
     python -m hybridtf.report --model my_pkg.my_module:build_model
     python -m hybridtf.report --model path/to/my_model.py:build_model
 """
@@ -27,20 +28,25 @@ from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops,
 from hybridtf._src.report import Report, TableStats, report
 from hybridtf._src.report_cli import main
 from hybridtf._src.report_dynamic import DynamicSection, dynamic_section, dynamic_tables
+from hybridtf._src.report_timing import StepTiming, TimingSection, step_timing, timing_section
 
 __all__ = [
     "COUNTING_RULE",
     "PLUMBING_OPS",
     "DynamicSection",
     "Report",
+    "StepTiming",
     "TableStats",
+    "TimingSection",
     "count_graph_ops",
     "count_ops",
     "dynamic_section",
     "dynamic_tables",
     "main",
     "report",
+    "step_timing",
     "synthetic_batch",
+    "timing_section",
 ]
 
 if __name__ == "__main__":

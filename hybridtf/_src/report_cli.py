@@ -185,6 +185,14 @@ def parser() -> argparse.ArgumentParser:
         help="add the dynamic-table (HybridHash) section: a small DynamicEmbedding model trains STEPS steps; "
         "with --model none only that section",
     )
+    p.add_argument(
+        "--timing",
+        type=int,
+        default=0,
+        metavar="STEPS",
+        help="add where the step's time goes (median of STEPS timed steps + one profiled step), with the "
+        "interleaving flags given and without them",
+    )
     return p
 
 
@@ -194,6 +202,8 @@ def main(argv=None) -> int:
     args = args_parser.parse_args(argv)
     if args.batch < 1:
         args_parser.error(f"--batch must be >= 1, got {args.batch}.")
+    if args.timing < 0:
+        args_parser.error(f"--timing must be >= 0 steps, got {args.timing}.")
     if args.dynamic < 0:
         args_parser.error(f"--dynamic must be >= 0 steps, got {args.dynamic}.")
     if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
@@ -206,16 +216,34 @@ def main(argv=None) -> int:
     from hybridtf._src.report import report
 
     try:
-        plain, model, batch, config = build_pair(args, ModelSource.parse(args.model))
+        source = ModelSource.parse(args.model)
+        plain, model, batch, config = build_pair(args, source)
     except UsageError as err:
         args_parser.error(str(err))
     result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
+    timing = _timing(args, source, model, batch) if args.timing else None
     if args.json:
         d = result.to_dict()
         d["config"] = config
+        if timing is not None:
+            d["timing"] = timing.to_dict()
         print(json.dumps(d))
     else:
         label = "/".join(str(config[k]) for k in ("model", "fields", "optimizer") if k in config)
         print(f"config: {label} (batch {config['batch']})")
         print(result)
+        if timing is not None:
+            print(timing)
     return 0
+
+
+def _timing(args, source: ModelSource, model, batch):
+    """The timing section: ``model`` and, when interleaving flags are set, the same model optimized without."""
+    from hybridtf._src.report_timing import timing_section
+
+    interleaved = args.micro_batches > 1 or args.interleave_groups not in (None, 1)
+    without = None
+    if interleaved:
+        plain_args = argparse.Namespace(**{**vars(args), "micro_batches": 1, "interleave_groups": None})
+        _, without, _, _ = build_pair(plain_args, source)
+    return timing_section(model, batch, without=without, steps=args.timing)
