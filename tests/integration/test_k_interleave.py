@@ -138,6 +138,7 @@ def test_hybridtf_function_uses_the_groups():
 
 
 def test_estimator_model_fn_groups(tmp_path):
+    from hybridtf._src.integrations.estimator_hooks import report_of
     from tests.integration import test_estimator as est_test
 
     losses = {}
@@ -155,6 +156,8 @@ def test_estimator_model_fn_groups(tmp_path):
             if op.type == "HybridTF>PackIds" and any(d.type == "HybridTF>PackIds" for d in op.control_inputs)
         ]
         assert len(waits) == (0 if groups is None else 1), waits
+        summary = report_of(graph).summary()  # what StatsHook logs at begin
+        assert ("2 K-interleaving groups" in summary) == (groups == 2), summary
     np.testing.assert_array_equal(losses[2], losses[None])
 
 

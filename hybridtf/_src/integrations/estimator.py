@@ -460,6 +460,7 @@ def build(
     if real.runtime is not None and interleave_groups is not None:  # K-interleaving groups
         groups = interleave.static_plan(plan, interleave_groups, interleave_exclude)
         real.runtime.interleaving = groups if groups.num_groups > 1 else None
+        report.interleaving = real.runtime.interleaving
     with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)

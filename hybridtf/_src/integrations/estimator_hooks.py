@@ -41,6 +41,8 @@ class EstimatorReport:
         batch_size: int64 scalar tensor, examples in one step (or None).
         dynamic_tables: dynamic (HybridHash) table name -> its statistics op
             (an int64 vector in ``caching.table.STAT_NAMES`` order).
+        interleaving: the K-interleaving plan of the packed chains (groups,
+            Capacity_g, members, excluded tables), or None (one group).
     """
 
     mode: str
@@ -54,6 +56,7 @@ class EstimatorReport:
     step_ops_packed: int = 0
     batch_size: Any = None
     dynamic_tables: dict = dataclasses.field(default_factory=dict)
+    interleaving: Any = None
 
     def summary(self) -> str:
         """One paragraph for logs."""
@@ -77,6 +80,8 @@ class EstimatorReport:
                 f"hybridtf: {len(self.dynamic_tables)} dynamic (HybridHash) table(s): "
                 f"{', '.join(map(repr, self.dynamic_tables))}."
             )
+        if self.interleaving is not None:
+            lines.append(f"hybridtf: {self.interleaving}")
         for name, reason in self.skipped:
             lines.append(f"hybridtf: table {name!r} not packed: {reason}.")
         if self.unpacked_lookups:
