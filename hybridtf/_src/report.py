@@ -24,6 +24,7 @@ from hybridtf._src.integrations.keras_model import is_optimized
 from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
 from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
+from hybridtf._src.report_dynamic import dynamic_tables
 
 __all__ = [
     "COUNTING_RULE",
@@ -126,6 +127,9 @@ class Report:
         interleaving: the model's ``InterleavingPlan`` as a dict (K-groups
             with Capacity_g and members, excluded embeddings, micro-batching
             and how Eq. 2 chose it), or None.
+        dynamic_tables: ``{table: metrics}`` of the model's DynamicEmbedding
+            (HybridHash) tables as they stand: rows, hot-tier hit ratio (last
+            step and cumulative), inserts, evictions, flushes, bytes per row.
 
     Example:
         >>> r = report(optimized_model, (features, labels), baseline=plain_model)
@@ -146,6 +150,7 @@ class Report:
     fused_dense: tuple[str, ...] = ()
     shared_uniques: dict = dataclasses.field(default_factory=dict)
     interleaving: dict | None = None
+    dynamic_tables: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ops_ratio(self) -> float | None:
@@ -176,6 +181,7 @@ class Report:
             "fused_dense": list(self.fused_dense),
             "shared_uniques": dict(self.shared_uniques),
             "interleaving": self.interleaving,
+            "dynamic_tables": dict(self.dynamic_tables),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -199,6 +205,7 @@ class Report:
             fused_dense=tuple(d.get("fused_dense", ())),
             shared_uniques=dict(d.get("shared_uniques", {})),
             interleaving=d.get("interleaving"),
+            dynamic_tables=dict(d.get("dynamic_tables", {})),
         )
 
     @classmethod
@@ -236,6 +243,14 @@ class Report:
             lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
             plan = self.interleaving and InterleavingPlan.from_dict(self.interleaving)
             lines.append(str(plan) if plan else "interleaving: none (one group, whole batch)")
+        if self.dynamic_tables:
+            lines.append(f"dynamic tables (HybridHash): {len(self.dynamic_tables)}")
+            lines += [
+                f"  {name}: {m['size']:,} rows, hit ratio {m['hit_ratio']:.3f} last step / "
+                f"{m['hit_ratio_cumulative']:.3f} cumulative, {m['inserts']:,} inserts, {m['evictions']:,} evictions, "
+                f"{m['flushes']:,} flushes, {m['bytes_per_row']:.0f} bytes/row"
+                for name, m in self.dynamic_tables.items()
+            ]
         if self.communication:
             c = self.communication
             lines += [
@@ -363,6 +378,7 @@ def report(
         fused_dense=tuple(model.hybridtf_fused_dense) if optimized else (),
         shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
         interleaving=_interleaving(model) if optimized else None,
+        dynamic_tables=dynamic_tables(model),
     )
 
 

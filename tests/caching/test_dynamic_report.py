@@ -46,3 +46,19 @@ def test_dynamic_tables_of_tables_layers_and_evictions():
     assert htf_report.dynamic_tables(layer)["lay"]["size"] == 2
     with pytest.raises(TypeError, match="dynamic_tables takes"):
         htf_report.dynamic_tables(object())
+
+
+def test_report_of_a_user_model_holds_its_dynamic_tables():
+    ids = tf.keras.Input(shape=(), dtype=tf.int64, name="ids")
+    dense = tf.keras.Input(shape=(2,), name="numeric")
+    emb = htf.layers.DynamicEmbedding(4, hot_rows=8, name="user_hash")(ids)
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()([emb, dense]))
+    model = tf.keras.Model({"ids": ids, "numeric": dense}, out)
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="binary_crossentropy")
+    x = {"ids": np.array([5, 2**62, 5, 7], np.int64), "numeric": np.zeros((4, 2), np.float32)}
+    model.fit(x, np.ones((4, 1), np.float32), batch_size=4, epochs=2, verbose=0)
+    rep = htf_report.report(model, (x, np.ones((4, 1), np.float32)))
+    table = rep.dynamic_tables["user_hash"]
+    assert table["size"] == table["inserts"] == 3 and table["evictions"] == 0
+    assert "dynamic tables (HybridHash): 1" in str(rep) and "user_hash: 3 rows" in str(rep)
+    assert htf_report.Report.from_json(rep.to_json()) == rep
