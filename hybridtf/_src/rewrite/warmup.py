@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import glob
 import os
@@ -115,19 +116,34 @@ def _rss() -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]) * 1024, int(fields["VmHWM"].split()[0]) * 1024
 
 
+def _release_free_heap() -> None:
+    """Returns the heap's free memory to the OS (glibc ``malloc_trim``; a no-op elsewhere).
+
+    Memory an earlier model or step freed stays in malloc's pools and would be
+    reused by the measured step without growing the resident size; trimmed,
+    the step's allocations show as resident growth again.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def measure_host_memory(step, optimizer):
     """Runs ``step()`` (the first training step); returns ``(its result, peak bytes it added)``.
 
     On CPU, TensorFlow's allocator statistics miss most of a step (oneDNN
     keeps its own buffers and counts only large allocations), and memory freed
     by a step stays in the allocators' pools, so a later step adds nothing to
-    the process's resident memory. The first step is therefore measured from
+    the process's resident memory (the heap's free memory is therefore handed
+    back to the OS first). The first step is measured from
     the process: the peak resident memory (Linux ``VmHWM``, reset through
     ``/proc/self/clear_refs``) above the resident memory before it, minus the
     optimizer variables the step created (slots persist; they are not per
     example). The first step's tracing is included: Eq. 2 errs on the side of
     smaller micro-batches. Returns 0 bytes where ``/proc`` is not available.
     """
+    _release_free_heap()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
