@@ -251,56 +251,32 @@ class _HybridOptimizerMixin:
             variable.assign(store[str(i)])
 
     def _htf_apply(self, kind, grad, var):
+        """One fused sparse update of ``var``: the plain op, or the regularized one for a packed
+        table with regularized members (same slots and hyperparameters, plus the members' ranges)."""
         dtype = var.dtype
         index = self._index_dict[self._var_key(var)]
-        lr = tf.cast(self.learning_rate, dtype)
-        values, indices = grad.values, grad.indices
-        reg = self._htf_reg.get(id(var))
-        if reg is not None:
-            return self._htf_apply_regularized(kind, var, index, lr, values, indices, reg)
         if kind == "sgd":
-            return sparse_apply.sparse_apply_sgd(var, lr, values, indices)
-        if kind == "adagrad":
-            eps = tf.constant(self.epsilon, dtype)
-            return sparse_apply.sparse_apply_adagrad(var, self._accumulators[index], lr, eps, values, indices)
-        return sparse_apply.sparse_apply_adam(
-            var,
-            self._momentums[index],
-            self._velocities[index],
-            sparse_apply.adam_alpha(self, dtype),
-            tf.constant(1 - self.beta_1, dtype),
-            tf.constant(1 - self.beta_2, dtype),
-            tf.constant(self.epsilon, dtype),
-            values,
-            indices,
-            lazy=kind == "lazy_adam",
-        )
-
-    def _htf_apply_regularized(self, kind, var, index, lr, values, indices, reg):
-        dtype = var.dtype
-        ranges, l1, l2 = (tf.constant(x) for x in reg)
-        if kind == "sgd":
-            return regularized_apply.regularized_apply_sgd(var, lr, values, indices, ranges, l1, l2)
-        if kind == "adagrad":
-            eps = tf.constant(self.epsilon, dtype)
-            return regularized_apply.regularized_apply_adagrad(
-                var, self._accumulators[index], lr, eps, values, indices, ranges, l1, l2
+            state, op = (tf.cast(self.learning_rate, dtype),), "sgd"
+        elif kind == "adagrad":
+            lr, eps = tf.cast(self.learning_rate, dtype), tf.constant(self.epsilon, dtype)
+            state, op = (self._accumulators[index], lr, eps), "adagrad"
+        else:
+            op = "adam"
+            state = (
+                self._momentums[index],
+                self._velocities[index],
+                sparse_apply.adam_alpha(self, dtype),
+                tf.constant(1 - self.beta_1, dtype),
+                tf.constant(1 - self.beta_2, dtype),
+                tf.constant(self.epsilon, dtype),
             )
-        return regularized_apply.regularized_apply_adam(
-            var,
-            self._momentums[index],
-            self._velocities[index],
-            sparse_apply.adam_alpha(self, dtype),
-            tf.constant(1 - self.beta_1, dtype),
-            tf.constant(1 - self.beta_2, dtype),
-            tf.constant(self.epsilon, dtype),
-            values,
-            indices,
-            ranges,
-            l1,
-            l2,
-            lazy=kind == "lazy_adam",
-        )
+        kwargs = {"lazy": kind == "lazy_adam"} if op == "adam" else {}
+        reg = self._htf_reg.get(id(var))
+        if reg is None:
+            return getattr(sparse_apply, f"sparse_apply_{op}")(var, *state, grad.values, grad.indices, **kwargs)
+        ranges, l1, l2 = (tf.constant(x) for x in reg)
+        apply = getattr(regularized_apply, f"regularized_apply_{op}")
+        return apply(var, *state, grad.values, grad.indices, ranges, l1, l2, **kwargs)
 
 
 _HOROVOD_CLASSES: dict[type, type] = {}
