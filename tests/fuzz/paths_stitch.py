@@ -20,6 +20,10 @@ def _combine_args(tf, c):
     )
 
 
+def _combine_kwargs(c):
+    return {"field_segments": c["segments"], "segment_lengths": c["lengths"], "weights": c["weights"]}
+
+
 def run_stitch_combine(c, path):
     if path == "native":
         import hybridtf as htf
@@ -29,9 +33,7 @@ def run_stitch_combine(c, path):
             c["inverse"],
             c["sizes"],
             c["combiners"],
-            field_segments=c["segments"],
-            segment_lengths=c["lengths"],
-            weights=c["weights"],
+            **_combine_kwargs(c),
         )
     tf = _tf()
     if path == "raw":
@@ -46,9 +48,7 @@ def run_stitch_combine(c, path):
             c["inverse"],
             c["sizes"],
             c["combiners"],
-            field_segments=c["segments"],
-            segment_lengths=c["lengths"],
-            weights=c["weights"],
+            **_combine_kwargs(c),
         )
     return [_np(x) for x in out]
 
@@ -70,9 +70,7 @@ def run_stitch_combine_grad(c, path):
                 c["sizes"],
                 c["combiners"],
                 c["num_unique"],
-                field_segments=c["segments"],
-                segment_lengths=c["lengths"],
-                weights=c["weights"],
+                **_combine_kwargs(c),
             )
         ]
     tf = _tf()
@@ -96,9 +94,7 @@ def run_stitch_combine_grad(c, path):
             c["inverse"],
             c["sizes"],
             c["combiners"],
-            field_segments=c["segments"],
-            segment_lengths=c["lengths"],
-            weights=c["weights"],
+            **_combine_kwargs(c),
         )
         loss = tf.add_n([tf.reduce_sum(o * g) for o, g in zip(outs, c["grads"])])
     return [_np(tape.gradient(loss, rows))]
