@@ -22,6 +22,8 @@ import itertools
 
 import tensorflow as tf
 
+from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute.world import World
 from hybridtf._src.run.loader import load_ops
 
 STAT_NAMES = (
@@ -144,6 +146,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, config: TableConfig):
         self._config = config
+        self._world = World()
         self._shared_name = f"{config.name}_hybrid_hash_{next(_uid)}"
         super().__init__()
         with tf.init_scope():  # created once, outside any function being traced
@@ -156,6 +159,20 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
     @property
     def name(self) -> str:
         return self._config.name
+
+    @property
+    def world(self) -> World:
+        """The Horovod job this table is sharded over by id (one process: not sharded)."""
+        return self._world
+
+    def shard_over(self, world: World) -> None:
+        """This store becomes rank ``world.rank``'s shard (``distribute/dynamic_exchange.py``).
+
+        Its checkpoints then hold the whole table (gathered from every rank,
+        a collective) and a restore keeps the rows this rank owns, so a
+        checkpoint moves between any numbers of ranks.
+        """
+        self._world = world
 
     def _create_resource(self):
         return load_ops().hybrid_tf_hybrid_hash_table(shared_name=self._shared_name, **self._config.op_attrs())
@@ -254,7 +271,10 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _serialize_to_tensors(self):
-        ids, rows, slots, counts, slot_init, step = self.export()
+        if self._world.distributed:
+            ids, rows, slots, counts, slot_init, step = dynamic_exchange.full_export(self, self._world)
+        else:
+            ids, rows, slots, counts, slot_init, step = self.export()
         return {
             "ids": ids,
             "rows": rows,
@@ -283,5 +303,8 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
                 message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table; restore a "
                 "checkpoint of this model (same layers and names)",
             )
+        ids, rows, slots, counts = t["ids"], t["rows"], t["slots"], t["counts"]
+        if self._world.distributed:  # the whole table was saved: keep this rank's ids
+            ids, rows, slots, counts = dynamic_exchange.own_part(ids, rows, slots, counts, self._world)
         with tf.control_dependencies([check]):
-            return self.import_(t["ids"], t["rows"], t["slots"], t["counts"], t["slot_init"], t["step"])
+            return self.import_(ids, rows, slots, counts, t["slot_init"], t["step"])

@@ -1,0 +1,139 @@
+"""One process of the sharded dynamic-table tests: trains, checkpoints, writes what it saw (JSON + NPZ).
+
+Run by tests/multiprocess/test_horovod_dynamic_sharded.py as one process and
+under ``horovodrun -np 2 -H localhost:2 --gloo``. Every process sees the same
+global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)``.
+One process packs the two DynamicEmbedding tables into one store
+(``htf.keras.optimize``); two ranks shard each table by id.
+
+    python hvd_dynamic_worker.py OUT_DIR train          # exactness (Adagrad, Adam) + checkpoint c1
+    python hvd_dynamic_worker.py OUT_DIR restore CKPT   # restore CKPT, export, train, save c2, train
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvdk
+
+import hybridtf as htf
+from hybridtf._src.distribute import dynamic_exchange
+
+GLOBAL_BATCH, DIM, STEPS = 32, 4, 12
+TABLES = ("bag_emb", "one_emb")
+# Small hot tiers, a flush every 3 steps after 2 warm-up steps: flushes happen during every run.
+TABLE = {"hot_rows": 8, "warmup_steps": 2, "flush_every": 3}
+
+
+def batch(step: int):
+    """The global batch of ``step``: Zipf-like draws over raw 64-bit ids (negative ones too)."""
+    vocab = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, size=120, dtype=np.int64)
+    rng = np.random.default_rng(1000 + step)
+    p = 1.0 / np.arange(1, vocab.size + 1) ** 1.1
+    pick = rng.choice(vocab.size, size=(GLOBAL_BATCH, 4), p=p / p.sum())
+    x = {"bag": vocab[pick[:, :3]], "one": vocab[(pick[:, 3:] * 7 + 1) % vocab.size]}
+    x["x"] = rng.normal(size=(GLOBAL_BATCH, 2)).astype(np.float32)
+    return x, rng.normal(size=(GLOBAL_BATCH, 1)).astype(np.float32)
+
+
+def local(arrays, rank: int, size: int):
+    n = GLOBAL_BATCH // size
+    if isinstance(arrays, dict):
+        return {k: v[rank * n : (rank + 1) * n] for k, v in arrays.items()}
+    return arrays[rank * n : (rank + 1) * n]
+
+
+def build(kind: str, size: int):
+    bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
+    one = tf.keras.Input((1,), dtype=tf.int64, name="one")
+    dense = tf.keras.Input((2,), name="x")
+    e1 = htf.layers.DynamicEmbedding(DIM, combiner="sum", seed=11, name="bag_emb", **TABLE)(bag)
+    e2 = tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(DIM, seed=12, name="one_emb", **TABLE)(one))
+    h = tf.keras.layers.Concatenate()([e1, e2, dense])
+    h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
+    model = htf.keras.optimize(tf.keras.Model({"bag": bag, "one": one, "x": dense}, out))
+    inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+    optimizer = htf.keras.dynamic_optimizer(inner[kind]())
+    if size > 1:  # dense gradients averaged by Horovod; the sharded tables' buffers stay local
+        optimizer = hvdk.DistributedOptimizer(optimizer)
+        for v in htf.horovod.local_variables(model):
+            optimizer.register_local_var(v)
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def train(model, first: int, steps: int, rank: int, size: int) -> list:
+    """Per-step losses of the global batch (the mean of the ranks' local losses)."""
+    losses = []
+    for step in range(first, first + steps):
+        x, y = batch(step)
+        loss = model.train_on_batch(local(x, rank, size), local(y, rank, size))
+        if size > 1:
+            loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="loss").numpy()
+        losses.append(float(loss))
+    return losses
+
+
+def export(model, size: int) -> dict:
+    """Every table's whole content (ids ascending), gathered from the shards under Horovod."""
+    out = {}
+    for name in TABLES:
+        table = model.get_layer(name).table
+        if size > 1:
+            parts = dynamic_exchange.full_export(table, table.world)
+        else:
+            parts = table.export()
+        for key, value in zip(("ids", "rows", "slots", "counts", "slot_init", "step"), parts):
+            out[f"{name}/{key}"] = np.asarray(value)
+    return out
+
+
+def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
+    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint the others can restore."""
+    path = os.path.join(out_dir, tag, "ckpt") if rank == 0 else os.path.join(out_dir, f"scratch_{rank}", tag, "ckpt")
+    model.save_weights(path)
+    content = export(model, size)
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
+
+
+def main():
+    out_dir, mode = sys.argv[1], sys.argv[2]
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    result = {"rank": rank, "size": size}
+    if mode == "train":
+        for kind in ("adagrad", "adam"):
+            model = build(kind, size)
+            result[f"{kind}_losses"] = train(model, 0, STEPS, rank, size)
+            stats = [model.get_layer(n).stats() for n in TABLES]
+            result[f"{kind}_flushes"] = min(s["flushes"] for s in stats)
+            result[f"{kind}_local_sizes"] = [s["size"] for s in stats]
+            if size > 1:
+                result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
+        save(model, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
+        result["after_c1"] = train(model, STEPS, 6, rank, size)
+    else:
+        model = build("adam", size)
+        model.load_weights(sys.argv[3])
+        content = export(model, size)
+        if rank == 0:
+            np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
+        result["after_restore"] = train(model, STEPS, 6, rank, size)
+        save(model, out_dir, "c2", rank, size)
+        result["after_c2"] = train(model, STEPS + 6, 6, rank, size)
+    with open(os.path.join(out_dir, f"{mode}_{size}_{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()
