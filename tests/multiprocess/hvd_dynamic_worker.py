@@ -6,8 +6,9 @@ global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n
 One process packs the two DynamicEmbedding tables into one store
 (``htf.keras.optimize``); two ranks shard each table by id.
 
-    python hvd_dynamic_worker.py OUT_DIR train          # exactness (Adagrad, Adam) + checkpoint c1
-    python hvd_dynamic_worker.py OUT_DIR restore CKPT   # restore CKPT, export, train, save c2, train
+    python hvd_dynamic_worker.py OUT train                   # exactness (Adagrad, Adam), save c1, train on
+    python hvd_dynamic_worker.py OUT train+restore CKPT FIRST  # exactness, then restore CKPT (see restore)
+    python hvd_dynamic_worker.py OUT restore CKPT FIRST       # restore, export, train, save c2, train on
 """
 
 from __future__ import annotations
@@ -106,31 +107,37 @@ def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
         np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
 
 
+def restore(out_dir: str, ckpt: str, first: int, rank: int, size: int) -> dict:
+    """Restores ``ckpt`` (saved after step ``first - 1``), exports, trains, saves c2, trains on."""
+    model = build("adam", size)
+    model.load_weights(ckpt)
+    content = export(model, size)
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
+    result = {"after_restore": train(model, first, 6, rank, size)}
+    save(model, out_dir, "c2", rank, size)
+    result["after_c2"] = train(model, first + 6, 6, rank, size)
+    return result
+
+
 def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     result = {"rank": rank, "size": size}
-    if mode == "train":
+    if mode.startswith("train"):
         for kind in ("adagrad", "adam"):
             model = build(kind, size)
             result[f"{kind}_losses"] = train(model, 0, STEPS, rank, size)
             stats = [model.get_layer(n).stats() for n in TABLES]
             result[f"{kind}_flushes"] = min(s["flushes"] for s in stats)
             result[f"{kind}_local_sizes"] = [s["size"] for s in stats]
-            if size > 1:
-                result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
-        save(model, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
-        result["after_c1"] = train(model, STEPS, 6, rank, size)
-    else:
-        model = build("adam", size)
-        model.load_weights(sys.argv[3])
-        content = export(model, size)
-        if rank == 0:
-            np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
-        result["after_restore"] = train(model, STEPS, 6, rank, size)
-        save(model, out_dir, "c2", rank, size)
-        result["after_c2"] = train(model, STEPS + 6, 6, rank, size)
+            result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
+        if mode == "train":
+            save(model, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
+            result["after_c1"] = train(model, STEPS, 6, rank, size)
+    if "restore" in mode:
+        result.update(restore(out_dir, sys.argv[3], int(sys.argv[4]), rank, size))
     with open(os.path.join(out_dir, f"{mode}_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -53,7 +53,7 @@ def owner_of(ids: tf.Tensor, size: int) -> tf.Tensor:
 
     Example:
         >>> owner_of(tf.constant([0, 1, 2, 3], tf.int64), 2).numpy().tolist()
-        [0, 1, 1, 0]
+        [1, 1, 0, 1]
     """
     u64 = tf.uint64
     z = tf.bitcast(tf.convert_to_tensor(ids, tf.int64), u64) + tf.constant(_GAMMA, u64)
