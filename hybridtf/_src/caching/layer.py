@@ -161,6 +161,12 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         object.__setattr__(self, "_rows_buffer", buffer)
         object.__setattr__(self, "_ids_buffer", ids)
         object.__setattr__(self, "_received_ids", received)
+        if world.distributed and not tf.executing_eagerly():
+            # A TF1 graph (Estimator model_fn): hybridtf.horovod.DistributedOptimizer registers the buffer as a
+            # Horovod local variable (its owners receive every rank's rows: scaled by 1 / size, not allreduced).
+            from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+            tf.compat.v1.add_to_collection(LOCAL_VARIABLES, buffer)
         buffer._htf_dynamic_embedding = self  # the optimizer hook finds the layer through it
         self.built = True
 

@@ -161,8 +161,9 @@ def full_export(table, world: World):
 
 def own_part(ids, rows, slots, counts, world: World):
     """The rows of a whole-table export that ``world.rank`` owns (order kept)."""
-    mine = tf.equal(owner_of(ids, world.size), world.rank)
-    return tuple(tf.boolean_mask(t, mine) for t in (ids, rows, slots, counts))
+    ids = tf.reshape(ids, [-1])  # restored tensors may come without a static shape (TF1 Saver)
+    mine = tf.reshape(tf.where(tf.equal(owner_of(ids, world.size), world.rank)), [-1])
+    return tuple(tf.gather(t, mine) for t in (ids, rows, slots, counts))
 
 
 def is_sharded_dynamic_buffer(variable) -> bool:
