@@ -41,6 +41,7 @@ def batch(step: int):
     p = 1.0 / np.arange(1, vocab.size + 1) ** 1.1
     pick = rng.choice(vocab.size, size=(GLOBAL_BATCH, 4), p=p / p.sum())
     x = {"bag": vocab[pick[:, :3]], "one": vocab[(pick[:, 3:] * 7 + 1) % vocab.size]}
+    x["small"] = pick[:, :1] % 50  # a fixed-vocabulary feature (the mixed model's static table)
     x["x"] = rng.normal(size=(GLOBAL_BATCH, 2)).astype(np.float32)
     return x, rng.normal(size=(GLOBAL_BATCH, 1)).astype(np.float32)
 
@@ -52,32 +53,44 @@ def local(arrays, rank: int, size: int):
     return arrays[rank * n : (rank + 1) * n]
 
 
-def build(kind: str, size: int):
+def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
+    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``."""
     bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
     one = tf.keras.Input((1,), dtype=tf.int64, name="one")
     dense = tf.keras.Input((2,), name="x")
+    inputs = {"bag": bag, "one": one, "x": dense}
     e1 = htf.layers.DynamicEmbedding(DIM, combiner="sum", seed=11, name="bag_emb", **TABLE)(bag)
     e2 = tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(DIM, seed=12, name="one_emb", **TABLE)(one))
-    h = tf.keras.layers.Concatenate()([e1, e2, dense])
+    parts = [e1, e2, dense]
+    if mixed:
+        inputs["small"] = tf.keras.Input((1,), dtype=tf.int64, name="small")
+        init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=9)
+        static = tf.keras.layers.Embedding(50, DIM, embeddings_initializer=init, name="static_emb")
+        parts.append(tf.keras.layers.Flatten()(static(inputs["small"])))
+    h = tf.keras.layers.Concatenate()(parts)
     h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
-    model = htf.keras.optimize(tf.keras.Model({"bag": bag, "one": one, "x": dense}, out))
+    model = htf.keras.optimize(tf.keras.Model(inputs, out))
     inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
     optimizer = htf.keras.dynamic_optimizer(inner[kind]())
-    if size > 1:  # dense gradients averaged by Horovod; the sharded tables' buffers stay local
+    if not compile:
+        return model, optimizer
+    if size > 1 and not mixed:  # Horovod averages the dense gradients, the hooked optimizer keeps buffers local
+        # (mixed: hybridtf averages them, its static table is sharded too)
         optimizer = hvdk.DistributedOptimizer(optimizer)
-        for v in htf.horovod.local_variables(model):
-            optimizer.register_local_var(v)
     model.compile(optimizer=optimizer, loss="mse")
     return model
 
 
-def train(model, first: int, steps: int, rank: int, size: int) -> list:
+def train(model, first: int, steps: int, rank: int, size: int, step_fn=None) -> list:
     """Per-step losses of the global batch (the mean of the ranks' local losses)."""
     losses = []
     for step in range(first, first + steps):
         x, y = batch(step)
-        loss = model.train_on_batch(local(x, rank, size), local(y, rank, size))
+        x, y = local(x, rank, size), local(y, rank, size)
+        if "small" not in model.input:
+            del x["small"]
+        loss = model.train_on_batch(x, y) if step_fn is None else float(step_fn(x, y))
         if size > 1:
             loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="loss").numpy()
         losses.append(float(loss))
@@ -120,6 +133,23 @@ def restore(out_dir: str, ckpt: str, first: int, rank: int, size: int) -> dict:
     return result
 
 
+def custom_loop(size: int):
+    """A custom training step: ``hybridtf.horovod.DistributedGradientTape`` keeps the tables' buffers local."""
+    model, optimizer = build("adagrad", size, compile=False)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        if size > 1:
+            tape = htf.horovod.DistributedGradientTape(tape, model)
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return model, step
+
+
 def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
     hvd.init()
@@ -128,14 +158,20 @@ def main():
     if mode.startswith("train"):
         for kind in ("adagrad", "adam"):
             model = build(kind, size)
+            adam = model
             result[f"{kind}_losses"] = train(model, 0, STEPS, rank, size)
             stats = [model.get_layer(n).stats() for n in TABLES]
             result[f"{kind}_flushes"] = min(s["flushes"] for s in stats)
             result[f"{kind}_local_sizes"] = [s["size"] for s in stats]
             result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
+        model = build("adagrad", size, mixed=True)
+        result["mixed_losses"] = train(model, 0, STEPS, rank, size)
+        result["mixed_static_sharded"] = len(htf.horovod.local_variables(model)) if size > 1 else 0
+        loop_model, step = custom_loop(size)
+        result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
         if mode == "train":
-            save(model, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
-            result["after_c1"] = train(model, STEPS, 6, rank, size)
+            save(adam, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
+            result["after_c1"] = train(adam, STEPS, 6, rank, size)
     if "restore" in mode:
         result.update(restore(out_dir, sys.argv[3], int(sys.argv[4]), rank, size))
     with open(os.path.join(out_dir, f"{mode}_{size}_{rank}.json"), "w") as f:

@@ -5,7 +5,9 @@ Three launches of ``hvd_dynamic_worker.py`` (one process, ``horovodrun -np 2
 
 * exactness: per-step losses of 2 ranks (each table sharded by id) and of one
   process (both tables packed into one store by ``optimize``) agree within
-  1e-5 relative, with Adagrad and with Adam, flushes during the run;
+  1e-5 relative, with Adagrad and with Adam (``hvd.DistributedOptimizer``),
+  with a static table beside them (hybridtf averages), and in a custom loop
+  (``htf.horovod.DistributedGradientTape``), flushes during the runs;
 * checkpoints 1 -> 2 ranks: the 2 ranks' restored tables, gathered, are the
   one process's checkpoint bit for bit (ids, rows, slots, counts, step), and
   the later training agrees with the one process's own continuation;
@@ -77,6 +79,14 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     shares = [sum(two[rank][f"{kind}_local_sizes"]) for rank in (0, 1)]
     assert sum(shares) == one[f"{kind}_local_sizes"][0]
     assert min(shares) > 0.3 * sum(shares)
+
+
+def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
+    """hybridtf's own averaging (a static table sharded too) and ``htf.horovod.DistributedGradientTape``."""
+    for rank in (0, 1):
+        _close(runs["two"][rank]["mixed_losses"], runs["one"]["mixed_losses"])
+        assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
+        _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
 
 
 def test_checkpoint_one_to_two_ranks(runs):
