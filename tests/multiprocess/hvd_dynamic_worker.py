@@ -112,9 +112,8 @@ def export(model, size: int) -> dict:
 
 
 def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
-    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint the others can restore."""
-    path = os.path.join(out_dir, tag, "ckpt") if rank == 0 else os.path.join(out_dir, f"scratch_{rank}", tag, "ckpt")
-    model.save_weights(path)
+    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores."""
+    model.save_weights(os.path.join(out_dir, tag, "ckpt"))
     content = export(model, size)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
@@ -167,6 +166,12 @@ def main():
         model = build("adagrad", size, mixed=True)
         result["mixed_losses"] = train(model, 0, STEPS, rank, size)
         result["mixed_static_sharded"] = len(htf.horovod.local_variables(model)) if size > 1 else 0
+        before = export(model, size)  # save_weights of a model with static shards and dynamic tables
+        model.save_weights(os.path.join(out_dir, "mixed", "ckpt"))
+        reloaded = build("adagrad", size, mixed=True)
+        reloaded.load_weights(os.path.join(out_dir, "mixed", "ckpt"))
+        after = export(reloaded, size)
+        result["mixed_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
         if mode == "train":

@@ -87,6 +87,8 @@ def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
         _close(runs["two"][rank]["mixed_losses"], runs["one"]["mixed_losses"])
         assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
+        assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
+    assert runs["one"]["mixed_reload_identical"]
 
 
 def test_checkpoint_one_to_two_ranks(runs):

@@ -271,7 +271,10 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _serialize_to_tensors(self):
-        if self._world.distributed:
+        gathered = getattr(self, "_htf_gathered", None)  # dynamic_exchange.gathered_exports (save_weights)
+        if gathered is not None:
+            ids, rows, slots, counts, slot_init, step = gathered
+        elif self._world.distributed:
             ids, rows, slots, counts, slot_init, step = dynamic_exchange.full_export(self, self._world)
         else:
             ids, rows, slots, counts, slot_init, step = self.export()

@@ -35,6 +35,7 @@ every rank saves), ``own_part`` keeps the rows this rank owns at restore.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -157,6 +158,34 @@ def full_export(table, world: World):
     order = tf.argsort(gathered[0])
     ids, rows, slots, counts = (tf.gather(t, order) for t in gathered)
     return ids, rows, slots, counts, slot_init, step
+
+
+def sharded_tables(model) -> list:
+    """The HybridHash tables of ``model``'s layers that are sharded by id, in layer order (the same on every rank)."""
+    out, seen = [], set()
+    for layer in model._flatten_layers(include_self=False):
+        table = getattr(layer, "table", None)
+        world = getattr(table, "world", None)
+        if world is not None and world.distributed and id(table) not in seen:
+            seen.add(id(table))
+            out.append(table)
+    return out
+
+
+@contextlib.contextmanager
+def gathered_exports(tables):
+    """Every rank gathers its sharded ``tables`` now (collectives); inside, their checkpoints use that export.
+
+    So one rank alone can then write a checkpoint holding the whole tables
+    (``save_weights``: every rank calls it, rank 0 writes the file).
+    """
+    for table in tables:
+        table._htf_gathered = full_export(table, table.world)
+    try:
+        yield
+    finally:
+        for table in tables:
+            table._htf_gathered = None
 
 
 def own_part(ids, rows, slots, counts, world: World):

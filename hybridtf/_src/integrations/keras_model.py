@@ -27,6 +27,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
@@ -164,10 +165,14 @@ class _HybridModelMixin:
             with _crash_safe(filepath, overwrite) as path:
                 base(path, overwrite=overwrite, save_format=save_format, options=options)
 
-        if not storage.sharded:
+        dynamic = dynamic_exchange.sharded_tables(self)  # DynamicEmbedding tables sharded by id
+        if not storage.sharded and not dynamic:
             return write()
-        self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
-        with storage.gathered():
+        with contextlib.ExitStack() as stack:
+            if storage.sharded:
+                self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
+                stack.enter_context(storage.gathered())
+            stack.enter_context(dynamic_exchange.gathered_exports(dynamic))
             if storage.world.rank == 0:
                 write()
         # A barrier: the file is complete before any rank goes on (and maybe reads it).
@@ -240,6 +245,19 @@ class _HybridModelMixin:
 
 class _UnpackedModelMixin:
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """With DynamicEmbedding tables sharded by id over Horovod ranks: every rank calls it, rank 0 writes."""
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if not dynamic:
+            return super().save_weights(filepath, *args, **kwargs)
+        world = dynamic[0].world
+        with dynamic_exchange.gathered_exports(dynamic):  # every rank gathers the whole tables
+            if world.rank == 0:
+                super().save_weights(filepath, *args, **kwargs)
+        # A barrier: the file is complete before any rank goes on (and maybe reads it).
+        world.hvd.allreduce(tf.constant(0), op=world.hvd.Sum, name="hybridtf_saved_weights")
+        return None
 
     @property
     def hybridtf_plan(self) -> PackingPlan:
