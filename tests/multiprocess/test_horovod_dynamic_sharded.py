@@ -88,6 +88,7 @@ def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
         assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
         assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
+        assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
     assert runs["one"]["mixed_reload_identical"]
 
 

@@ -201,13 +201,8 @@ class _HybridModelMixin:
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
         _refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
-        if storage.sharded:
-            raise NotImplementedError(
-                f"model.save of a model whose tables are sharded over {storage.world.size} Horovod ranks: its "
-                "traced functions exchange rows between ranks. Call model.save_weights(path) on every rank, then "
-                "load the weights into the model in one process (hybridtf.keras.optimize without Horovod, or "
-                "the plain model) and save or export that."
-            )
+        if storage.sharded or dynamic_exchange.sharded_tables(self):
+            raise _sharded_save_error(storage.world.size)
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with _crash_safe(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
@@ -243,8 +238,23 @@ class _HybridModelMixin:
         return list(self._htf_fused_dense_names)
 
 
+def _sharded_save_error(size: int) -> NotImplementedError:
+    return NotImplementedError(
+        f"model.save of a model whose tables are sharded over {size} Horovod ranks: its traced functions "
+        "exchange rows between ranks. Call model.save_weights(path) on every rank, then load the weights into "
+        "the model in one process (hybridtf.keras.optimize without Horovod, or the plain model) and save or "
+        "export that."
+    )
+
+
 class _UnpackedModelMixin:
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    def save(self, filepath, *args, **kwargs):
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if dynamic:
+            raise _sharded_save_error(dynamic[0].world.size)
+        return super().save(filepath, *args, **kwargs)
 
     def save_weights(self, filepath, *args, **kwargs):
         """With DynamicEmbedding tables sharded by id over Horovod ranks: every rank calls it, rank 0 writes."""
