@@ -151,9 +151,15 @@ def custom_loop(size: int):
 
 def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
+    early = htf.layers.DynamicEmbedding(DIM, name="early")  # built before hvd.init(): not sharded
+    early.build(None)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    result = {"rank": rank, "size": size}
+    result = {"rank": rank, "size": size, "early_error": None}
+    try:
+        early(tf.constant([1, 2], tf.int64), training=True)
+    except ValueError as err:
+        result["early_error"] = str(err)
     if mode.startswith("train"):
         for kind in ("adagrad", "adam"):
             model = build(kind, size)

@@ -89,6 +89,8 @@ def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
         assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
+        assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
+    assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
     assert runs["one"]["mixed_reload_identical"]
 
 

@@ -217,6 +217,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             # an optimized model's record pass: its outputs are discarded, touch nothing (hybridtf.function's
             # and Estimator's scratch-graph record passes never run and need the real lookup's gradient)
             return self._combine(ids, tf.zeros(tf.stack([tf.size(flat), self.output_dim])))
+        self._check_sharding()
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         if save_context.in_save_context():  # SavedModel export: a static lookup + gather
             serving = self._serving_snapshot()
@@ -249,6 +250,19 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         else:
             embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
         return self._combine(ids, embedded)
+
+    def _check_sharding(self) -> None:
+        """A table built in one process must not train on its own in each rank of a later Horovod job."""
+        if not isinstance(self.table, HybridHashTable) or self.table.world.distributed:
+            return
+        world = current_world()
+        if world.distributed:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r} was built before hvd.init(), so its table is not sharded over the "
+                f"{world.size} Horovod ranks and each rank would train its own copy. Call hvd.init() before building "
+                "the model (its tables are then sharded by id); to continue a one-process model, save_weights there "
+                "and load them into the model built after hvd.init()."
+            )
 
     @property
     def _shard_world(self) -> World:
