@@ -9,6 +9,7 @@ One process packs the two DynamicEmbedding tables into one store
     python hvd_dynamic_worker.py OUT train                   # exactness (Adagrad, Adam), save c1, train on
     python hvd_dynamic_worker.py OUT train+restore CKPT FIRST  # exactness, then restore CKPT (see restore)
     python hvd_dynamic_worker.py OUT restore CKPT FIRST       # restore, export, train, save c2, train on
+    python hvd_dynamic_worker.py OUT diverge                  # uneven batches: must end with an error
 """
 
 from __future__ import annotations
@@ -160,6 +161,11 @@ def main():
         early(tf.constant([1, 2], tf.int64), training=True)
     except ValueError as err:
         result["early_error"] = str(err)
+    if mode == "diverge":  # rank 1 has fewer batches, then saves while rank 0 is still in a training step
+        model = build("adagrad", size)
+        train(model, 0, 4 - 2 * rank, rank, size)
+        model.save_weights(os.path.join(out_dir, "diverged", "ckpt"))
+        return
     if mode.startswith("train"):
         for kind in ("adagrad", "adam"):
             model = build(kind, size)

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -105,3 +106,17 @@ def test_checkpoint_two_to_one_rank(runs):
     _, two_dir, back_dir = runs["dirs"]
     _same_tables(two_dir / "c2_2.npz", back_dir / "restored_1.npz")
     _close(runs["back"]["after_restore"], runs["two"][0]["after_c2"])
+
+
+def test_ranks_that_diverge_end_with_an_error_not_a_hang(tmp_path):
+    """Rank 1 runs fewer batches, then saves while rank 0 is in a step: both end, naming the collectives."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(tmp_path), "diverge"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "HYBRIDTF_COLLECTIVE_TIMEOUT_S": "6"}
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-4000:]
+    assert "CollectiveTimeoutError" in output or "CollectiveAbortedError" in output, output[-4000:]
+    assert "checkpoint gather" in output and "training step" in output, output[-4000:]
+    assert time.time() - start < 240

@@ -41,6 +41,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import World
 
 # SplitMix64's increment and finalizer multipliers (Steele, Lea, Flood 2014).
@@ -179,8 +180,10 @@ def gathered_exports(tables):
     So one rank alone can then write a checkpoint holding the whole tables
     (``save_weights``: every rank calls it, rank 0 writes the file).
     """
-    for table in tables:
-        table._htf_gathered = full_export(table, table.world)
+    if tables:
+        with watchdog.collective_phase(tables[0].world, watchdog.CHECKPOINT_GATHER, f"{len(tables)} dynamic tables"):
+            for table in tables:
+                table._htf_gathered = full_export(table, table.world)
     try:
         yield
     finally:

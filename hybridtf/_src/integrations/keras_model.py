@@ -531,6 +531,8 @@ def _leave_unpacked(model: tf.keras.Model, plan: PackingPlan, skipped: list[Skip
     model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
     object.__setattr__(model, "_htf_plan", plan)
     object.__setattr__(model, "_htf_skipped", skipped)
+    if dynamic_exchange.sharded_tables(model):  # its steps exchange ids and rows: no rank waits forever
+        horovod_hooks.guard_collectives(model)
 
 
 def _rewrite_model(
