@@ -14,6 +14,11 @@ distinct rows; an optimizer hooked by ``dynamic_optimizer`` (or
 table's fused update (SGD, Adagrad, Adam, LazyAdam with the table's own
 slots), which then ends Algorithm 1's step (flush check). The buffer is not
 checkpointed; the table is (ids, rows, slots, counts).
+
+Under Horovod (``hvd.init()`` before the layer is built) the table is this
+rank's shard: lookups and gradients go to the ids' owners through
+``hybridtf/_src/distribute/dynamic_exchange.py`` (alltoall), so N ranks
+train what one process trains on the global batch.
 """
 
 from __future__ import annotations

@@ -13,6 +13,11 @@ A packed store (``TableConfig.members``, PICASSO's packed HybridHash) holds
 several tables keyed by (member, id); every op then takes a ``members``
 vector (each id's member index) and each member keeps its own seed and
 initializer. ``hybridtf/_src/rewrite/packed_dynamic.py`` builds them.
+
+Under Horovod a table can be one rank's shard of a table sharded by id
+(``shard_over``, ``distribute/dynamic_exchange.py``): its checkpoint then
+holds the whole table (every shard gathered, ids ascending, the tensors one
+process writes) and a restore keeps the ids this rank owns.
 """
 
 from __future__ import annotations
