@@ -49,6 +49,9 @@ def _storage(obj):
 def local_variables(*objs) -> list:
     """This rank's shards of the packed tables of ``objs`` (optimized models or ``Tables``).
 
+    Also the distinct-rows buffers of their ``DynamicEmbedding`` tables
+    sharded by id over the ranks (their owners sum every rank's rows).
+
     Their gradients are model-parallel: they must not be allreduced, and a
     broadcast from rank 0 must not overwrite them. Register them with
     ``tape.register_local_source`` / ``optimizer.register_local_var`` /
@@ -57,9 +60,16 @@ def local_variables(*objs) -> list:
     Raises:
         TypeError: an object that is neither.
     """
+    from hybridtf._src.distribute.dynamic_exchange import sharded_dynamic_buffers
+
     out = []
     for obj in objs:
+        buffers = sharded_dynamic_buffers(obj)
+        if buffers and getattr(obj, "_htf_runtime", None) is None:  # only dynamic tables (nothing packed)
+            out.extend(buffers)
+            continue
         out.extend(_storage(obj).sharded_variables())
+        out.extend(buffers)
     return out
 
 

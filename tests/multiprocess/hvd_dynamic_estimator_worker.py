@@ -1,6 +1,12 @@
-"""Builds a wrapped model_fn with a DynamicEmbedding under Horovod; writes what the wrapper said (JSON per rank).
+"""An Estimator model_fn with a DynamicEmbedding under Horovod: trained, saved, evaluated (JSON + NPZ per rank).
 
-horovodrun -np 2 -H localhost:2 --gloo python hvd_dynamic_estimator_worker.py OUT_DIR
+Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
+global batch; under 2 ranks the table is sharded by id and every rank has its
+own model_dir (every rank saves: the table is gathered). Also records what
+the wrapper says about a ``hybridtf.embedding.Tables`` dynamic table (not
+sharded: refused above one rank).
+
+    horovodrun -np 2 -H localhost:2 --gloo python hvd_dynamic_estimator_worker.py OUT_DIR
 """
 
 from __future__ import annotations
@@ -12,31 +18,102 @@ import sys
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # the checkout
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 import hybridtf as htf
 import hybridtf.estimator as htf_estimator
+from hybridtf._src.caching.dynamic_table import DynamicTableConfig
 from hybridtf._src.capture.context import CaptureError
+
+GLOBAL_BATCH, STEPS, DIM = 32, 10, 4
+LOSS_KEY = "hvd_dynamic_estimator_loss"
+FIELDS = ("ids", "rows", "slots", "counts", "slot_init", "step")
+
+
+def global_data(n_batches, seed):
+    vocab = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, size=90, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, vocab.size + 1) ** 1.1
+    ids = vocab[rng.choice(vocab.size, size=(GLOBAL_BATCH * n_batches, 3), p=p / p.sum())]
+    x = rng.normal(size=(GLOBAL_BATCH * n_batches, 2)).astype(np.float32)
+    return ids, x, rng.normal(size=(GLOBAL_BATCH * n_batches, 1)).astype(np.float32)
+
+
+def input_fn(data, rank, size):
+    ids, x, y = data
+    per = GLOBAL_BATCH // size
+    rows = np.concatenate(
+        [np.arange(b * GLOBAL_BATCH + rank * per, b * GLOBAL_BATCH + (rank + 1) * per) for b in range(len(y) // 32)]
+    )
+    return tf.data.Dataset.from_tensor_slices(({"ids": ids[rows], "x": x[rows]}, y[rows])).batch(per)
 
 
 def model_fn(features, labels, mode):
-    emb = htf.layers.DynamicEmbedding(4, hot_rows=8, name="items")(features["ids"], training=True)
+    train = mode == tf.estimator.ModeKeys.TRAIN
+    table = htf.layers.DynamicEmbedding(DIM, combiner="sum", hot_rows=8, warmup_steps=2, flush_every=3, name="items")
+    h = tf.concat([table(features["ids"], training=train), features["x"]], axis=1)
+    h = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))(h)
+    pred = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))(h)
+    loss = tf.reduce_mean(tf.square(pred - labels))
+    if not train:
+        return tf.estimator.EstimatorSpec(mode, loss=loss)
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    optimizer = htf.keras.dynamic_optimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+    if hvd.size() > 1:
+        optimizer = htf.horovod.DistributedOptimizer(optimizer)
+    train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def tables_model_fn(features, labels, mode):
+    tables = htf.embedding.Tables([DynamicTableConfig("users", DIM, hot_rows=8)])
+    emb = tables.lookup("users", features["ids"], combiner="sum", training=True)
     loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb, axis=1, keepdims=True) - labels))
     opt = htf.keras.dynamic_optimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.minimize(loss))
 
 
+class LossHook(tf.compat.v1.train.SessionRunHook):
+    def __init__(self):
+        self.losses = []
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(float(run_values.results))
+
+
 def main():
+    out = pathlib.Path(sys.argv[1])
     hvd.init()
-    result = {"rank": hvd.rank(), "size": hvd.size(), "error": None}
+    rank, size = hvd.rank(), hvd.size()
+    result = {"rank": rank, "size": size, "tables_error": None}
+    config = tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+    model_dir = out / f"est_{size}_{rank}"
+    est = tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(model_dir), config=config)
+    losses = LossHook()
+    est.train(lambda: input_fn(global_data(STEPS, 3), rank, size), steps=STEPS, hooks=[losses])
+    loss = losses.losses
+    if size > 1:
+        loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="losses").numpy().tolist()
+    result["losses"] = loss
+    evaluation = est.evaluate(lambda: input_fn(global_data(2, 4), rank, size), steps=2)["loss"]
+    if size > 1:
+        evaluation = hvd.allreduce(tf.constant(evaluation, tf.float64), op=hvd.Average, name="eval").numpy()
+    result["eval_loss"] = float(evaluation)
+    reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
+    np.savez(out / f"table_{size}_{rank}.npz", **{f: reader.get_tensor(f"hybridtf_dynamic/items/{f}") for f in FIELDS})
     with tf.Graph().as_default():
-        features = {"ids": tf.constant([1, 2, 3], tf.int64)}
+        features = {"ids": tf.constant([[1, 2, 3]], tf.int64)}
         try:
-            htf_estimator.model_fn(model_fn)(features, tf.zeros([3, 1]), tf.estimator.ModeKeys.TRAIN)
+            htf_estimator.model_fn(tables_model_fn)(features, tf.zeros([1, 1]), tf.estimator.ModeKeys.TRAIN)
         except CaptureError as err:
-            result["error"] = str(err)
-    out = pathlib.Path(sys.argv[1]) / f"dynamic_{hvd.size()}_{hvd.rank()}.json"
-    out.write_text(json.dumps(result))
+            result["tables_error"] = str(err)
+    (out / f"dynamic_{size}_{rank}.json").write_text(json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,11 @@ distinct rows; an optimizer hooked by ``dynamic_optimizer`` (or
 table's fused update (SGD, Adagrad, Adam, LazyAdam with the table's own
 slots), which then ends Algorithm 1's step (flush check). The buffer is not
 checkpointed; the table is (ids, rows, slots, counts).
+
+Under Horovod (``hvd.init()`` before the layer is built) the table is this
+rank's shard: lookups and gradients go to the ids' owners through
+``hybridtf/_src/distribute/dynamic_exchange.py`` (alltoall), so N ranks
+train what one process trains on the global batch.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from tensorflow.python.saved_model import save_context
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
+from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute.world import World, current_world
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -142,6 +149,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def build(self, input_shape=None):
         # Not auto-tracked: _trackable_children names it for checkpoints and leaves it out of SavedModels.
         object.__setattr__(self, "table", HybridHashTable(self._table_config))
+        world = current_world()
+        if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
+            self.table.shard_over(world)
         # Untracked (never checkpointed): the distinct rows of the current step and their ids.
         with tf.init_scope():
             buffer = tf.Variable(
@@ -151,8 +161,17 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 name=f"{self.name}_distinct_rows",
             )
             ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            # Sharded: the ids this rank's shard received from every rank in the step's lookup.
+            received = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
         object.__setattr__(self, "_rows_buffer", buffer)
         object.__setattr__(self, "_ids_buffer", ids)
+        object.__setattr__(self, "_received_ids", received)
+        if world.distributed and not tf.executing_eagerly():
+            # A TF1 graph (Estimator model_fn): hybridtf.horovod.DistributedOptimizer registers the buffer as a
+            # Horovod local variable (its owners receive every rank's rows: scaled by 1 / size, not allreduced).
+            from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+            tf.compat.v1.add_to_collection(LOCAL_VARIABLES, buffer)
         buffer._htf_dynamic_embedding = self  # the optimizer hook finds the layer through it
         self.built = True
 
@@ -177,7 +196,11 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             current = getattr(self, "_serving", None)
             if current is not None and current.version == version:  # unchanged: one snapshot per save
                 return current
-            ids, rows = self.table.export()[:2]
+            world = self._shard_world
+            if world.distributed:  # every rank exports (a collective): the whole table
+                ids, rows = dynamic_exchange.full_export(self.table, world)[:2]
+            else:
+                ids, rows = self.table.export()[:2]
             n = tf.shape(ids, out_type=tf.int64)[0]
             init = tf.lookup.KeyValueTensorInitializer(ids, tf.range(n), tf.int64, tf.int64)
             serving = tf.Module(name=f"{self.name}_serving")
@@ -199,6 +222,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             # an optimized model's record pass: its outputs are discarded, touch nothing (hybridtf.function's
             # and Estimator's scratch-graph record passes never run and need the real lookup's gradient)
             return self._combine(ids, tf.zeros(tf.stack([tf.size(flat), self.output_dim])))
+        self._check_sharding()
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         if save_context.in_save_context():  # SavedModel export: a static lookup + gather
             serving = self._serving_snapshot()
@@ -213,14 +237,46 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                     "features' ids and split the output), or use one layer per feature."
                 )
             object.__setattr__(self, "_training_graph", graph)
-            rows = self.table.lookup(unique, counts, insert=True)
-            assign_rows = self._rows_buffer.assign(rows)
-            assign_ids = self._ids_buffer.assign(unique)
-            with tf.control_dependencies([assign_rows, assign_ids]):
+            world = self._shard_world
+            assigns = [self._ids_buffer.assign(unique)]
+            if world.distributed:
+                routed = dynamic_exchange.sharded_lookup(self.table, unique, counts, world, self._exchange_name, True)
+                rows = routed.rows
+                assigns.append(self._received_ids.assign(routed.received_ids))
+            else:
+                rows = self.table.lookup(unique, counts, insert=True)
+            assigns.append(self._rows_buffer.assign(rows))
+            with tf.control_dependencies(assigns):
                 embedded = tf.gather(self._rows_buffer, inverse)
+        elif self._shard_world.distributed:  # every rank looks up (a collective), nothing inserted
+            world = self._shard_world
+            rows = dynamic_exchange.sharded_lookup(self.table, unique, None, world, self._exchange_name, False).rows
+            embedded = tf.gather(rows, inverse)
         else:
             embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
         return self._combine(ids, embedded)
+
+    def _check_sharding(self) -> None:
+        """A table built in one process must not train on its own in each rank of a later Horovod job."""
+        if not isinstance(self.table, HybridHashTable) or self.table.world.distributed:
+            return
+        world = current_world()
+        if world.distributed:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r} was built before hvd.init(), so its table is not sharded over the "
+                f"{world.size} Horovod ranks and each rank would train its own copy. Call hvd.init() before building "
+                "the model (its tables are then sharded by id); to continue a one-process model, save_weights there "
+                "and load them into the model built after hvd.init()."
+            )
+
+    @property
+    def _shard_world(self) -> World:
+        """The job the table is sharded over (a packed member's view, or the Tables API's table: none)."""
+        return getattr(self.table, "world", None) or World()
+
+    @property
+    def _exchange_name(self) -> str:
+        return f"hybridtf_dynamic_{self.name}"
 
     def _combine(self, ids, embedded):
         if self.combiner is None:
@@ -244,6 +300,12 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
+        world = getattr(self.table, "world", None)  # also DynamicTable's (Tables API): never sharded
+        if (
+            world is not None and world.distributed
+        ):  # the owners sum every rank's rows and update the distinct ids they own
+            received = self._received_ids.read_value()
+            ids, grad = dynamic_exchange.owner_gradients(ids, grad, received, world, self._exchange_name)
         lr = tf.cast(optimizer.learning_rate, tf.float32)
         if kind == "sgd":
             return self.table.apply_sgd(ids, grad, lr)

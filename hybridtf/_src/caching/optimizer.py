@@ -6,6 +6,11 @@ of each DynamicEmbedding's distinct-rows buffer goes to that table's fused
 update with the optimizer's hyperparameters (learning rate, epsilon, betas,
 Adam's bias correction from ``optimizer.iterations``) and the table's own
 slots; every other gradient goes through the Keras optimizer unchanged.
+
+Under Horovod, a table sharded by id (``distribute/dynamic_exchange.py``)
+sends the buffer's gradient rows to the ids' owners first; wrapped by
+``hvd.DistributedOptimizer``, the hooked optimizer registers those buffers
+as Horovod local variables (scaled by ``1 / size``, never allreduced).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import tensorflow as tf
 
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.integrations.keras_optimizers import fusable
 
 
@@ -27,6 +33,15 @@ def update_kind(optimizer) -> str | None:
 
 
 class _DynamicOptimizerMixin:
+    def compute_gradients(self, loss, var_list, tape=None):
+        # Under a hvd.DistributedOptimizer (whose compute_gradients allreduces what this returns): the buffers
+        # of tables sharded by id are Horovod local variables (their owners receive every rank's rows).
+        if hasattr(self, "register_local_var") and not callable(var_list):
+            for v in var_list:
+                if is_sharded_dynamic_buffer(v):
+                    self.register_local_var(v)
+        return super().compute_gradients(loss, var_list, tape)
+
     def build(self, var_list):
         # Distinct-rows buffers train through their tables' own slots: no Keras slots for them, so the
         # optimizer's variables (checkpointed by position) are the same packed or not.

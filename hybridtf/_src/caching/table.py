@@ -13,6 +13,11 @@ A packed store (``TableConfig.members``, PICASSO's packed HybridHash) holds
 several tables keyed by (member, id); every op then takes a ``members``
 vector (each id's member index) and each member keeps its own seed and
 initializer. ``hybridtf/_src/rewrite/packed_dynamic.py`` builds them.
+
+Under Horovod a table can be one rank's shard of a table sharded by id
+(``shard_over``, ``distribute/dynamic_exchange.py``): its checkpoint then
+holds the whole table (every shard gathered, ids ascending, the tensors one
+process writes) and a restore keeps the ids this rank owns.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import itertools
 
 import tensorflow as tf
 
+from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute.world import World
 from hybridtf._src.run.loader import load_ops
 
 STAT_NAMES = (
@@ -144,6 +151,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     def __init__(self, config: TableConfig):
         self._config = config
+        self._world = World()
         self._shared_name = f"{config.name}_hybrid_hash_{next(_uid)}"
         super().__init__()
         with tf.init_scope():  # created once, outside any function being traced
@@ -156,6 +164,20 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
     @property
     def name(self) -> str:
         return self._config.name
+
+    @property
+    def world(self) -> World:
+        """The Horovod job this table is sharded over by id (one process: not sharded)."""
+        return self._world
+
+    def shard_over(self, world: World) -> None:
+        """This store becomes rank ``world.rank``'s shard (``distribute/dynamic_exchange.py``).
+
+        Its checkpoints then hold the whole table (gathered from every rank,
+        a collective) and a restore keeps the rows this rank owns, so a
+        checkpoint moves between any numbers of ranks.
+        """
+        self._world = world
 
     def _create_resource(self):
         return load_ops().hybrid_tf_hybrid_hash_table(shared_name=self._shared_name, **self._config.op_attrs())
@@ -254,7 +276,13 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _serialize_to_tensors(self):
-        ids, rows, slots, counts, slot_init, step = self.export()
+        gathered = getattr(self, "_htf_gathered", None)  # dynamic_exchange.gathered_exports (save_weights)
+        if gathered is not None:
+            ids, rows, slots, counts, slot_init, step = gathered
+        elif self._world.distributed:
+            ids, rows, slots, counts, slot_init, step = dynamic_exchange.full_export(self, self._world)
+        else:
+            ids, rows, slots, counts, slot_init, step = self.export()
         return {
             "ids": ids,
             "rows": rows,
@@ -283,5 +311,8 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
                 message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table; restore a "
                 "checkpoint of this model (same layers and names)",
             )
+        ids, rows, slots, counts = t["ids"], t["rows"], t["slots"], t["counts"]
+        if self._world.distributed:  # the whole table was saved: keep this rank's ids
+            ids, rows, slots, counts = dynamic_exchange.own_part(ids, rows, slots, counts, self._world)
         with tf.control_dependencies([check]):
-            return self.import_(t["ids"], t["rows"], t["slots"], t["counts"], t["slot_init"], t["step"])
+            return self.import_(ids, rows, slots, counts, t["slot_init"], t["step"])

@@ -18,6 +18,11 @@ Which update reproduces which optimizer (same math as TF1's sparse updates):
   from the optimizer's own ``beta1_power`` / ``beta2_power`` read before its
   ``_finish`` advances them.
 
+Under Horovod, a ``DynamicEmbedding`` table sharded by id sends the
+gradient rows to the ids' owners first (``distribute/dynamic_exchange.py``);
+its buffer is a Horovod local variable (``hybridtf.horovod.DistributedOptimizer``
+scales it by ``1 / size`` instead of allreducing it).
+
 The table updates run inside the optimizer's ``apply_gradients`` (before
 ``_finish``), so ``global_step`` advances after them, as for any variable.
 """
@@ -25,6 +30,8 @@ The table updates run inside the optimizer's ``apply_gradients`` (before
 from __future__ import annotations
 
 import tensorflow as tf
+
+from hybridtf._src.distribute import dynamic_exchange
 
 _V1 = tf.compat.v1.train
 
@@ -61,6 +68,11 @@ def v1_table_update(optimizer, kind: str, owner, grad):
         grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(ids)[0])
     grad = tf.cast(grad, tf.float32)
     table = owner.table
+    world = getattr(table, "world", None)
+    if world is not None and world.distributed:  # sharded by id: the owners sum every rank's rows
+        with tf.control_dependencies([grad]):
+            received = owner._received_ids.read_value()
+        ids, grad = dynamic_exchange.owner_gradients(ids, grad, received, world, owner._exchange_name)
     if kind == "sgd":
         return table.apply_sgd(ids, grad, _hyper(optimizer, optimizer._learning_rate))
     if kind == "adagrad":

@@ -10,13 +10,17 @@ gradients:
 * shards (model-parallel): the owner has already received every rank's
   gradient rows through the alltoall's backward (summed per row), so they are
   only divided by the size — the same scaling Horovod applies to a
-  ``DistributedOptimizer``'s registered local variables.
+  ``DistributedOptimizer``'s registered local variables;
+* the distinct-rows buffers of dynamic tables sharded by id
+  (``dynamic_exchange``): like shards, their owners receive every rank's
+  rows, so they are only divided by the size.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
 
+from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.distribute.world import World
 
 
@@ -33,6 +37,7 @@ def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
     """
     hvd = world.hvd
     out = list(grads_and_vars)
+    sharded_ids = set(sharded_ids) | {id(v) for _, v in out if is_sharded_dynamic_buffer(v)}
     dense = [i for i, (g, v) in enumerate(out) if g is not None and id(v) not in sharded_ids]
     tensors = [i for i in dense if not isinstance(out[i][0], tf.IndexedSlices)]
     if tensors:

@@ -18,8 +18,12 @@ rows). After the model_fn's real pass, ``finish_graph``:
   runs it every N steps and when training ends) and its statistics op to
   the graph's ``EstimatorReport`` (``StatsHook`` logs hit ratios, sizes,
   inserts and evictions);
-* refuses to run under Horovod with more than one rank (dynamic tables are
-  not sharded over ranks here yet: each rank would train its own copy);
+* under Horovod with more than one rank, ``DynamicEmbedding`` tables are
+  sharded by id (``distribute/dynamic_exchange.py``): every rank saves the
+  whole table (gathered, so every rank must save at the same steps, e.g.
+  each with its own model_dir as for sharded static tables) and a restore
+  or warm start keeps the ids the rank owns. ``hybridtf.embedding.Tables``
+  dynamic tables are not sharded: refused above one rank, by name;
 * in TRAIN mode, checks that every trainable dynamic table is looked up
   for training and has a fused update in the graph: a table read for
   inference (Keras leaves ``training`` unset in a model_fn) or whose buffer
@@ -38,6 +42,7 @@ import tensorflow as tf
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_dynamic_warm_start
 from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
@@ -59,7 +64,9 @@ class TableSaveable(saveable_object.SaveableObject):
     def __init__(self, table):
         self._table = table
         name = f"{PREFIX}/{table.name}"
-        tensors = [*table.export(), tf.constant(table.name)]
+        world = table.world
+        export = dynamic_exchange.full_export(table, world) if world.distributed else table.export()
+        tensors = [*export, tf.constant(table.name)]
         specs = [saveable_object.SaveSpec(t, "", f"{name}/{field}") for t, field in zip(tensors, _FIELDS)]
         # Named after the handle op: the SAVEABLE_OBJECTS collection is exported with SavedModels by op name.
         super().__init__(table.resource_handle, specs, table.resource_handle.op.name)
@@ -73,6 +80,9 @@ class TableSaveable(saveable_object.SaveableObject):
             message=f"HybridHash table {self._table.name!r}: the checkpoint entry holds another table; restore a "
             "checkpoint of this model_fn (same table names)",
         )
+        world = self._table.world
+        if world.distributed:  # the whole table was saved: keep the ids this rank owns
+            ids, rows, slots, counts = dynamic_exchange.own_part(ids, rows, slots, counts, world)
         with tf.control_dependencies([check]):
             return self._table.import_(ids, rows, slots, counts, slot_init, step)
 
@@ -136,18 +146,23 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
     if not owners:
         return owners
     world = current_world()
-    if world.size > 1:
+    unsharded = [o.table.name for o in owners if not o.table.world.distributed]
+    if world.size > 1 and unsharded:
         raise CaptureError(
-            f"hybridtf.estimator: dynamic table(s) {[o.table.name for o in owners]} under Horovod with "
-            f"{world.size} ranks: dynamic tables are not sharded over ranks in Estimator model_fns yet, so each "
-            "rank would train its own copy. Train them in one process, or use fixed-vocabulary tables here."
+            f"hybridtf.estimator: dynamic table(s) {unsharded} under Horovod with {world.size} ranks: "
+            "hybridtf.embedding.Tables dynamic tables are not sharded over ranks, so each rank would train its "
+            "own copy. Use htf.layers.DynamicEmbedding in the model_fn (sharded by id over the ranks), train them "
+            "in one process, or use fixed-vocabulary tables here."
         )
     updated = _updated_handles(graph) if mode == tf.estimator.ModeKeys.TRAIN else set()
     with graph.as_default():
         for owner in owners:
             table = owner.table
             name = table.name
-            _move_to_local(graph, [owner._rows_buffer, owner._ids_buffer])
+            buffers = [owner._rows_buffer, owner._ids_buffer]
+            if getattr(owner, "_received_ids", None) is not None:
+                buffers.append(owner._received_ids)
+            _move_to_local(graph, buffers)
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, TableSaveable(table))
             with tf.name_scope(f"hybridtf_cache/{name}"):
                 tf.compat.v1.add_to_collection(CACHE_MAINTENANCE, table.flush())

@@ -23,6 +23,7 @@ import re
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_utils
 
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import estimator_warm_start
 
 PREFIX = "hybridtf_dynamic"
@@ -83,6 +84,10 @@ def _import_op(owner, path: str, prev: str, available: dict):
             shape_and_slices=[""] * len(FIELDS),
             dtypes=list(_DTYPES),
         )
+        world = getattr(table, "world", None)
+        if world is not None and world.distributed:  # a whole table: keep the ids this rank owns
+            ids, rows, slots, counts, slot_init, step = tensors
+            tensors = (*dynamic_exchange.own_part(ids, rows, slots, counts, world), slot_init, step)
         return table.import_(*tensors)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import current_world
 
 # Graph collection of the shards created in a TF1 graph (Estimator): rank-local variables.
 LOCAL_VARIABLES = "hybridtf_local_variables"
@@ -67,7 +68,8 @@ def shard_aware_callback(callback, storage, model) -> None:
 def _guard(model, function, phase: str, kind: str):
     if function is None or getattr(function, "_htf_guarded", False):
         return function
-    world = model._htf_runtime.storage.world
+    storage = getattr(getattr(model, "_htf_runtime", None), "storage", None)
+    world = storage.world if storage is not None else current_world()  # an unpacked model: sharded dynamic tables
     counter = f"{id(model)}.{kind}"
     detail = f"model {model.name!r}"
 

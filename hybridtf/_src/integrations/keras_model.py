@@ -27,6 +27,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
@@ -164,10 +165,14 @@ class _HybridModelMixin:
             with _crash_safe(filepath, overwrite) as path:
                 base(path, overwrite=overwrite, save_format=save_format, options=options)
 
-        if not storage.sharded:
+        dynamic = dynamic_exchange.sharded_tables(self)  # DynamicEmbedding tables sharded by id
+        if not storage.sharded and not dynamic:
             return write()
-        self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
-        with storage.gathered():
+        with contextlib.ExitStack() as stack:
+            if storage.sharded:
+                self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
+                stack.enter_context(storage.gathered())
+            stack.enter_context(dynamic_exchange.gathered_exports(dynamic))
             if storage.world.rank == 0:
                 write()
         # A barrier: the file is complete before any rank goes on (and maybe reads it).
@@ -196,13 +201,8 @@ class _HybridModelMixin:
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
         _refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
-        if storage.sharded:
-            raise NotImplementedError(
-                f"model.save of a model whose tables are sharded over {storage.world.size} Horovod ranks: its "
-                "traced functions exchange rows between ranks. Call model.save_weights(path) on every rank, then "
-                "load the weights into the model in one process (hybridtf.keras.optimize without Horovod, or "
-                "the plain model) and save or export that."
-            )
+        if storage.sharded or dynamic_exchange.sharded_tables(self):
+            raise _sharded_save_error(storage.world.size)
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with _crash_safe(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
@@ -238,8 +238,36 @@ class _HybridModelMixin:
         return list(self._htf_fused_dense_names)
 
 
+def _sharded_save_error(size: int) -> NotImplementedError:
+    return NotImplementedError(
+        f"model.save of a model whose tables are sharded over {size} Horovod ranks: its traced functions "
+        "exchange rows between ranks. Call model.save_weights(path) on every rank, then load the weights into "
+        "the model in one process (hybridtf.keras.optimize without Horovod, or the plain model) and save or "
+        "export that."
+    )
+
+
 class _UnpackedModelMixin:
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    def save(self, filepath, *args, **kwargs):
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if dynamic:
+            raise _sharded_save_error(dynamic[0].world.size)
+        return super().save(filepath, *args, **kwargs)
+
+    def save_weights(self, filepath, *args, **kwargs):
+        """With DynamicEmbedding tables sharded by id over Horovod ranks: every rank calls it, rank 0 writes."""
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if not dynamic:
+            return super().save_weights(filepath, *args, **kwargs)
+        world = dynamic[0].world
+        with dynamic_exchange.gathered_exports(dynamic):  # every rank gathers the whole tables
+            if world.rank == 0:
+                super().save_weights(filepath, *args, **kwargs)
+        # A barrier: the file is complete before any rank goes on (and maybe reads it).
+        world.hvd.allreduce(tf.constant(0), op=world.hvd.Sum, name="hybridtf_saved_weights")
+        return None
 
     @property
     def hybridtf_plan(self) -> PackingPlan:
@@ -503,6 +531,8 @@ def _leave_unpacked(model: tf.keras.Model, plan: PackingPlan, skipped: list[Skip
     model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
     object.__setattr__(model, "_htf_plan", plan)
     object.__setattr__(model, "_htf_skipped", skipped)
+    if dynamic_exchange.sharded_tables(model):  # its steps exchange ids and rows: no rank waits forever
+        horovod_hooks.guard_collectives(model)
 
 
 def _rewrite_model(

@@ -45,6 +45,7 @@ from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.lookup_api import prepare_ids
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.world import current_world
 
 GROUP_FIELDS = ("dim", "hot_rows", "warmup_steps", "flush_every", "count_decay", "evict_policy", "ttl_steps")
 
@@ -418,6 +419,14 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
         c = layer._table_config
         if layer.name in exclude:
             skipped.append(SkippedLayer(layer.name, "excluded by user (optimize(exclude=...))"))
+        elif current_world().distributed:  # the hook for Horovod: each layer's table is sharded by id on its own
+            skipped.append(
+                SkippedLayer(
+                    layer.name,
+                    f"DynamicEmbedding under Horovod ({current_world().size} ranks): its table is sharded by id over "
+                    "the ranks on its own (distribute/dynamic_exchange.py); packed HybridHash stores are one-process",
+                )
+            )
         elif layer.table is None:
             skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
         elif not layer.trainable:

@@ -1,0 +1,210 @@
+"""Dynamic (HybridHash) tables sharded by id over the ranks of a Horovod job.
+
+Ownership. Rank ``r`` of ``n`` owns the ids whose ``owner_of(id, n) == r``:
+the SplitMix64 finalizer of the id's 64 bits (wrapping uint64 arithmetic)
+modulo ``n``. Raw ids are often hashes already, but small sequential ids, or
+hashes whose low bits are biased, would skew ``id % n``; the finalizer mixes
+every bit into the low ones, so ownership is balanced for both. It is fixed
+(no seed): a checkpoint written at ``N`` ranks restores at ``M`` by filtering
+the whole table with the same function.
+
+Forward (one table, one step), with ``distinct`` the rank's distinct ids and
+their in-batch counts::
+
+    distinct ids, counts --sorted by owner--> alltoall --> (id, count) from every rank
+      --unique, counts summed--> find-or-insert in this rank's shard --> rows
+      --alltoall back--> rows of the rank's distinct ids (in their order)
+
+Backward: the rank's gradient rows of its distinct ids travel the same route
+to their owners, which sum them per id (ranks in rank order: deterministic)
+and apply the table's fused update once, on the distinct ids they own. Like
+the static tables' shards (``gradients.py``), the gradient that reaches the
+owner is the *sum* over ranks of each rank's local-loss gradient; the
+``1 / size`` that makes it the global batch's average is applied by the
+averaging machinery, which treats the distinct-rows buffers as local
+(model-parallel) variables: ``reduce_gradients``,
+``hybridtf.horovod.DistributedGradientTape`` / ``average_gradients``, or a
+Horovod optimizer with ``hybridtf.horovod.local_variables(model)``
+registered. A new id's initial row depends on (seed, id, initializer) only,
+so N ranks train exactly what one process trains on the global batch.
+
+Checkpoints hold the whole table, the same tensors as one process writes
+(ids ascending): ``full_export`` gathers every rank's shard (a collective:
+every rank saves), ``own_part`` keeps the rows this rank owns at restore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World
+
+# SplitMix64's increment and finalizer multipliers (Steele, Lea, Flood 2014).
+_GAMMA = 0x9E3779B97F4A7C15
+_MUL1 = 0xBF58476D1CE4E5B9
+_MUL2 = 0x94D049BB133111EB
+
+
+def owner_of(ids: tf.Tensor, size: int) -> tf.Tensor:
+    """The owning rank (int32) of each int64 id in a job of ``size`` ranks (see the module docstring).
+
+    Example:
+        >>> owner_of(tf.constant([0, 1, 2, 3], tf.int64), 2).numpy().tolist()
+        [1, 1, 0, 1]
+    """
+    u64 = tf.uint64
+    z = tf.bitcast(tf.convert_to_tensor(ids, tf.int64), u64) + tf.constant(_GAMMA, u64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(30, u64))) * tf.constant(_MUL1, u64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(27, u64))) * tf.constant(_MUL2, u64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(31, u64)))
+    return tf.cast(tf.math.floormod(z, tf.constant(size, u64)), tf.int32)
+
+
+def owner_of_numpy(ids, size: int) -> np.ndarray:
+    """``owner_of`` in NumPy (the same function; for tests and offline re-sharding)."""
+    z = np.asarray(ids, np.int64).view(np.uint64)
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(_GAMMA)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_MUL1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_MUL2)
+        z = z ^ (z >> np.uint64(31))
+    return (z % np.uint64(size)).astype(np.int32)
+
+
+def _route(ids: tf.Tensor, size: int):
+    """``(order, splits)``: the ids' positions sorted by owner (stable) and how many go to each rank."""
+    owner = owner_of(ids, size)
+    order = tf.argsort(owner, stable=True)
+    splits = tf.math.bincount(owner, minlength=size, maxlength=size, dtype=tf.int32)
+    return order, splits
+
+
+@dataclasses.dataclass
+class Routed:
+    """A sharded lookup's result: the rows, and what its backward needs (the ids this rank received)."""
+
+    rows: tf.Tensor
+    received_ids: tf.Tensor
+    received_splits: tf.Tensor
+
+
+def sharded_lookup(table, ids: tf.Tensor, counts, world: World, name: str, insert: bool) -> Routed:
+    """Rows of this rank's distinct ``ids`` from their owners' shards (a collective: every rank calls it).
+
+    Args:
+        table: this rank's shard (a ``HybridHashTable``).
+        ids: int64 ``[n]`` distinct ids of this rank's batch.
+        counts: int64 ``[n]`` their occurrences (Algorithm 1's frequencies), or None (inference).
+        world: the job (``size > 1``).
+        name: unique per table (Horovod matches collectives by name).
+        insert: training (find-or-insert, count) or read-only.
+
+    Returns:
+        ``Routed``: ``rows`` ``[n, dim]`` in the order of ``ids``.
+    """
+    hvd = world.hvd
+    with tf.name_scope("dynamic_exchange"):
+        order, splits = _route(ids, world.size)
+        counts = tf.zeros_like(ids) if counts is None else tf.cast(counts, tf.int64)
+        payload = tf.stack([tf.gather(ids, order), tf.gather(counts, order)], axis=1)
+        received, received_splits = hvd.alltoall(payload, splits=splits, name=f"{name}_ids")
+        received_ids = received[:, 0]
+        owned, inverse = tf.unique(received_ids, out_idx=tf.int32)
+        if insert:
+            owned_counts = tf.math.unsorted_segment_sum(received[:, 1], inverse, tf.size(owned))
+            rows = table.lookup(owned, owned_counts, insert=True)
+        else:
+            rows = table.lookup(owned, insert=False)
+        back, _ = hvd.alltoall(tf.gather(rows, inverse), splits=received_splits, name=f"{name}_rows")
+        rows = tf.gather(back, tf.math.invert_permutation(order))
+    return Routed(rows, received_ids, received_splits)
+
+
+def owner_gradients(ids: tf.Tensor, grad: tf.Tensor, received_ids: tf.Tensor, world: World, name: str):
+    """Sends the gradient rows of this rank's distinct ``ids`` to their owners; sums them there per id.
+
+    Args:
+        ids: the distinct ids of this rank's lookup (the ``ids`` of ``sharded_lookup``).
+        grad: float32 ``[n, dim]``, their gradient rows.
+        received_ids: ``Routed.received_ids`` of that lookup.
+        world: the job.
+        name: the lookup's name.
+
+    Returns:
+        ``(owned_ids, summed)``: the distinct ids this rank owns (first-seen
+        order, ranks in rank order) and the sum over ranks of their gradients.
+    """
+    with tf.name_scope("dynamic_exchange_grad"):
+        order, splits = _route(ids, world.size)
+        received, _ = world.hvd.alltoall(tf.gather(grad, order), splits=splits, name=f"{name}_grads")
+        owned, inverse = tf.unique(received_ids, out_idx=tf.int32)
+        return owned, tf.math.unsorted_segment_sum(received, inverse, tf.size(owned))
+
+
+def full_export(table, world: World):
+    """The whole sharded table as one process exports it: ``(ids, rows, slots, counts, slot_init, step)``.
+
+    A collective (allgather; every rank calls it, in the same order). Ids
+    ascending; ``slot_init`` and ``step`` are the same on every rank.
+    """
+    ids, rows, slots, counts, slot_init, step = table.export()
+    hvd = world.hvd
+    name = f"hybridtf_dynamic_export_{table.name}"
+    gathered = [hvd.allgather(t, name=f"{name}_{k}") for k, t in enumerate((ids, rows, slots, counts))]
+    order = tf.argsort(gathered[0])
+    ids, rows, slots, counts = (tf.gather(t, order) for t in gathered)
+    return ids, rows, slots, counts, slot_init, step
+
+
+def sharded_tables(model) -> list:
+    """The HybridHash tables of ``model``'s layers that are sharded by id, in layer order (the same on every rank)."""
+    out, seen = [], set()
+    for layer in model._flatten_layers(include_self=False):
+        table = getattr(layer, "table", None)
+        world = getattr(table, "world", None)
+        if world is not None and world.distributed and id(table) not in seen:
+            seen.add(id(table))
+            out.append(table)
+    return out
+
+
+@contextlib.contextmanager
+def gathered_exports(tables):
+    """Every rank gathers its sharded ``tables`` now (collectives); inside, their checkpoints use that export.
+
+    So one rank alone can then write a checkpoint holding the whole tables
+    (``save_weights``: every rank calls it, rank 0 writes the file).
+    """
+    if tables:
+        with watchdog.collective_phase(tables[0].world, watchdog.CHECKPOINT_GATHER, f"{len(tables)} dynamic tables"):
+            for table in tables:
+                table._htf_gathered = full_export(table, table.world)
+    try:
+        yield
+    finally:
+        for table in tables:
+            table._htf_gathered = None
+
+
+def own_part(ids, rows, slots, counts, world: World):
+    """The rows of a whole-table export that ``world.rank`` owns (order kept)."""
+    ids = tf.reshape(ids, [-1])  # restored tensors may come without a static shape (TF1 Saver)
+    mine = tf.reshape(tf.where(tf.equal(owner_of(ids, world.size), world.rank)), [-1])
+    return tuple(tf.gather(t, mine) for t in (ids, rows, slots, counts))
+
+
+def is_sharded_dynamic_buffer(variable) -> bool:
+    """Whether ``variable`` is the distinct-rows buffer of a dynamic table sharded by id (a local variable)."""
+    owner = getattr(variable, "_htf_dynamic_embedding", None)
+    world = getattr(getattr(owner, "table", None), "world", None)
+    return world is not None and world.distributed
+
+
+def sharded_dynamic_buffers(model) -> list:
+    """The distinct-rows buffers of ``model``'s dynamic tables sharded by id (its local variables)."""
+    return [v for v in getattr(model, "trainable_variables", []) if is_sharded_dynamic_buffer(v)]

@@ -1,0 +1,205 @@
+"""One process of the sharded dynamic-table tests: trains, checkpoints, writes what it saw (JSON + NPZ).
+
+Run by tests/multiprocess/test_horovod_dynamic_sharded.py as one process and
+under ``horovodrun -np 2 -H localhost:2 --gloo``. Every process sees the same
+global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)``.
+One process packs the two DynamicEmbedding tables into one store
+(``htf.keras.optimize``); two ranks shard each table by id.
+
+    python hvd_dynamic_worker.py OUT train                   # exactness (Adagrad, Adam), save c1, train on
+    python hvd_dynamic_worker.py OUT train+restore CKPT FIRST  # exactness, then restore CKPT (see restore)
+    python hvd_dynamic_worker.py OUT restore CKPT FIRST       # restore, export, train, save c2, train on
+    python hvd_dynamic_worker.py OUT diverge                  # uneven batches: must end with an error
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvdk
+
+import hybridtf as htf
+from hybridtf._src.distribute import dynamic_exchange
+
+GLOBAL_BATCH, DIM, STEPS = 32, 4, 12
+TABLES = ("bag_emb", "one_emb")
+# Small hot tiers, a flush every 3 steps after 2 warm-up steps: flushes happen during every run.
+TABLE = {"hot_rows": 8, "warmup_steps": 2, "flush_every": 3}
+
+
+def batch(step: int):
+    """The global batch of ``step``: Zipf-like draws over raw 64-bit ids (negative ones too)."""
+    vocab = np.random.default_rng(5).integers(-(2**63), 2**63 - 1, size=120, dtype=np.int64)
+    rng = np.random.default_rng(1000 + step)
+    p = 1.0 / np.arange(1, vocab.size + 1) ** 1.1
+    pick = rng.choice(vocab.size, size=(GLOBAL_BATCH, 4), p=p / p.sum())
+    x = {"bag": vocab[pick[:, :3]], "one": vocab[(pick[:, 3:] * 7 + 1) % vocab.size]}
+    x["small"] = pick[:, :1] % 50  # a fixed-vocabulary feature (the mixed model's static table)
+    x["x"] = rng.normal(size=(GLOBAL_BATCH, 2)).astype(np.float32)
+    return x, rng.normal(size=(GLOBAL_BATCH, 1)).astype(np.float32)
+
+
+def local(arrays, rank: int, size: int):
+    n = GLOBAL_BATCH // size
+    if isinstance(arrays, dict):
+        return {k: v[rank * n : (rank + 1) * n] for k, v in arrays.items()}
+    return arrays[rank * n : (rank + 1) * n]
+
+
+def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
+    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``."""
+    bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
+    one = tf.keras.Input((1,), dtype=tf.int64, name="one")
+    dense = tf.keras.Input((2,), name="x")
+    inputs = {"bag": bag, "one": one, "x": dense}
+    e1 = htf.layers.DynamicEmbedding(DIM, combiner="sum", seed=11, name="bag_emb", **TABLE)(bag)
+    e2 = tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(DIM, seed=12, name="one_emb", **TABLE)(one))
+    parts = [e1, e2, dense]
+    if mixed:
+        inputs["small"] = tf.keras.Input((1,), dtype=tf.int64, name="small")
+        init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=9)
+        static = tf.keras.layers.Embedding(50, DIM, embeddings_initializer=init, name="static_emb")
+        parts.append(tf.keras.layers.Flatten()(static(inputs["small"])))
+    h = tf.keras.layers.Concatenate()(parts)
+    h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
+    model = htf.keras.optimize(tf.keras.Model(inputs, out))
+    inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+    optimizer = htf.keras.dynamic_optimizer(inner[kind]())
+    if not compile:
+        return model, optimizer
+    if size > 1 and not mixed:  # Horovod averages the dense gradients, the hooked optimizer keeps buffers local
+        # (mixed: hybridtf averages them, its static table is sharded too)
+        optimizer = hvdk.DistributedOptimizer(optimizer)
+    model.compile(optimizer=optimizer, loss="mse")
+    return model
+
+
+def train(model, first: int, steps: int, rank: int, size: int, step_fn=None) -> list:
+    """Per-step losses of the global batch (the mean of the ranks' local losses)."""
+    losses = []
+    for step in range(first, first + steps):
+        x, y = batch(step)
+        x, y = local(x, rank, size), local(y, rank, size)
+        if "small" not in model.input:
+            del x["small"]
+        loss = model.train_on_batch(x, y) if step_fn is None else float(step_fn(x, y))
+        if size > 1:
+            loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="loss").numpy()
+        losses.append(float(loss))
+    return losses
+
+
+def export(model, size: int) -> dict:
+    """Every table's whole content (ids ascending), gathered from the shards under Horovod."""
+    out = {}
+    for name in TABLES:
+        table = model.get_layer(name).table
+        if size > 1:
+            parts = dynamic_exchange.full_export(table, table.world)
+        else:
+            parts = table.export()
+        for key, value in zip(("ids", "rows", "slots", "counts", "slot_init", "step"), parts):
+            out[f"{name}/{key}"] = np.asarray(value)
+    return out
+
+
+def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
+    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores."""
+    model.save_weights(os.path.join(out_dir, tag, "ckpt"))
+    content = export(model, size)
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
+
+
+def restore(out_dir: str, ckpt: str, first: int, rank: int, size: int) -> dict:
+    """Restores ``ckpt`` (saved after step ``first - 1``), exports, trains, saves c2, trains on."""
+    model = build("adam", size)
+    model.load_weights(ckpt)
+    content = export(model, size)
+    if rank == 0:
+        np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
+    result = {"after_restore": train(model, first, 6, rank, size)}
+    save(model, out_dir, "c2", rank, size)
+    result["after_c2"] = train(model, first + 6, 6, rank, size)
+    return result
+
+
+def custom_loop(size: int):
+    """A custom training step: ``hybridtf.horovod.DistributedGradientTape`` keeps the tables' buffers local."""
+    model, optimizer = build("adagrad", size, compile=False)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        if size > 1:
+            tape = htf.horovod.DistributedGradientTape(tape, model)
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return model, step
+
+
+def main():
+    out_dir, mode = sys.argv[1], sys.argv[2]
+    early = htf.layers.DynamicEmbedding(DIM, name="early")  # built before hvd.init(): not sharded
+    early.build(None)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    result = {"rank": rank, "size": size, "early_error": None}
+    try:
+        early(tf.constant([1, 2], tf.int64), training=True)
+    except ValueError as err:
+        result["early_error"] = str(err)
+    if mode == "diverge":  # rank 1 has fewer batches, then saves while rank 0 is still in a training step
+        model = build("adagrad", size)
+        train(model, 0, 4 - 2 * rank, rank, size)
+        model.save_weights(os.path.join(out_dir, "diverged", "ckpt"))
+        return
+    if mode.startswith("train"):
+        for kind in ("adagrad", "adam"):
+            model = build(kind, size)
+            adam = model
+            result[f"{kind}_losses"] = train(model, 0, STEPS, rank, size)
+            stats = [model.get_layer(n).stats() for n in TABLES]
+            result[f"{kind}_flushes"] = min(s["flushes"] for s in stats)
+            result[f"{kind}_local_sizes"] = [s["size"] for s in stats]
+            result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
+        result["save_error"] = None
+        if size > 1:  # a SavedModel's functions would exchange rows between ranks: refused, with the fix
+            try:
+                adam.save(os.path.join(out_dir, f"saved_model_{rank}"))
+            except NotImplementedError as err:
+                result["save_error"] = str(err)
+        model = build("adagrad", size, mixed=True)
+        result["mixed_losses"] = train(model, 0, STEPS, rank, size)
+        result["mixed_static_sharded"] = len(htf.horovod.local_variables(model)) if size > 1 else 0
+        before = export(model, size)  # save_weights of a model with static shards and dynamic tables
+        model.save_weights(os.path.join(out_dir, "mixed", "ckpt"))
+        reloaded = build("adagrad", size, mixed=True)
+        reloaded.load_weights(os.path.join(out_dir, "mixed", "ckpt"))
+        after = export(reloaded, size)
+        result["mixed_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
+        loop_model, step = custom_loop(size)
+        result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
+        if mode == "train":
+            save(adam, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
+            result["after_c1"] = train(adam, STEPS, 6, rank, size)
+    if "restore" in mode:
+        result.update(restore(out_dir, sys.argv[3], int(sys.argv[4]), rank, size))
+    with open(os.path.join(out_dir, f"{mode}_{size}_{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    main()

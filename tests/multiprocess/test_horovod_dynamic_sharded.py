@@ -1,0 +1,122 @@
+"""Dynamic (HybridHash) tables sharded by id over 2 Horovod ranks train exactly what one process trains.
+
+Three launches of ``hvd_dynamic_worker.py`` (one process, ``horovodrun -np 2
+--gloo``, one process again) on the same global batches of raw 64-bit ids:
+
+* exactness: per-step losses of 2 ranks (each table sharded by id) and of one
+  process (both tables packed into one store by ``optimize``) agree within
+  1e-5 relative, with Adagrad and with Adam (``hvd.DistributedOptimizer``),
+  with a static table beside them (hybridtf averages), and in a custom loop
+  (``htf.horovod.DistributedGradientTape``), flushes during the runs;
+* checkpoints 1 -> 2 ranks: the 2 ranks' restored tables, gathered, are the
+  one process's checkpoint bit for bit (ids, rows, slots, counts, step), and
+  the later training agrees with the one process's own continuation;
+* checkpoints 2 -> 1: the same, the other way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # ~60-80 s on the loaded 2-core machine: three launches
+
+WORKER = os.path.join(os.path.dirname(__file__), "hvd_dynamic_worker.py")
+STEPS = 12  # the worker's STEPS
+
+
+def _run(cmd):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, check=False)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    one, two, back = (tmp_path_factory.mktemp(n) for n in ("one", "two", "back"))
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    _run([sys.executable, WORKER, str(one), "train"])
+    c1 = str(one / "c1" / "ckpt")
+    hvd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER]
+    _run([*hvd, str(two), "train+restore", c1, str(STEPS)])
+    _run([sys.executable, WORKER, str(back), "restore", str(two / "c2" / "ckpt"), str(STEPS + 6)])
+    return {
+        "one": json.loads((one / "train_1_0.json").read_text()),
+        "two": [json.loads((two / f"train+restore_2_{r}.json").read_text()) for r in (0, 1)],
+        "back": json.loads((back / "restore_1_0.json").read_text()),
+        "dirs": (one, two, back),
+    }
+
+
+def _close(a, b):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=0)
+
+
+def _same_tables(path_a, path_b):
+    a, b = np.load(path_a), np.load(path_b)
+    assert sorted(a.files) == sorted(b.files)
+    for key in a.files:
+        assert a[key].dtype == b[key].dtype and a[key].shape == b[key].shape, key
+        assert np.array_equal(a[key], b[key]), f"{key} differs"  # bit for bit
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_two_ranks_train_what_one_process_trains(runs, kind):
+    one, two = runs["one"], runs["two"]
+    assert len(one[f"{kind}_losses"]) == STEPS
+    for rank in (0, 1):
+        _close(two[rank][f"{kind}_losses"], one[f"{kind}_losses"])
+        assert two[rank][f"{kind}_flushes"] >= 2  # Algorithm 1 refilled the hot tiers during the run
+        assert two[rank][f"{kind}_skipped"] and all("sharded by id" in r for r in two[rank][f"{kind}_skipped"])
+    assert one[f"{kind}_flushes"] >= 2 and not one[f"{kind}_skipped"]  # one process packs both tables
+    # each rank holds its share of the ids only: the shards partition the rows of the one process's store
+    # (which holds both tables: its size is their sum)
+    shares = [sum(two[rank][f"{kind}_local_sizes"]) for rank in (0, 1)]
+    assert sum(shares) == one[f"{kind}_local_sizes"][0]
+    assert min(shares) > 0.3 * sum(shares)
+
+
+def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
+    """hybridtf's own averaging (a static table sharded too) and ``htf.horovod.DistributedGradientTape``."""
+    for rank in (0, 1):
+        _close(runs["two"][rank]["mixed_losses"], runs["one"]["mixed_losses"])
+        assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
+        _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
+        assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
+        assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
+        assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
+    assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
+    assert runs["one"]["mixed_reload_identical"]
+
+
+def test_checkpoint_one_to_two_ranks(runs):
+    one_dir, two_dir, _ = runs["dirs"]
+    _same_tables(one_dir / "c1_1.npz", two_dir / "restored_2.npz")
+    for rank in (0, 1):
+        _close(runs["two"][rank]["after_restore"], runs["one"]["after_c1"])
+
+
+def test_checkpoint_two_to_one_rank(runs):
+    _, two_dir, back_dir = runs["dirs"]
+    _same_tables(two_dir / "c2_2.npz", back_dir / "restored_1.npz")
+    _close(runs["back"]["after_restore"], runs["two"][0]["after_c2"])
+
+
+def test_ranks_that_diverge_end_with_an_error_not_a_hang(tmp_path):
+    """Rank 1 runs fewer batches, then saves while rank 0 is in a step: both end, naming the collectives."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(tmp_path), "diverge"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1", "HYBRIDTF_COLLECTIVE_TIMEOUT_S": "6"}
+    start = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-4000:]
+    assert "CollectiveTimeoutError" in output or "CollectiveAbortedError" in output, output[-4000:]
+    assert "checkpoint gather" in output and "training step" in output, output[-4000:]
+    assert time.time() - start < 240
