@@ -161,7 +161,8 @@ def profile_variant(kind, args, raw, static, y, top=25):
                 if ":" not in label or "PartitionedCall" in label or label.startswith(("ExecutorState", "__inference")):
                     continue
                 by_type[label.rpartition(":")[2]] += event.duration_ps * 1e-9 / steps
-    print(f"{args.fields} fields, {kind}: {wall:.1f} ms/step wall (profiled), op self-time {sum(by_type.values()):.1f} ms")
+    total = sum(by_type.values())
+    print(f"{args.fields} fields, {kind}: {wall:.1f} ms/step wall (profiled), op self-time {total:.1f} ms")
     for op_type, ms in by_type.most_common(top):
         print(f"  {op_type:40s} {ms:8.2f} ms")
     return by_type
