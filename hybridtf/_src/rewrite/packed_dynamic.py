@@ -39,6 +39,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.layer import DynamicEmbedding
+from hybridtf._src.caching.member_unique import unique_member_ids
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
@@ -240,7 +241,7 @@ class DynamicGroup:
         training = _training_flag()
         with tf.name_scope(self.plan.name):
             parts = _DynamicParts(requests, self)
-            unique_ids, unique_members, inverse, counts = distinct_member_ids(parts.ids, parts.members)
+            unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
             if training:
                 rows = self.table.lookup(unique_ids, counts, insert=True, members=unique_members)
                 deps = [
@@ -328,27 +329,12 @@ class _DynamicParts:
         else:
             self.sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
         self.ids = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
-        self.members = tf.repeat(tf.constant(member_list, tf.int64), self.sizes)
+        self.field_members = tf.constant(member_list, tf.int64)
         if bag_lengths:
             self.field_segments = tf.stack([self.sizes[f] if s is None else s for f, s in enumerate(segments)])
             self.segment_lengths = tf.cast(tf.concat(bag_lengths, 0), tf.int64)
         else:
             self.field_segments = self.segment_lengths = None
-
-
-def distinct_member_ids(ids, members):
-    """``(unique ids, their members, inverse int32, counts)`` of the (member, id) pairs, first-occurrence order.
-
-    Two 1-D uniques, without packing bits of the id: distinct ids first, then
-    distinct (member, index of the id) as ``member * n_ids + index`` (< 2**51: lossless).
-    """
-    id_values, id_index = tf.unique(ids, out_idx=tf.int64)
-    n_ids = tf.size(id_values, out_type=tf.int64)
-    keys = members * n_ids + id_index
-    unique_keys, inverse, counts = tf.unique_with_counts(keys, out_idx=tf.int32)
-    unique_members = unique_keys // tf.maximum(n_ids, 1)
-    unique_ids = tf.gather(id_values, unique_keys - unique_members * n_ids)
-    return unique_ids, unique_members, inverse, counts
 
 
 def _output(layer, ids, out, dim: int):
