@@ -9,14 +9,23 @@ member keeps its own seed and initializer, so its rows are exactly those of
 the unpacked layer. The store's hot tier holds ``sum(hot_rows)`` rows, chosen
 by Algorithm 1 over all members.
 
-One chain per group and step (``DynamicGroup.lookup``): the ids of every
-member's lookup are concatenated, made distinct over (member, id) with two
-1-D uniques (ids, then member * n_unique_ids + id index: lossless), looked up
-by one find-or-insert op, written into one trainable distinct-rows buffer,
-gathered once, split per lookup and combined per layer (reshape or bag
-pooling). The buffer's gradient goes to ONE fused update per step (with the
-members vector) through ``dynamic_optimizer``'s hook, which ends the store's
-step once.
+One chain per group and step (``DynamicGroup.lookup``), built from the static
+packed chain's fused pieces: the ids of every member's lookup are
+concatenated and made distinct over (member, id) by one ``HybridHashUnique``
+(``caching/member_unique.py``: unique ids, their members, the int32 inverse
+and the counts), looked up by one find-or-insert op, written into one
+trainable distinct-rows buffer, and ONE ``StitchCombine`` over the buffer's
+value and the inverse gives every lookup's output (one-hot rows or pooled
+bags), exactly as a static packed table's gathered rows do. So the dataflow
+fusions (``rewrite/dataflow_fusion.py``: Concatenate -> StitchConcat, its
+first Dense -> StitchConcatMatMul) apply to dynamic members as to static
+ones; a model whose only packed tables are dynamic gets them through
+``attach(..., fusion=...)``. Backward, StitchCombineGrad (or the fused
+concat's gradient) sums every position's gradient into its distinct row:
+the buffer's gradient is a dense ``[distinct, dim]`` tensor that goes
+straight to ONE fused update per step (with the members vector) through
+``dynamic_optimizer``'s hook, which ends the store's step once. No per-field
+split, reshape gradient or segment sum remains.
 
 Checkpoints stay per table: each member layer's ``table`` is a
 ``MemberTable`` that saves and restores only that member's (ids, rows, slots,
