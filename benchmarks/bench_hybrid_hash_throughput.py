@@ -22,6 +22,9 @@ Short runs: the numbers are for comparing variants in one run, not absolute.
 best (a shared machine's load changes between runs).
 
     python benchmarks/bench_hybrid_hash_throughput.py [--fields 26] [--batch 1024] [--steps 20] [--repeats 3]
+
+``--profile`` instead profiles the steps after the warm-up of each variant
+(TF profiler) and prints the op self-time per step by op type (host CPU ops).
 """
 
 from __future__ import annotations
@@ -123,6 +126,48 @@ def run_variant(kind, args, raw, static, y):
     return args.batch * (len(t) - 1) / (t[-1] - t[0])
 
 
+def profile_variant(kind, args, raw, static, y, top=25):
+    """Op type -> self-time (ms per step) of ``kind``'s steps after the warm-up; prints the top ones."""
+    import collections
+    import glob
+    import tempfile
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    model = make_model(args.fields, args.dim, kind, args.vocab)
+    x = static if kind == "static_packed" else raw
+    n = args.batch * args.warmup
+    model.fit({k: v[:n] for k, v in x.items()}, y[:n], batch_size=args.batch, verbose=0, shuffle=False)
+    logdir = tempfile.mkdtemp(prefix="profile_hh_")
+    rest = {k: v[n:] for k, v in x.items()}
+    steps = (len(y) - n) // args.batch
+    start = time.perf_counter()
+    tf.profiler.experimental.start(logdir)
+    model.fit(rest, y[n:], batch_size=args.batch, verbose=0, shuffle=False)
+    tf.profiler.experimental.stop()
+    wall = (time.perf_counter() - start) / steps * 1e3
+    space = xplane_pb2.XSpace()
+    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+    space.ParseFromString(Path(path).read_bytes())
+    by_type = collections.Counter()
+    for plane in space.planes:
+        if not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            if line.name == "python" or "Steps" in line.name:
+                continue
+            for event in line.events:
+                label = plane.event_metadata[event.metadata_id].name
+                if ":" not in label or "PartitionedCall" in label or label.startswith(("ExecutorState", "__inference")):
+                    continue
+                by_type[label.rpartition(":")[2]] += event.duration_ps * 1e-9 / steps
+    total = sum(by_type.values())
+    print(f"{args.fields} fields, {kind}: {wall:.1f} ms/step wall (profiled), op self-time {total:.1f} ms")
+    for op_type, ms in by_type.most_common(top):
+        print(f"  {op_type:40s} {ms:8.2f} ms")
+    return by_type
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fields", type=int, default=26)
@@ -133,9 +178,15 @@ def main():
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--variants", nargs="+", default=["dynamic_packed", "dynamic", "tf_lookup", "static_packed"])
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="profile each variant instead of timing it")
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
     raw, static, y = batches(args.fields, args.batch, args.steps, args.vocab)
+    if args.profile:
+        for kind in args.variants:
+            profile_variant(kind, args, raw, static, y)
+            tf.keras.backend.clear_session()
+        return
     results, runs = {}, {kind: [] for kind in args.variants}
     for _ in range(args.repeats):
         for kind in args.variants:

@@ -31,16 +31,24 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t 
   const uint32_t serial =
       (__atomic_add_fetch(&update_serial_, 1, __ATOMIC_RELAXED) % 0xFFFFFFF0u) + 1;
   std::vector<uint32_t> records(static_cast<size_t>(n));
-  std::atomic<int64_t> bad{n};  // first bad position
+  std::vector<float*> rows(static_cast<size_t>(n));  // fixed under the shared lock
+  std::atomic<int64_t> bad{n};                       // first bad position
   pf(n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t r = Find(M(members, i), ids[i]);
-      records[i] = r;
-      bool ok = r != kEmpty;
-      if (ok) ok = __atomic_exchange_n(&Record(r)->mark, serial, __ATOMIC_RELAXED) != serial;
-      if (!ok) {
-        int64_t cur = bad.load();
-        while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int64_t e = std::min(end, b + kBlock);
+      FindBlock(ids, members, b, e, records.data() + b);
+      for (int64_t i = b; i < e; ++i) {
+        const uint32_t r = records[i];
+        bool ok = r != kEmpty;
+        if (ok) {
+          Header* h = Record(r);
+          rows[i] = Floats(h);
+          ok = __atomic_exchange_n(&h->mark, serial, __ATOMIC_RELAXED) != serial;
+        }
+        if (!ok) {
+          int64_t cur = bad.load();
+          while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+          }
         }
       }
     }
@@ -59,10 +67,16 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t 
                   "repeated ids first, e.g. with tf.math.unsorted_segment_sum)."));
   }
   const int64_t dim = config_.dim;
+  const int64_t row_bytes = 4 * RowFloats();
   pf(n, 8 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
+      if (i + kBlock < end) {  // the row kBlock ahead: its miss overlaps this block's updates
+        const char* ahead = reinterpret_cast<const char*>(rows[i + kBlock]);
+        __builtin_prefetch(ahead, 1);
+        __builtin_prefetch(ahead + row_bytes - 1, 1);
+      }
       std::lock_guard<std::mutex> row_lock(Stripe(records[i]));
-      fn(Floats(Record(records[i])), i);
+      fn(rows[i], i);
     }
   });
   return ImplStatus::Ok();

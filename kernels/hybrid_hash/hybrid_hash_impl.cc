@@ -212,13 +212,40 @@ uint64_t Store::Slot(uint32_t member, int64_t id) const {
 }
 
 uint32_t Store::Find(uint32_t member, int64_t id) const {
+  return FindFrom(Slot(member, id), member, id);
+}
+
+uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id) const {
   const uint64_t mask = map_.size() - 1;
-  for (uint64_t s = Slot(member, id);; s = (s + 1) & mask) {
+  for (uint64_t s = slot;; s = (s + 1) & mask) {
     const uint32_t index = map_[s];
     if (index == kEmpty) return index;
     const Header* h = Record(index);
     if (h->id == id && MemberOf(h) == member) return index;
   }
+}
+
+void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
+                      uint32_t* out) const {
+  uint64_t slots[kBlock];
+  const int64_t n = end - begin;
+  for (int64_t k = 0; k < n; ++k) {
+    slots[k] = Slot(M(members, begin + k), ids[begin + k]);
+    __builtin_prefetch(&map_[slots[k]]);
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    const uint32_t index = map_[slots[k]];
+    if (index != kEmpty) __builtin_prefetch(Record(index));
+  }
+  for (int64_t k = 0; k < n; ++k) {
+    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k]);
+  }
+}
+
+void Store::PrefetchFloats(uint32_t index) const {
+  const char* f = reinterpret_cast<const char*>(Floats(Record(index)));
+  __builtin_prefetch(f);
+  __builtin_prefetch(f + 4 * config_.dim - 1);  // the row's last float (a row may span two lines)
 }
 
 void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
@@ -378,26 +405,34 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
     const uint32_t step = step_;
     pf(n, 16 + 2 * dim, [&](int64_t begin, int64_t end) {
       int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
-      for (int64_t i = begin; i < end; ++i) {
-        const uint32_t r = Find(M(members, i), ids[i]);
-        if (r == kEmpty) {
-          missing[i] = 1;
-          ++miss;
-          continue;
+      uint32_t block[kBlock];
+      for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t e = std::min(end, b + kBlock);
+        FindBlock(ids, members, b, e, block);
+        for (int64_t i = b; i < e; ++i) {
+          if (block[i - b] != kEmpty) PrefetchFloats(block[i - b]);
         }
-        Header* h = Record(r);
-        {
-          std::lock_guard<std::mutex> row_lock(Stripe(r));
-          std::memcpy(out + i * dim, Floats(h), 4 * dim);
-        }
-        if (insert) {
-          const int64_t c = counts ? counts[i] : 1;
-          AddSaturating(&h->count, c);
-          __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
-          occ += c;
-          if (h->hot >= 0) {
-            ++hits;
-            occ_hits += c;
+        for (int64_t i = b; i < e; ++i) {
+          const uint32_t r = block[i - b];
+          if (r == kEmpty) {
+            missing[i] = 1;
+            ++miss;
+            continue;
+          }
+          Header* h = Record(r);
+          {
+            std::lock_guard<std::mutex> row_lock(Stripe(r));
+            std::memcpy(out + i * dim, Floats(h), 4 * dim);
+          }
+          if (insert) {
+            const int64_t c = counts ? counts[i] : 1;
+            AddSaturating(&h->count, c);
+            __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
+            occ += c;
+            if (h->hot >= 0) {
+              ++hits;
+              occ_hits += c;
+            }
           }
         }
       }
@@ -424,6 +459,8 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   std::unique_lock<std::shared_mutex> lock(mu_);
   for (int64_t i = 0; i < n; ++i) {
     if (!missing[i]) continue;
+    const int64_t next = i + kBlock;  // prefetched: overlaps the map misses of the inserts
+    if (next < n && missing[next]) __builtin_prefetch(&map_[Slot(M(members, next), ids[next])]);
     uint32_t r = Find(M(members, i), ids[i]);
     if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
       ImplStatus status = Insert(M(members, i), ids[i], &r);
@@ -495,6 +532,14 @@ void Store::WriteBackLocked() {
 }
 
 void Store::FlushLocked() {
+  // Every row already hot and no TTL: the top-k is every row, which is where it
+  // is, so the re-selection would only copy every row out and back.
+  // (A member's import may leave free entries among [0, hot_used_): then re-select.)
+  if (hot_phase_ && config_.ttl_steps == 0 && hot_used_ == size_ && size_ <= config_.hot_rows &&
+      std::find(hot_owner_.begin(), hot_owner_.begin() + hot_used_, kEmpty) ==
+          hot_owner_.begin() + hot_used_) {
+    return;
+  }
   WriteBackLocked();
   for (size_t e = 0; e < hot_owner_.size(); ++e) {
     if (hot_owner_[e] != kEmpty) Record(hot_owner_[e])->hot = -1;

@@ -214,6 +214,7 @@ class Store {
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
   static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
   static constexpr int kStripes = 64;
+  static constexpr int64_t kBlock = 16;  // ids probed together (FindBlock)
 
   explicit Store(const Config& config);
   int64_t RowFloats() const { return (1 + num_slots_) * config_.dim; }
@@ -229,7 +230,16 @@ class Store {
   }
   float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
   uint64_t Slot(uint32_t member, int64_t id) const;
-  uint32_t Find(uint32_t member, int64_t id) const;                 // record index or kEmpty
+  uint32_t Find(uint32_t member, int64_t id) const;  // record index or kEmpty
+  // Find from the map slot Slot(member, id) already computed.
+  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id) const;
+  // Find of ids[begin, end) (at most kBlock) into out[0, end - begin): the map
+  // slots, then the records they name, are prefetched for the whole block
+  // before any is probed, so the block's cache misses overlap.
+  void FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
+                 uint32_t* out) const;
+  // Prefetches the row floats (hot or cold) of record index.
+  void PrefetchFloats(uint32_t index) const;
   ImplStatus Insert(uint32_t member, int64_t id, uint32_t* index);  // exclusive lock held
   void MapInsert(uint32_t member, int64_t id, uint32_t index);
   void MapErase(uint32_t member, int64_t id);

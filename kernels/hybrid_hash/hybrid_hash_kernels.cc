@@ -9,6 +9,7 @@
 #include "kernels/common/op_prefix.h"
 #include "kernels/common/tf_parallel_for.h"
 #include "kernels/common/tf_status.h"
+#include "kernels/hybrid_hash/hybrid_hash_unique_impl.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -384,6 +385,45 @@ class ImportOp : public OpKernel {
   ::tensorflow::int64 member_ = -1;
 };
 
+// HybridTF>HybridHashUnique: no table, the TF-free pass of hybrid_hash_unique_impl.h.
+class UniqueOp : public OpKernel {
+ public:
+  explicit UniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& ids = ctx->input(0);
+    const Tensor& sizes = ctx->input(1);
+    const Tensor& members = ctx->input(2);
+    OP_REQUIRES(
+        ctx, ids.dims() == 1 && sizes.dims() == 1 && members.dims() == 1,
+        errors::InvalidArgument("HybridHash unique: ids, field_sizes and field_members "
+                                "must be vectors, got shapes ",
+                                ids.shape().DebugString(), ", ", sizes.shape().DebugString(), ", ",
+                                members.shape().DebugString(), "."));
+    OP_REQUIRES(ctx, sizes.NumElements() == members.NumElements(),
+                errors::InvalidArgument("HybridHash unique: ", sizes.NumElements(),
+                                        " field_sizes but ", members.NumElements(),
+                                        " field_members; pass one of each per field."));
+    const int64_t n = ids.NumElements();
+    const int64_t fields = sizes.NumElements();
+    const int64_t* size_data = sizes.flat<int64_t>().data();
+    const int64_t* member_data = members.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, ToTfStatus(CheckMemberFields(n, size_data, member_data, fields)));
+    Tensor* inverse;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
+    MemberUnique unique;
+    UniqueMemberIds(ids.flat<int64_t>().data(), n, size_data, member_data, fields,
+                    inverse->flat<int32_t>().data(), &unique);
+    const int64_t u = static_cast<int64_t>(unique.ids.size());
+    const std::vector<int64_t>* parts[3] = {&unique.ids, &unique.members, &unique.counts};
+    const int outputs[3] = {0, 1, 3};
+    for (int k = 0; k < 3; ++k) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(outputs[k], TensorShape({u}), &out));
+      if (u) std::memcpy(out->flat<int64_t>().data(), parts[k]->data(), 8 * u);
+    }
+  }
+};
+
 #define HYBRIDTF_REGISTER(name, Op) \
   REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP(name)).Device(::tensorflow::DEVICE_CPU), Op);
 HYBRIDTF_REGISTER("HybridHashTable", TableOp)
@@ -396,6 +436,7 @@ HYBRIDTF_REGISTER("HybridHashFlush", FlushOp)
 HYBRIDTF_REGISTER("HybridHashStats", StatsOp)
 HYBRIDTF_REGISTER("HybridHashExport", ExportOp)
 HYBRIDTF_REGISTER("HybridHashImport", ImportOp)
+HYBRIDTF_REGISTER("HybridHashUnique", UniqueOp)
 #undef HYBRIDTF_REGISTER
 
 }  // namespace hybrid_hash

@@ -130,6 +130,13 @@ def test_one_store_one_chain_one_update_per_step():
     ops_packed, ops_unpacked = _train_graph_ops(packed, x, y), _train_graph_ops(unpacked, x, y)
     assert ops_packed.count("HybridTF>HybridHashLookup") == 1
     assert ops_packed.count("HybridTF>HybridHashApplyAdagrad") == 1
+    # the static chain's fused pieces: one (member, id) unique, the Concatenate + first Dense as one
+    # StitchConcatMatMul over the store's distinct rows; no per-field split, no TF uniques
+    assert ops_packed.count("HybridTF>HybridHashUnique") == 1
+    assert ops_packed.count("HybridTF>StitchConcatMatMul") == 1
+    assert ops_packed.count("HybridTF>StitchConcatMatMulGrad") == 1
+    for op in ("Unique", "UniqueWithCounts", "SplitV", "UnsortedSegmentSum"):
+        assert op not in ops_packed, op
     assert ops_unpacked.count("HybridTF>HybridHashLookup") == FIELDS
     assert ops_unpacked.count("HybridTF>HybridHashApplyAdagrad") == FIELDS
     assert packed.get_layer("field2").stats()["step"] == unpacked.get_layer("field2").stats()["step"] == 1

@@ -505,7 +505,7 @@ def optimize(
     _warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
-        packed_dynamic.attach(model, dynamic)
+        packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
         return model
     state = steps.pack_storage(model, plan, captured, share_unique=share_unique)
     _rewrite_model(model, state, skipped, fused_updates=fused_updates, fuse_concat=fuse_concat, fuse_dense=fuse_dense)

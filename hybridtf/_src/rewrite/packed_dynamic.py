@@ -9,14 +9,23 @@ member keeps its own seed and initializer, so its rows are exactly those of
 the unpacked layer. The store's hot tier holds ``sum(hot_rows)`` rows, chosen
 by Algorithm 1 over all members.
 
-One chain per group and step (``DynamicGroup.lookup``): the ids of every
-member's lookup are concatenated, made distinct over (member, id) with two
-1-D uniques (ids, then member * n_unique_ids + id index: lossless), looked up
-by one find-or-insert op, written into one trainable distinct-rows buffer,
-gathered once, split per lookup and combined per layer (reshape or bag
-pooling). The buffer's gradient goes to ONE fused update per step (with the
-members vector) through ``dynamic_optimizer``'s hook, which ends the store's
-step once.
+One chain per group and step (``DynamicGroup.lookup``), built from the static
+packed chain's fused pieces: the ids of every member's lookup are
+concatenated and made distinct over (member, id) by one ``HybridHashUnique``
+(``caching/member_unique.py``: unique ids, their members, the int32 inverse
+and the counts), looked up by one find-or-insert op, written into one
+trainable distinct-rows buffer, and ONE ``StitchCombine`` over the buffer's
+value and the inverse gives every lookup's output (one-hot rows or pooled
+bags), exactly as a static packed table's gathered rows do. So the dataflow
+fusions (``rewrite/dataflow_fusion.py``: Concatenate -> StitchConcat, its
+first Dense -> StitchConcatMatMul) apply to dynamic members as to static
+ones; a model whose only packed tables are dynamic gets them through
+``attach(..., fusion=...)``. Backward, StitchCombineGrad (or the fused
+concat's gradient) sums every position's gradient into its distinct row:
+the buffer's gradient is a dense ``[distinct, dim]`` tensor that goes
+straight to ONE fused update per step (with the members vector) through
+``dynamic_optimizer``'s hook, which ends the store's step once. No per-field
+split, reshape gradient or segment sum remains.
 
 Checkpoints stay per table: each member layer's ``table`` is a
 ``MemberTable`` that saves and restores only that member's (ids, rows, slots,
@@ -39,6 +48,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.layer import DynamicEmbedding
+from hybridtf._src.caching.member_unique import unique_member_ids
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
@@ -46,6 +56,9 @@ from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.lookup_api import prepare_ids
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.rewrite import dataflow_fusion
+from hybridtf._src.rewrite.lookup_chain import _reshape
+from hybridtf._src.run.stitch_combine import stitch_combine
 
 GROUP_FIELDS = ("dim", "hot_rows", "warmup_steps", "flush_every", "count_decay", "evict_policy", "ttl_steps")
 
@@ -234,37 +247,11 @@ class DynamicGroup:
         self.rows_buffer._htf_dynamic_embedding = self
 
     def lookup(self, requests) -> list:
-        """One output per request of this group's members: one unique, one lookup, one gather."""
+        """One output per request of this group's members: one unique, one lookup, one StitchCombine."""
         training = _training_flag()
         with tf.name_scope(self.plan.name):
-            prepared, flats, members = [], [], []
-            for req in requests:
-                layer = req.owner
-                ids = req.ids
-                if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
-                    ids = tf.convert_to_tensor(ids)
-                self.table.check_ids(ids)
-                ids = prepare_ids(ids, layer.combiner or "none", layer.name)
-                flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
-                prepared.append(ids)
-                flats.append(tf.cast(flat, tf.int64))
-                members.append(self.member_of[id(layer)])
-            static = [f.shape.num_elements() for f in flats]
-            if all(n is not None for n in static):
-                sizes = static
-                member_ids = tf.repeat(tf.constant(members, tf.int64), tf.constant(sizes, tf.int64))
-            else:
-                sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
-                member_ids = tf.repeat(tf.constant(members, tf.int64), sizes)
-            all_ids = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
-            # Distinct (member, id) pairs without packing bits of the id: distinct ids first,
-            # then distinct (member, index of the id) as member * n_ids + index (< 2**51).
-            id_values, id_index = tf.unique(all_ids, out_idx=tf.int64)
-            n_ids = tf.size(id_values, out_type=tf.int64)
-            keys = member_ids * n_ids + id_index
-            unique_keys, inverse, counts = tf.unique_with_counts(keys, out_idx=tf.int32)
-            unique_members = unique_keys // tf.maximum(n_ids, 1)
-            unique_ids = tf.gather(id_values, unique_keys - unique_members * n_ids)
+            parts = _DynamicParts(requests, self)
+            unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
             if training:
                 rows = self.table.lookup(unique_ids, counts, insert=True, members=unique_members)
                 deps = [
@@ -273,11 +260,20 @@ class DynamicGroup:
                     self.members_buffer.assign(unique_members),
                 ]
                 with tf.control_dependencies(deps):
-                    embedded = tf.gather(self.rows_buffer, inverse)
+                    rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)
             else:
-                embedded = tf.gather(self.table.lookup(unique_ids, insert=False, members=unique_members), inverse)
-            pieces = tf.split(embedded, sizes, 0) if len(flats) > 1 else [embedded]
-            return [_combine(req.owner, ids, piece) for req, ids, piece in zip(requests, prepared, pieces)]
+                rows = self.table.lookup(unique_ids, insert=False, members=unique_members)
+            outs = stitch_combine(
+                rows,
+                inverse,
+                parts.sizes,
+                parts.combiners,
+                field_segments=parts.field_segments,
+                segment_lengths=parts.segment_lengths,
+            )
+            return [
+                _output(req.owner, ids, out, self.plan.dim) for req, ids, out in zip(requests, parts.prepared, outs)
+            ]
 
     def apply_gradient(self, grad, optimizer, kind: str):
         """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
@@ -313,12 +309,52 @@ class DynamicGroup:
         )
 
 
-def _combine(layer, ids, rows):
-    """A lookup's output from its rows: dense one-hot ids of static trailing shape take one reshape."""
-    if layer.combiner is None and isinstance(ids, tf.Tensor) and ids.shape.rank and ids.shape[1:].is_fully_defined():
-        out = tf.reshape(rows, [-1, *ids.shape[1:], layer.output_dim])
-        return tf.cast(out, layer.compute_dtype) if out.dtype != layer.compute_dtype else out
-    return layer._combine(ids, rows)
+class _DynamicParts:
+    """The requests of one packed store as StitchCombine takes them: flat ids, members, sizes, bags."""
+
+    def __init__(self, requests, group: DynamicGroup):
+        self.prepared, self.combiners = [], []
+        flats, member_list, bag_lengths, segments = [], [], [], []
+        for req in requests:
+            layer = req.owner
+            ids = req.ids
+            if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
+                ids = tf.convert_to_tensor(ids)
+            group.table.check_ids(ids)
+            combiner = layer.combiner or "none"
+            ids = prepare_ids(ids, combiner, layer.name)
+            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+            if combiner != "none":  # a rank-2 RaggedTensor of bags
+                bag_lengths.append(ids.row_lengths())
+                segments.append(ids.nrows(out_type=tf.int64))
+            else:
+                segments.append(None)
+            self.prepared.append(ids)
+            self.combiners.append(combiner)
+            flats.append(tf.cast(flat, tf.int64))
+            member_list.append(group.member_of[id(layer)])
+        static = [f.shape.num_elements() for f in flats]
+        if all(n is not None for n in static):
+            self.sizes = tf.constant(static, tf.int64)
+        else:
+            self.sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
+        self.ids = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
+        self.field_members = tf.constant(member_list, tf.int64)
+        if bag_lengths:
+            self.field_segments = tf.stack([self.sizes[f] if s is None else s for f, s in enumerate(segments)])
+            self.segment_lengths = tf.cast(tf.concat(bag_lengths, 0), tf.int64)
+        else:
+            self.field_segments = self.segment_lengths = None
+
+
+def _output(layer, ids, out, dim: int):
+    """A StitchCombine field output in the shape (and compute dtype) of the layer's own output."""
+    if layer.combiner is None:
+        out = _reshape(out, ids, dim)
+    if layer.compute_dtype != "float32":
+        cast = lambda t: tf.cast(t, layer.compute_dtype)  # noqa: E731
+        out = out.with_flat_values(cast(out.flat_values)) if isinstance(out, tf.RaggedTensor) else cast(out)
+    return out
 
 
 class _PackedMemberMixin:
@@ -376,8 +412,10 @@ class _DynamicModelMixin:
                 base_call(inputs, **record_kwargs)
             requests = rec.requests
         outputs = lookup_all(requests)
-        with context.replaying(requests, outputs):
-            return base_call(inputs, **kwargs)
+        fusion = getattr(self, "_htf_dynamic_fusion", None) or {"enabled": False}
+        with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
+            result = base_call(inputs, **kwargs)
+        return scope.resolve(result) if scope is not None else result
 
     @property
     def hybridtf_dynamic_plan(self) -> list[DynamicGroupPlan]:
@@ -462,9 +500,15 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
     return DynamicPacking(groups, skipped)
 
 
-def attach(model, packing: DynamicPacking) -> None:
-    """Gives ``model`` the call that records and replays its dynamic lookups (when it has packed stores)."""
+def attach(model, packing: DynamicPacking, fusion: dict | None = None) -> None:
+    """Gives ``model`` the call that records and replays its dynamic lookups (when it has packed stores).
+
+    ``fusion``: ``dataflow_fusion.fusing`` options for a model whose only packed tables are
+    dynamic (its replay pass then fuses concatenations and the first Dense over the stores'
+    StitchCombine outputs as for static tables); None: no fusion.
+    """
     object.__setattr__(model, "_htf_dynamic", packing)
+    object.__setattr__(model, "_htf_dynamic_fusion", dict(fusion) if fusion else None)
     if not packing.groups:
         return
     model.__dict__.pop("call", None)

@@ -1,0 +1,59 @@
+"""Python wrapper of ``HybridTF>HybridHashUnique``: the distinct (member, id) pairs of a packed store's batch."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.run.loader import load_ops
+
+OP_NAME = "HybridTF>HybridHashUnique"
+
+# Ids, members, inverse and counts are integers: nothing to differentiate.
+tf.no_gradient(OP_NAME)
+
+
+def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
+    """The distinct (member, id) pairs of concatenated fields, in one op.
+
+    A packed HybridHash store keys its rows by (member, id): the same id in two
+    member tables is two rows. Field ``f`` holds ``field_sizes[f]``
+    consecutive entries of ``ids``, all of member ``field_members[f]``. The
+    pairs are kept in order of first occurrence (what ``tf.unique`` of the
+    pairs would give), without packing bits of the id.
+
+    Args:
+        ids: 1-D int64 ids of every field, concatenated.
+        field_sizes: ``[num_fields]`` int64 ids per field (sum == ``len(ids)``).
+        field_members: ``[num_fields]`` int64 member index of each field in its store.
+        name: optional op name.
+
+    Returns:
+        ``(unique_ids, unique_members, inverse, counts)``: int64 ``[U]``, int64
+        ``[U]``, int32 ``[len(ids)]`` with
+        ``(unique_members[inverse[i]], unique_ids[inverse[i]]) == (member of i, ids[i])``,
+        and int64 ``[U]`` occurrences of each pair.
+
+    Raises:
+        TypeError: ids or sizes are not integers.
+        tf.errors.InvalidArgumentError: negative sizes, sizes not summing to
+            ``len(ids)``, members out of ``[0, 2**20)``, or more than
+            ``2**31 - 1`` ids.
+
+    Example:
+        >>> u, m, inv, c = unique_member_ids([7, 7, 7, 9], [2, 2], [0, 1])
+        >>> u.numpy().tolist(), m.numpy().tolist(), inv.numpy().tolist(), c.numpy().tolist()
+        ([7, 7, 9], [0, 1, 1], [0, 0, 1, 2], [2, 1, 1])
+    """
+    with tf.name_scope(name or "unique_member_ids"):
+        parts = []
+        for value, what in ((ids, "ids"), (field_sizes, "field_sizes"), (field_members, "field_members")):
+            t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
+            if not t.dtype.is_integer:
+                raise TypeError(f"unique_member_ids: {what} must be integers, got {t.dtype.name}.")
+            if t.shape.rank is not None and t.shape.rank != 1:
+                raise ValueError(f"unique_member_ids: {what} must be a vector, got shape {t.shape}.")
+            parts.append(tf.cast(t, tf.int64) if t.dtype != tf.int64 else t)
+        return load_ops().hybrid_tf_hybrid_hash_unique(*parts)
+
+
+__all__ = ["unique_member_ids"]

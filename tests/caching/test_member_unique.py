@@ -1,0 +1,138 @@
+"""``HybridTF>HybridHashUnique`` (distinct (member, id) pairs of a packed store's batch) against NumPy.
+
+Property cases (hypothesis) for eager, static-shape and dynamic-shape graphs,
+and the bad-input classes, through the wrapper and the raw op (fuzz-style
+random bad sizes and members). The packed chain's exactness against unpacked
+layers and Keras is ``tests/integration/test_dynamic_packed.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridtf._src.caching.member_unique import unique_member_ids
+from hybridtf._src.run.loader import load_ops
+
+
+def _reference(ids, sizes, members):
+    """First-occurrence distinct pairs, inverse and counts, by a Python dict."""
+    per_position = np.repeat(np.asarray(members, np.int64), np.asarray(sizes, np.int64))
+    index, uids, umembers, counts, inverse = {}, [], [], [], []
+    for m, i in zip(per_position.tolist(), np.asarray(ids, np.int64).tolist()):
+        k = index.setdefault((m, i), len(uids))
+        if k == len(uids):
+            uids.append(i)
+            umembers.append(m)
+            counts.append(0)
+        counts[k] += 1
+        inverse.append(k)
+    return uids, umembers, inverse, counts
+
+
+_fields = st.lists(
+    st.tuples(
+        st.integers(0, 6),  # member
+        st.lists(st.sampled_from([0, 1, -1, 7, 2**63 - 1, -(2**63), 12345678901]), max_size=12),
+    ),
+    max_size=6,
+)
+
+
+def _split(fields):
+    ids = np.array([i for _, f in fields for i in f], np.int64)
+    return ids, [len(f) for _, f in fields], [m for m, _ in fields]
+
+
+def _check(out, ids, sizes, members):
+    want = _reference(ids, sizes, members)
+    got = [t.numpy().tolist() for t in out]
+    assert got == [list(w) for w in want]
+    assert out[2].dtype == tf.int32 and out[0].dtype == tf.int64
+
+
+@settings(max_examples=40, deadline=None)
+@given(_fields)
+def test_matches_reference_eager(fields):
+    ids, sizes, members = _split(fields)
+    _check(unique_member_ids(ids, sizes, members), ids, sizes, members)
+
+
+@settings(max_examples=15, deadline=None)
+@given(_fields)
+def test_matches_reference_in_static_and_dynamic_graphs(fields):
+    ids, sizes, members = _split(fields)
+    static = tf.function(unique_member_ids)
+    _check(static(tf.constant(ids), tf.constant(sizes, tf.int64), tf.constant(members, tf.int64)), ids, sizes, members)
+    spec = tf.TensorSpec([None], tf.int64)
+    dynamic = tf.function(unique_member_ids, input_signature=[spec, spec, spec])
+    out = dynamic(tf.constant(ids), tf.constant(sizes, tf.int64), tf.constant(members, tf.int64))
+    _check(out, ids, sizes, members)
+    graph_out = dynamic.get_concrete_function().structured_outputs
+    assert graph_out[2].shape.as_list() == [None] and graph_out[0].shape.as_list() == [None]
+
+
+def test_same_id_in_two_members_is_two_pairs_and_large_batches_agree():
+    u, m, inv, c = unique_member_ids([5, 5, 5, 5], [2, 2], [3, 1])
+    assert u.numpy().tolist() == [5, 5] and m.numpy().tolist() == [3, 1]
+    assert inv.numpy().tolist() == [0, 0, 1, 1] and c.numpy().tolist() == [2, 2]
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(0, 3000, size=40)
+    members = rng.integers(0, 40, size=40)
+    ids = rng.integers(0, 500, size=int(sizes.sum())).astype(np.int64)
+    _check(unique_member_ids(ids, sizes, members), ids, sizes, members)
+
+
+def test_empty_batches():
+    u, m, inv, c = unique_member_ids(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+    assert [t.shape.as_list() for t in (u, m, inv, c)] == [[0], [0], [0], [0]]
+    u, _, inv, _ = unique_member_ids(tf.zeros([0], tf.int64), [0, 0], [1, 2])
+    assert u.shape[0] == 0 and inv.shape[0] == 0
+
+
+def test_bad_inputs_name_the_problem_and_the_fix():
+    ops = load_ops()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="sum to 3 but there are 2 ids"):
+        unique_member_ids([1, 2], [1, 2], [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"field_sizes\[1\] = -1 is negative"):
+        unique_member_ids([1, 2], [3, -1], [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"field_members\[0\] = -4 is not a member"):
+        unique_member_ids([1], [1], [-4])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="is not a member"):
+        unique_member_ids([1], [1], [2**20])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="overflows int64"):
+        unique_member_ids([1], [2**62, 2**62, 2**62, 1 - 2**62], [0, 0, 0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one of each per field"):
+        ops.hybrid_tf_hybrid_hash_unique(
+            tf.constant([1], tf.int64), tf.constant([1], tf.int64), tf.zeros([2], tf.int64)
+        )
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=r"vector|rank"):
+        ops.hybrid_tf_hybrid_hash_unique(
+            tf.constant([[1]], tf.int64), tf.constant([1], tf.int64), tf.constant([0], tf.int64)
+        )
+    with pytest.raises(ValueError, match="must be a vector"):
+        unique_member_ids([[1]], [1], [0])
+    with pytest.raises(TypeError, match="must be integers"):
+        unique_member_ids([1.5], [1], [0])
+
+
+def test_random_bad_sizes_and_members_are_errors_never_crashes():
+    rng = np.random.default_rng(7)
+    spec = tf.TensorSpec([None], tf.int64)
+    raw = tf.function(load_ops().hybrid_tf_hybrid_hash_unique, input_signature=[spec, spec, spec])
+    for _ in range(60):
+        n = int(rng.integers(0, 20))
+        fields = int(rng.integers(0, 5))
+        sizes = rng.integers(-3, 8, size=fields)
+        members = rng.choice([-(2**63), -1, 0, 3, 2**20 - 1, 2**20, 2**63 - 1], size=fields)
+        ids = rng.integers(-5, 5, size=n)
+        valid = (sizes >= 0).all() and int(sizes.sum()) == n and ((members >= 0) & (members < 2**20)).all()
+        args = [tf.constant(a, tf.int64) for a in (ids, sizes, members)]
+        if valid:
+            _check(raw(*args), ids, sizes, members)
+        else:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="HybridHash unique"):
+                raw(*args)
