@@ -3,6 +3,8 @@
 #include "kernels/stitch_combine/stitch_combine_kernels.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/common/checked_math.h"
 #include "kernels/common/op_prefix.h"
@@ -30,8 +32,10 @@ class StitchCombineCpuOp : public StitchCombineOpBase {
                                                       "; give one per field or none."));
     for (size_t f = 0; f < shapes.size(); ++f) {
       id_shaped_.push_back(!shapes[f].unknown_rank());
-      const auto dims = shapes[f].dim_sizes();  // a copy: begin and end of one vector
-      id_shapes_.emplace_back(dims.begin(), dims.end());
+      std::vector<int64_t> dims;
+      for (int d = 0; id_shaped_[f] && d < shapes[f].dims(); ++d)
+        dims.push_back(shapes[f].dim_size(d));
+      id_shapes_.push_back(std::move(dims));
       OP_REQUIRES(ctx, !id_shaped_[f] || combiners_[f] == Combiner::kNone,
                   ::tensorflow::errors::InvalidArgument(
                       "id_shapes[", f, "] has a known rank but field ", f,
