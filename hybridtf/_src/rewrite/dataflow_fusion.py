@@ -338,6 +338,7 @@ def _build_field_sum(terms: list, out: tf.Tensor) -> tf.Tensor:
 
 
 ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
+FUSED_SUM_SCOPE = "fused_field_sum"  # name scope of add_n_sum's ops (its adds are not the user's)
 
 
 def node_input_name(t: tf.Tensor) -> str:
@@ -394,14 +395,15 @@ def add_n_sum(x: tf.Tensor):
     head = {0: ADD_N_CHUNK, 1: ADD_N_CHUNK + 1}.get(head, head)
     head = min(head, n)
     inner = x.shape.as_list()[2:]
-    total = _column_sum(x[:, :head], head)  # [B, 1, ...]
-    if head < n:
-        blocks = (n - head) // ADD_N_CHUNK
-        # [B, blocks, 8, ...]: the eight columns of every block summed side by side -> [B, blocks, 1, ...]
-        grouped = tf.reshape(x[:, head:], [-1, blocks, ADD_N_CHUNK, *inner])
-        block_sums = tf.reshape(_in_order(tf.split(grouped, ADD_N_CHUNK, axis=2)), [-1, blocks, *inner])
-        total = _in_order([total, *(tf.split(block_sums, blocks, axis=1) if blocks > 1 else [block_sums])])
-    total = tf.reshape(total, [-1, *inner]) if x.shape.rank > 2 else total
+    with tf.name_scope(FUSED_SUM_SCOPE):
+        total = _column_sum(x[:, :head], head)  # [B, 1, ...]
+        if head < n:
+            blocks = (n - head) // ADD_N_CHUNK
+            # [B, blocks, 8, ...]: the eight columns of every block summed side by side -> [B, blocks, 1, ...]
+            grouped = tf.reshape(x[:, head:], [-1, blocks, ADD_N_CHUNK, *inner])
+            block_sums = tf.reshape(_in_order(tf.split(grouped, ADD_N_CHUNK, axis=2)), [-1, blocks, *inner])
+            total = _in_order([total, *(tf.split(block_sums, blocks, axis=1) if blocks > 1 else [block_sums])])
+        total = tf.reshape(total, [-1, *inner]) if x.shape.rank > 2 else total
 
     def grad(dy):  # a Tile, as reduce_sum's gradient: StitchConcatGrad reads its [B, 1] source
         multiples = [1, n] + [1] * (x.shape.rank - 2)
