@@ -54,6 +54,38 @@ bool ParseCombiner(const std::string& name, Combiner* combiner) {
   return false;
 }
 
+ImplStatus OutputDims(const std::vector<int64_t>& id_shape, int64_t rows, int64_t dim, int field,
+                      std::vector<int64_t>* dims) {
+  const std::string what = "id_shapes[" + std::to_string(field) + "]";
+  int unknown = -1;
+  int64_t known = 1;
+  for (size_t i = 0; i < id_shape.size(); ++i) {
+    const int64_t d = id_shape[i];
+    if (d < 0) {
+      if (d != -1 || unknown >= 0) {
+        return ImplStatus::InvalidArgument(what + " may leave at most one dimension unknown (-1).");
+      }
+      unknown = static_cast<int>(i);
+    } else if (!CheckedMul(known, d, &known)) {
+      return ImplStatus::InvalidArgument(what + ": the product of its dimensions overflows int64.");
+    }
+  }
+  *dims = id_shape;
+  if (unknown >= 0) {
+    if (known == 0 ? rows != 0 : rows % known != 0) {
+      return ImplStatus::InvalidArgument(what + " cannot hold the field's " + Str(rows) +
+                                         " ids; pass the shape of the ids that were looked up.");
+    }
+    (*dims)[unknown] = known == 0 ? 0 : rows / known;
+  } else if (known != rows) {
+    return ImplStatus::InvalidArgument(what + " holds " + Str(known) + " ids but the field has " +
+                                       Str(rows) +
+                                       "; pass the shape of the ids that were looked up.");
+  }
+  dims->push_back(dim);
+  return ImplStatus();
+}
+
 ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* field_sizes,
                          const int64_t* field_segments, const int64_t* segment_lengths,
                          int64_t num_segment_lengths, int64_t num_positions) {

@@ -92,6 +92,14 @@ class Layout {
   int64_t num_positions_ = 0;
 };
 
+// The shape of a one-hot field's output of `rows` rows of width `dim` when its
+// ids had shape `id_shape` (-1: unknown, at most one entry, resolved so that
+// the ids' elements number `rows`): id_shape + [dim]. InvalidArgument naming
+// field `field` when the ids' shape cannot hold `rows` ids or a product
+// overflows.
+ImplStatus OutputDims(const std::vector<int64_t>& id_shape, int64_t rows, int64_t dim, int field,
+                      std::vector<int64_t>* dims);
+
 // Checks every inverse index is in [0, num_unique) (names the first bad one).
 template <typename Idx>
 ImplStatus ValidateInverse(const Idx* inverse, int64_t n, int64_t num_unique,

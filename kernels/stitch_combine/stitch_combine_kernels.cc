@@ -3,7 +3,10 @@
 #include "kernels/stitch_combine/stitch_combine_kernels.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "kernels/common/checked_math.h"
 #include "kernels/common/op_prefix.h"
 #include "tensorflow/core/framework/op_kernel.h"
 
@@ -20,7 +23,25 @@ using ::tensorflow::TensorShape;
 template <typename T, typename Idx>
 class StitchCombineCpuOp : public StitchCombineOpBase {
  public:
-  explicit StitchCombineCpuOp(OpKernelConstruction* ctx) : StitchCombineOpBase(ctx) {}
+  explicit StitchCombineCpuOp(OpKernelConstruction* ctx) : StitchCombineOpBase(ctx) {
+    std::vector<::tensorflow::PartialTensorShape> shapes;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("id_shapes", &shapes));
+    OP_REQUIRES(ctx, shapes.empty() || static_cast<int64_t>(shapes.size()) == num_fields_,
+                ::tensorflow::errors::InvalidArgument("id_shapes has ", shapes.size(),
+                                                      " entries but num_fields is ", num_fields_,
+                                                      "; give one per field or none."));
+    for (size_t f = 0; f < shapes.size(); ++f) {
+      id_shaped_.push_back(!shapes[f].unknown_rank());
+      std::vector<int64_t> dims;
+      for (int d = 0; id_shaped_[f] && d < shapes[f].dims(); ++d)
+        dims.push_back(shapes[f].dim_size(d));
+      id_shapes_.push_back(std::move(dims));
+      OP_REQUIRES(ctx, !id_shaped_[f] || combiners_[f] == Combiner::kNone,
+                  ::tensorflow::errors::InvalidArgument(
+                      "id_shapes[", f, "] has a known rank but field ", f,
+                      " is a bag; only one-hot fields take their ids' shape."));
+    }
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& rows = ctx->input(0);
@@ -41,8 +62,7 @@ class StitchCombineCpuOp : public StitchCombineOpBase {
     for (int f = 0; f < num_fields_; ++f) {
       Tensor* t = nullptr;
       TensorShape shape;
-      OP_REQUIRES_OK(ctx, MatrixShape(layout.output_rows(f), dim,
-                                      "outputs[" + std::to_string(f) + "]", &shape));
+      OP_REQUIRES_OK(ctx, OutputShape(f, layout.output_rows(f), dim, &shape));
       OP_REQUIRES_OK(ctx, outputs.allocate(f, shape, &t));
       out[f] = t->flat<T>().data();
     }
@@ -51,6 +71,22 @@ class StitchCombineCpuOp : public StitchCombineOpBase {
                     weights.NumElements() ? weights.flat<T>().data() : nullptr, out.data(),
                     CpuParallelFor(ctx));
   }
+
+ private:
+  // [rows, dim], or the field's ids' shape (id_shapes) plus [dim].
+  ::tensorflow::Status OutputShape(int f, int64_t rows, int64_t dim, TensorShape* shape) const {
+    const std::string what = "outputs[" + std::to_string(f) + "]";
+    if (id_shaped_.empty() || !id_shaped_[f]) return MatrixShape(rows, dim, what, shape);
+    std::vector<int64_t> dims;
+    TF_RETURN_IF_ERROR(ToTfStatus(OutputDims(id_shapes_[f], rows, dim, f, &dims)));
+    const ::tensorflow::Status s = TensorShape::BuildTensorShape(dims, shape);
+    if (s.ok()) return s;
+    return ::tensorflow::errors::InvalidArgument(what, " is not a valid tensor shape (",
+                                                 s.message(), "); check id_shapes[", f, "].");
+  }
+
+  std::vector<bool> id_shaped_;
+  std::vector<std::vector<int64_t>> id_shapes_;
 };
 
 template <typename T, typename Idx>
@@ -77,13 +113,20 @@ class StitchCombineGradCpuOp : public StitchCombineOpBase {
     std::vector<const T*> grads(nf);
     for (int f = 0; f < nf; ++f) {
       const Tensor& g = ctx->input(f);
-      OP_REQUIRES(ctx, g.dims() == 2 && g.dim_size(0) == layout.output_rows(f),
-                  ::tensorflow::errors::InvalidArgument("grads[", f, "] must have shape [",
-                                                        layout.output_rows(f), ", dim], got ",
-                                                        g.shape().DebugString(), "."));
-      OP_REQUIRES(ctx, dim < 0 || g.dim_size(1) == dim,
+      // [rows_f, dim], or (a one-hot field with id_shapes) [ids' shape..., dim]: rows_f rows of
+      // dim.
+      bool ok = g.dims() >= 2;
+      int64_t lead = 1;
+      for (int d = 0; ok && d + 1 < g.dims(); ++d) ok = CheckedMul(lead, g.dim_size(d), &lead);
+      const int64_t last = g.dims() >= 2 ? g.dim_size(g.dims() - 1) : -1;
+      OP_REQUIRES(ctx, ok && lead == layout.output_rows(f),
+                  ::tensorflow::errors::InvalidArgument(
+                      "grads[", f, "] must have shape [", layout.output_rows(f),
+                      ", dim] (or its ids' shape plus [dim], with as many ids), got ",
+                      g.shape().DebugString(), "."));
+      OP_REQUIRES(ctx, dim < 0 || last == dim,
                   ::tensorflow::errors::InvalidArgument("all grads must have the same dim."));
-      dim = g.dim_size(1);
+      dim = last;
       grads[f] = g.flat<T>().data();
     }
     Tensor* d_rows = nullptr;

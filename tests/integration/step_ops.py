@@ -34,6 +34,11 @@ def pruned_op_types(model, batches) -> list[str]:
 
 def graph_pruned_op_types(graph: tf.Graph) -> list[str]:
     """Types of the ops of a step's graph that its outputs or control outputs need (see ``pruned_op_types``)."""
+    return [op.type for op in graph_pruned_ops(graph)]
+
+
+def graph_pruned_ops(graph: tf.Graph) -> list[tf.Operation]:
+    """The ops of a step's graph that its outputs or control outputs need (see ``pruned_op_types``)."""
     stack = [t.op for t in graph.outputs] + list(graph.control_outputs)
     seen = set()
     while stack:
@@ -43,4 +48,4 @@ def graph_pruned_op_types(graph: tf.Graph) -> list[str]:
         seen.add(op.name)
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return [op.type for op in graph.get_operations() if op.name in seen]
+    return [op for op in graph.get_operations() if op.name in seen]

@@ -51,16 +51,20 @@ def field_source(t: tf.Tensor):
     Shape-only ops in between are seen through: a field looked up with ids of
     shape ``[B, 1]`` gives ``[B, 1, d]``, whose ``Flatten`` or ``Reshape`` holds
     the same values in the same order as the StitchCombine output ``[B, d]``.
-    The caller checks that the shapes agree (``column_view``).
+    The caller checks that the shapes agree (``column_view``). A StitchCombine
+    output in its ids' shape (``id_shapes``: ``[B, 1, d]`` for ids ``[B, 1]``)
+    is one row of ``d`` per example when its middle dimensions are all 1.
     """
     src = _through_layout(t)
     op = src.op
-    if op.type != STITCH_COMBINE or src.shape.rank != 2 or src.shape[1] is None:
+    if op.type != STITCH_COMBINE or src.shape.rank is None or src.shape.rank < 2 or src.shape[-1] is None:
+        return None
+    if any(d != 1 for d in src.shape.as_list()[1:-1]):
         return None
     weights = op.inputs[5]
     if weights.shape.rank != 1 or weights.shape[0] != 0:
         return None
-    return op, src.value_index, int(src.shape[1])
+    return op, src.value_index, int(src.shape[-1])
 
 
 def stitch_concat_source(t: tf.Tensor, width: int | None):

@@ -338,6 +338,7 @@ def _build_field_sum(terms: list, out: tf.Tensor) -> tf.Tensor:
 
 
 ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
+FUSED_SUM_SCOPE = "fused_field_sum"  # name scope of add_n_sum's ops (its adds are not the user's)
 
 
 def node_input_name(t: tf.Tensor) -> str:
@@ -350,9 +351,22 @@ def add_n_order(names: list[str]) -> list[int]:
     return sorted(range(len(names)), key=lambda i: names[i])
 
 
-def _ordered_sum(x: tf.Tensor) -> tf.Tensor:
-    """``x[:, 0] + x[:, 1] + ...`` strictly left to right (``cumsum`` scans each row in order), axis 1 removed."""
-    return tf.cumsum(x, axis=1)[:, -1]
+def _in_order(parts: list) -> tf.Tensor:
+    """``parts[0] + parts[1] + ...`` strictly left to right (one ``AddV2`` per part, no reassociation)."""
+    total = parts[0]
+    for part in parts[1:]:
+        total = tf.add(total, part)
+    return total
+
+
+def _column_sum(x: tf.Tensor, n: int) -> tf.Tensor:
+    """``x[:, 0] + x[:, 1] + ... + x[:, n-1]`` strictly left to right, axis 1 kept (size 1).
+
+    One ``Split`` and ``n - 1`` adds of whole ``[B, 1, ...]`` slices: each add is vectorised across the
+    batch (and any inner axes). A ``cumsum`` along axis 1 gives the same floats but scans every row on its
+    own: about 9x slower for a 200-field wide part (it was 9% of the fused step's op time).
+    """
+    return _in_order(tf.split(x, n, axis=1)) if n > 1 else x
 
 
 @tf.custom_gradient
@@ -366,11 +380,12 @@ def add_n_sum(x: tf.Tensor):
     first ``r`` inputs left to right (``r = n % 8``, or 8 for ``r == 0``, 9 for
     ``r == 1``) and adds each further block of eight, itself summed left to
     right, to the running total. The caller orders the columns as
-    ``add_n_order``; this function reproduces the association with ``cumsum``
-    (which scans strictly in order), bit for bit. ``reduce_sum`` would not:
-    Eigen reduces an inner axis in SIMD lanes. The gradient of every term is
-    the output gradient: a ``Tile`` of it, which StitchConcatGrad reads
-    as a column without materialising ``[B, n]``.
+    ``add_n_order``; this function reproduces that association with adds of
+    whole column slices (``_column_sum``: the blocks of eight are summed side
+    by side, then added to the running total one by one), bit for bit.
+    ``reduce_sum`` would not: Eigen reduces an inner axis in SIMD lanes. The
+    gradient of every term is the output gradient: a ``Tile`` of it, which
+    StitchConcatGrad reads as a column without materialising ``[B, n]``.
 
     Returns:
         ``[B, 1]`` for a matrix ``x``, else ``[B, ...]`` (axis 1 summed away).
@@ -379,18 +394,16 @@ def add_n_sum(x: tf.Tensor):
     head = n % ADD_N_CHUNK
     head = {0: ADD_N_CHUNK, 1: ADD_N_CHUNK + 1}.get(head, head)
     head = min(head, n)
-    total = _ordered_sum(x[:, :head])
-    if head < n:
-        inner = x.shape.as_list()[2:]
-        blocks = tf.reshape(x[:, head:], [-1, (n - head) // ADD_N_CHUNK, ADD_N_CHUNK, *inner])
-        block_sums = tf.cumsum(blocks, axis=2)[:, :, -1]
-        # [total, block sums...] without a ConcatV2 (the graph's concatenations are the user's): x + 0 is exact
-        rank = block_sums.shape.rank
-        blocks = block_sums.shape[1]
-        running = tf.pad(tf.expand_dims(total, 1), [[0, 0], [0, blocks]] + [[0, 0]] * (rank - 2))
-        total = _ordered_sum(running + tf.pad(block_sums, [[0, 0], [1, 0]] + [[0, 0]] * (rank - 2)))
-    if x.shape.rank == 2:
-        total = tf.expand_dims(total, 1)
+    inner = x.shape.as_list()[2:]
+    with tf.name_scope(FUSED_SUM_SCOPE):
+        total = _column_sum(x[:, :head], head)  # [B, 1, ...]
+        if head < n:
+            blocks = (n - head) // ADD_N_CHUNK
+            # [B, blocks, 8, ...]: the eight columns of every block summed side by side -> [B, blocks, 1, ...]
+            grouped = tf.reshape(x[:, head:], [-1, blocks, ADD_N_CHUNK, *inner])
+            block_sums = tf.reshape(_in_order(tf.split(grouped, ADD_N_CHUNK, axis=2)), [-1, blocks, *inner])
+            total = _in_order([total, *(tf.split(block_sums, blocks, axis=1) if blocks > 1 else [block_sums])])
+        total = tf.reshape(total, [-1, *inner]) if x.shape.rank > 2 else total
 
     def grad(dy):  # a Tile, as reduce_sum's gradient: StitchConcatGrad reads its [B, 1] source
         multiples = [1, n] + [1] * (x.shape.rank - 2)

@@ -160,7 +160,13 @@ def derived_requests(
 
 
 def stitch_outputs(prepared: PackedRequests, rows: tf.Tensor, inverse: tf.Tensor, dim: int) -> list[tf.Tensor]:
-    """StitchCombine of the unique ids' ``rows`` into one output per request (the last stage)."""
+    """StitchCombine of the unique ids' ``rows`` into one output per request (the last stage).
+
+    A one-hot request whose ids have rank >= 2 with at most one unknown dimension (Keras's
+    ``[B, 1]`` inputs) gets its output in its final shape from the kernel (``id_shapes``),
+    not through a reshape per request.
+    """
+    id_shapes = [_kernel_shape(ids) for ids in prepared.shapes]
     outs = stitch_combine(
         rows,
         inverse,
@@ -168,8 +174,21 @@ def stitch_outputs(prepared: PackedRequests, rows: tf.Tensor, inverse: tf.Tensor
         prepared.combiners,
         field_segments=prepared.field_segments,
         segment_lengths=prepared.segment_lengths,
+        id_shapes=id_shapes,
     )
-    return [_reshape(out, ids, dim) for out, ids in zip(outs, prepared.shapes)]
+    return [
+        out if shape is not None else _reshape(out, ids, dim)
+        for out, ids, shape in zip(outs, prepared.shapes, id_shapes)
+    ]
+
+
+def _kernel_shape(ids):
+    """The shape StitchCombine gives a one-hot request's output (its ids' static shape), or None."""
+    if not isinstance(ids, tf.Tensor) or ids.shape.rank is None or ids.shape.rank < 2:
+        return None
+    if sum(d is None for d in ids.shape.as_list()) > 1:
+        return None
+    return ids.shape
 
 
 def packed_lookup(

@@ -32,6 +32,7 @@ def stitch_combine(
     field_segments=None,
     segment_lengths=None,
     weights=None,
+    id_shapes=None,
     name: str | None = None,
 ) -> list[tf.Tensor]:
     """Builds every field's output from the gathered rows of distinct ids, in one op.
@@ -65,10 +66,16 @@ def stitch_combine(
         segment_lengths: lengths of all bags of the bag fields, concatenated
             in field order; defaults to ones.
         weights: optional ``[n]`` per-position weights (dtype of ``rows``).
+        id_shapes: optional, one entry per field: the shape of a one-hot field's
+            ids (``tf.TensorShape``-like, rank >= 1, at most one unknown
+            dimension), whose output then has that shape plus ``[dim]``
+            (e.g. ids ``[B, 1]`` give ``[B, 1, dim]``: no reshape after the op),
+            or None for ``[rows_f, dim]``.
         name: optional op name.
 
     Returns:
-        A list with one ``[rows_f, dim]`` tensor per field.
+        A list with one ``[rows_f, dim]`` tensor per field (or, with
+        ``id_shapes``, the field's ids' shape plus ``[dim]``).
 
     Raises:
         ValueError / TypeError: inconsistent static arguments.
@@ -108,9 +115,33 @@ def stitch_combine(
         else:
             lengths = _int64_vector(segment_lengths, "segment_lengths")
         weights = tf.zeros([0], rows.dtype) if weights is None else tf.cast(weights, rows.dtype)
+        shapes = _id_shapes(id_shapes, combiners)
         return load_ops().hybrid_tf_stitch_combine(
-            rows, inverse, sizes, segments, lengths, weights, num_fields=len(combiners), combiners=combiners
+            rows, inverse, sizes, segments, lengths, weights, num_fields=len(combiners), combiners=combiners, **shapes
         )
+
+
+def _id_shapes(id_shapes, combiners) -> dict:
+    """The ``id_shapes`` attribute (absent when no field has one: the op's default)."""
+    if id_shapes is None:
+        return {}
+    id_shapes = list(id_shapes)
+    if len(id_shapes) != len(combiners):
+        raise ValueError(f"id_shapes has {len(id_shapes)} entries but there are {len(combiners)} combiners.")
+    out = []
+    for f, (given, combiner) in enumerate(zip(id_shapes, combiners)):
+        shape = tf.TensorShape(given)
+        if shape.rank is not None:
+            unknown = sum(d is None for d in shape.as_list())
+            if combiner != "none" or shape.rank < 1 or unknown > 1:
+                raise ValueError(
+                    f"id_shapes[{f}] = {shape} must be the shape of a one-hot field's ids (rank >= 1, at most one "
+                    f"unknown dimension) or None; field {f} has combiner {combiner!r}."
+                )
+        out.append(shape)
+    if all(s.rank is None for s in out):
+        return {}
+    return {"id_shapes": out}
 
 
 @tf.RegisterGradient(OP_NAME)
