@@ -10,9 +10,11 @@ dataflow in hand-written DIN models) scores every behaviour ``k_t`` of a
 
 Rule (``query_key_matmul``, tried by ``dataflow_fusion``'s ``MatMul`` rule when
 the dense fusion does not apply): a ``MatMul`` whose left operand is (through
-``Reshape``/``Identity``) such a concatenation along its last axis, whose first
+``Reshape``/``Identity``, and the identity ``Transpose`` that ``tensordot`` adds
+for a dynamic shape) such a concatenation along its last axis, whose first
 piece repeats one ``[B, 1, d]`` query along axis 1 (a ``ConcatV2`` of copies,
-as Keras ``repeat_elements`` builds it, or a ``Tile``), becomes::
+as Keras ``repeat_elements`` builds it, a ``Tile``, or a ``BroadcastTo`` to the
+keys' shape, also with a dynamic ``T``), becomes::
 
     y = reshape(concat([k, q - k, q * k], -1) @ W[d:], [B, T, n]) + (q @ W[:d])  # q: [B, 1, d], broadcast
 
@@ -48,10 +50,23 @@ def _last_axis_concat(t: tf.Tensor):
     return list(t.op.inputs[:-1])
 
 
-def repeated_query(t: tf.Tensor, steps: int) -> tf.Tensor | None:
-    """The ``[B, 1, d]`` query that ``t`` (``[B, steps, d]``) repeats along axis 1, or None."""
+def repeated_query(t: tf.Tensor, steps: int | None, keys: tf.Tensor) -> tf.Tensor | None:
+    """The ``[B, 1, d]`` query that ``t`` (``[B, steps, d]``, shaped like ``keys``) repeats along axis 1, or None.
+
+    ``steps`` None (a dynamic sequence length): only ``tf.broadcast_to(query, tf.shape(keys))``.
+    """
     t = _skip_identity(t)
     op = t.op
+    if op.type == "BroadcastTo":
+        src, shape = op.inputs
+        shape = _skip_identity(shape)
+        if src.shape.rank != 3 or src.shape[1] != 1 or shape.op.type != "Shape":
+            return None
+        if _skip_identity(shape.op.inputs[0]) is not keys:
+            return None
+        return src  # broadcast to the keys' shape: the same values as q - k / q * k broadcast it
+    if steps is None:
+        return None
     if op.type == "ConcatV2":
         axis = tf.get_static_value(op.inputs[-1])
         pieces = op.inputs[:-1]
@@ -99,27 +114,34 @@ def query_key_matmul(x: tf.Tensor, kernel: tf.Tensor) -> tf.Tensor | None:
     src = _skip_identity(x)
     if src.op.type != "Reshape":
         return None
-    pieces = _last_axis_concat(src.op.inputs[0])
+    inner = _skip_identity(src.op.inputs[0])
+    if inner.op.type == "Transpose":  # tensordot with a dynamic shape transposes by a (computed) identity
+        perm = tf.get_static_value(inner.op.inputs[1])
+        if perm is None or list(perm) != list(range(len(perm))):
+            return None
+        inner = inner.op.inputs[0]
+    pieces = _last_axis_concat(inner)
     if pieces is None or len(pieces) != 4:
         return None
     queries, keys, diff, prod = (_skip_identity(p) for p in pieces)
     shape = keys.shape
-    if shape.rank != 3 or shape[1] is None or shape[2] is None:
+    if shape.rank != 3 or shape[2] is None:
         return None
-    steps, d = int(shape[1]), int(shape[2])
+    steps, d = (None if shape[1] is None else int(shape[1])), int(shape[2])
     if any(p.shape.rank != 3 or p.shape[2] != d for p in (queries, diff, prod)):
         return None
-    if x.shape[1] != 4 * d or kernel.shape[0] != 4 * d or kernel.shape[1] is None:
+    if x.shape[1] not in (None, 4 * d) or kernel.shape[0] != 4 * d or kernel.shape[1] is None:
         return None
     if not _uses(diff, "Sub", queries, keys, False) or not _uses(prod, "Mul", queries, keys, True):
         return None
-    query = repeated_query(queries, steps)
+    query = repeated_query(queries, steps, keys)
     if query is None:
         return None
     units = int(kernel.shape[1])
     rest = tf.concat([keys, query - keys, query * keys], axis=-1)  # [B, T, 3d], the model's values
     keyed = tf.matmul(tf.reshape(rest, [-1, 3 * d]), kernel[d:])  # [B*T, n]
     queried = tf.matmul(tf.reshape(query, [-1, d]), kernel[:d])  # [B, n]
-    out = tf.reshape(tf.reshape(keyed, [-1, steps, units]) + tf.expand_dims(queried, 1), [-1, units])
+    per_step = [-1, steps if steps is not None else tf.shape(keys)[1], units]
+    out = tf.reshape(tf.reshape(keyed, per_step) + tf.expand_dims(queried, 1), [-1, units])
     out.set_shape([x.shape[0], units])
     return out
