@@ -83,3 +83,17 @@ def test_training_step_has_one_forward_pass_and_batch_norm_statistics_match_plai
     graph = packed.train_function.get_concrete_function(iter(tf.data.Dataset.from_tensors(batches[0]))).graph
     moments = [op for op in graph.get_operations() if op.type == "Mean" and "moments" in op.name]
     assert len(moments) == 2  # one BatchNormalization in training mode: mean and variance, once
+
+
+def test_lookups_of_one_input_share_the_replayed_ids():
+    """Wide and deep tables of one conformed input keep sharing one UniquePartition (UniqueSubset)."""
+    tf.keras.utils.set_random_seed(0)
+    ids = tf.keras.Input(shape=(1,), dtype="int32", name="a")
+    wide = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, 1, name="wide")(ids))
+    deep = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(VOCAB, DIM, name="deep")(ids))
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()([wide, deep]))
+    model = hybridtf.keras.optimize(tf.keras.Model({"a": ids}, out))
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    x, y = _batches(1)[0]
+    model.train_on_batch({"a": x["a"]}, y)
+    assert model._htf_runtime.shared_uniques  # one packed table takes its unique ids from the other's chain

@@ -50,10 +50,12 @@ def _replay_step(op):
     if op.type == "Cast":
         return ("Cast", op.get_attr("DstT"))
     if op.type == "Squeeze":
-        return ("Squeeze", list(op.get_attr("squeeze_dims")))
+        return ("Squeeze", tuple(op.get_attr("squeeze_dims")))
     if op.type in ("ExpandDims", "Reshape"):
         value = tf.get_static_value(op.inputs[1])
-        return None if value is None else (op.type, value.tolist())
+        if value is None or value.ndim > 1:
+            return None
+        return (op.type, tuple(value.tolist()) if value.ndim else int(value))
     return None
 
 
@@ -63,11 +65,11 @@ def _replay(tensor, steps):
         if kind == "Cast":
             tensor = tf.cast(tensor, arg)
         elif kind == "Squeeze":
-            tensor = tf.squeeze(tensor, axis=arg or None)
+            tensor = tf.squeeze(tensor, axis=list(arg) or None)
         elif kind == "ExpandDims":
             tensor = tf.expand_dims(tensor, arg)
         else:
-            tensor = tf.reshape(tensor, arg)
+            tensor = tf.reshape(tensor, list(arg))
     return tensor
 
 
@@ -125,8 +127,14 @@ def lookups_from_inputs(model, base_call, inputs, kwargs):
     if "mapped" not in found:
         return None
     requests = []
+    replayed = {}  # (input position, steps) -> one tensor: lookups of the same ids share it (positions_key)
     for req, spec, positions in found["mapped"]:
-        comps = [_replay(flat_real[i], steps) for i, steps in positions]
+        comps = []
+        for i, steps in positions:
+            key = (i, tuple(steps))
+            if key not in replayed:
+                replayed[key] = _replay(flat_real[i], steps)
+            comps.append(replayed[key])
         ids = tf.nest.pack_sequence_as(spec, comps, expand_composites=True)
         requests.append(dataclasses.replace(req, ids=ids))
     return requests
