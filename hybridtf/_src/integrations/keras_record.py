@@ -3,7 +3,10 @@
 ``lookups_from_inputs`` traces the model's forward pass once in a scratch
 graph with the capture context recording, and maps every lookup's ids back
 onto the real inputs, so the recording leaves nothing in the real graph (the
-usual CTR case: ids are model inputs). ``discarding_losses`` drops the losses
+usual CTR case: ids are model inputs, possibly through the id-preserving ops a
+Keras functional model adds to conform its inputs: ``Cast``, ``ExpandDims``,
+``Reshape``, ``Squeeze`` with constant arguments, which are replayed on the
+real input). ``discarding_losses`` drops the losses
 layers add during such a recording-only pass. Used by ``keras_model`` (the
 model's ``call``), by micro-batching and by the traffic estimate.
 """
@@ -36,11 +39,61 @@ def _source(tensor):
     return tensor
 
 
+# Ops a Keras functional model puts between its inputs and a layer (conforming the input's rank and
+# dtype, e.g. DeepCTR's Input(shape=(1,), dtype="int32") fed [B] int64 ids): replayable on the real input
+# when their other inputs are constants.
+_REPLAYABLE = ("Cast", "ExpandDims", "Reshape", "Squeeze")
+
+
+def _replay_step(op):
+    """``(op type, argument)`` that recreates ``op`` on another input, or None when it is not replayable."""
+    if op.type == "Cast":
+        return ("Cast", op.get_attr("DstT"))
+    if op.type == "Squeeze":
+        return ("Squeeze", tuple(op.get_attr("squeeze_dims")))
+    if op.type in ("ExpandDims", "Reshape"):
+        value = tf.get_static_value(op.inputs[1])
+        if value is None or value.ndim > 1:
+            return None
+        return (op.type, tuple(value.tolist()) if value.ndim else int(value))
+    return None
+
+
+def _replay(tensor, steps):
+    """``steps`` (innermost first) applied to ``tensor``: the ops the model applied to its input."""
+    for kind, arg in steps:
+        if kind == "Cast":
+            tensor = tf.cast(tensor, arg)
+        elif kind == "Squeeze":
+            tensor = tf.squeeze(tensor, axis=list(arg) or None)
+        elif kind == "ExpandDims":
+            tensor = tf.expand_dims(tensor, arg)
+        else:
+            tensor = tf.reshape(tensor, list(arg))
+    return tensor
+
+
+def _trace_to_input(tensor, flat):
+    """``(input position, replay steps)`` when ``tensor`` is an input of ``flat`` through replayable ops."""
+    steps = []
+    src = _source(tensor)
+    while True:
+        hits = [i for i, t in enumerate(flat) if t is src]
+        if hits:
+            return hits[0], steps[::-1]
+        step = _replay_step(src.op) if src.op.type in _REPLAYABLE else None
+        if step is None:
+            return None
+        steps.append(step)
+        src = _source(src.op.inputs[0])
+
+
 def lookups_from_inputs(model, base_call, inputs, kwargs):
     """Records the lookups in a scratch graph; maps their ids onto the real inputs.
 
     Returns the requests with ids taken from ``inputs`` when every lookup's ids
-    are (through Identity ops) components of the model inputs — the usual case,
+    are (through Identity ops and the replayable ``_REPLAYABLE`` ops with constant
+    arguments) components of the model inputs — the usual case,
     which leaves no trace of the recording in the real graph — else None.
     """
     if tf.executing_eagerly():
@@ -59,11 +112,10 @@ def lookups_from_inputs(model, base_call, inputs, kwargs):
         for req in rec.requests:
             positions = []
             for comp in tf.nest.flatten(req.ids, expand_composites=True):
-                src = _source(comp)
-                hits = [i for i, t in enumerate(flat) if t is src]
-                if not hits:
+                found_at = _trace_to_input(comp, flat)
+                if found_at is None:
                     return tf.constant(0)
-                positions.append(hits[0])
+                positions.append(found_at)
             mapped.append((req, tf.type_spec_from_value(req.ids), positions))
         found["mapped"] = mapped
         return tf.constant(0)
@@ -75,7 +127,14 @@ def lookups_from_inputs(model, base_call, inputs, kwargs):
     if "mapped" not in found:
         return None
     requests = []
+    replayed = {}  # (input position, steps) -> one tensor: lookups of the same ids share it (positions_key)
     for req, spec, positions in found["mapped"]:
-        ids = tf.nest.pack_sequence_as(spec, [flat_real[i] for i in positions], expand_composites=True)
+        comps = []
+        for i, steps in positions:
+            key = (i, tuple(steps))
+            if key not in replayed:
+                replayed[key] = _replay(flat_real[i], steps)
+            comps.append(replayed[key])
+        ids = tf.nest.pack_sequence_as(spec, comps, expand_composites=True)
         requests.append(dataclasses.replace(req, ids=ids))
     return requests

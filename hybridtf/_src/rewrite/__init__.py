@@ -19,6 +19,8 @@ Fusion of the consumers, matched on the dataflow, not on layer classes:
 * ``dataflow_fusion``: a concatenation or sum of packed outputs -> StitchConcat, its matrix
   product -> StitchConcatMatMul.
 * ``concat_fusion``: the column layouts one StitchConcat computes.
+* ``attention_fusion``: DIN's attention input ``[q, k, q - k, q * k] @ W`` from the query once per
+  example (no repeated query, no 4d-wide concatenation).
 
 Interleaving (PICASSO §III-C):
 

@@ -22,6 +22,9 @@ None to keep the op:
   (dim-1 fields: the wide part);
 * ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
   the MLP's first layer): one ``StitchConcatMatMul``;
+* otherwise, a ``MatMul`` of DIN's attention input ``[q, k, q - k, q * k]``
+  with a repeated query: the query's block once per example
+  (``attention_fusion``);
 * ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
   a broadcast ``Mul`` (the same products, no batched GEMM per example).
 
@@ -54,6 +57,7 @@ from tensorflow.python.eager import record
 from tensorflow.python.framework import op_callbacks
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.rewrite.attention_fusion import query_key_matmul
 from hybridtf._src.rewrite.concat_fusion import (
     FLOAT_DTYPES,
     ColumnLayout,
@@ -74,11 +78,14 @@ class FusionLog:
             when the model's own ``call`` did), in trace order, without repeats.
         dense: matrix products turned into StitchConcatMatMul, named the same way.
         outer_products: batched 1-deep matrix products turned into a broadcast ``Mul``.
+        attention: DIN attention inputs' products computed from the query once per example
+            (``attention_fusion``).
     """
 
     concats: list[str] = dataclasses.field(default_factory=list)
     dense: list[str] = dataclasses.field(default_factory=list)
     outer_products: list[str] = dataclasses.field(default_factory=list)
+    attention: list[str] = dataclasses.field(default_factory=list)
 
 
 def _static_target(out: tf.Tensor) -> list[int] | None:
@@ -413,12 +420,16 @@ def add_n_sum(x: tf.Tensor):
 
 
 def _matmul_rule(scope: FusionScope, op: tf.Operation):
-    if not scope.fuse_dense or op.get_attr("transpose_a") or op.get_attr("transpose_b"):
+    if op.get_attr("transpose_a") or op.get_attr("transpose_b"):
         return None
     x, kernel = op.inputs
-    fused = fused_matmul(x, kernel)
+    fused = fused_matmul(x, kernel) if scope.fuse_dense else None
     if fused is None:
-        return None
+        fused = query_key_matmul(x, kernel)  # DIN's attention input (attention_fusion)
+        if fused is None:
+            return None
+        scope.note(scope.log.attention, op)
+        return [_as_traced(fused, op.outputs[0])]
     scope.note(scope.log.dense, op)
     return [_as_traced(fused, op.outputs[0])]
 
