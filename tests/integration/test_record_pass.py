@@ -15,6 +15,7 @@ twice).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import hybridtf.keras
@@ -23,10 +24,15 @@ from hybridtf._src.integrations import keras_record
 B, VOCAB, DIM = 64, 50, 4
 
 
-def _model(seed=0):
+def _model(seed=0, computed_ids=False):
+    """``computed_ids``: the ids are computed inside the model (a hash of the input), so the record
+    pass cannot map them onto the inputs and runs inline in the training graph."""
     tf.keras.utils.set_random_seed(seed)
     ids = {n: tf.keras.Input(shape=(1,), dtype="int32", name=n) for n in ("a", "b")}
-    emb = {n: tf.keras.layers.Embedding(VOCAB, DIM, name=f"emb_{n}")(ids[n]) for n in ids}
+    looked_up = ids
+    if computed_ids:
+        looked_up = {n: tf.keras.layers.Hashing(VOCAB, name=f"hash_{n}")(ids[n]) for n in ids}
+    emb = {n: tf.keras.layers.Embedding(VOCAB, DIM, name=f"emb_{n}")(looked_up[n]) for n in ids}
     x = tf.keras.layers.Flatten()(tf.keras.layers.Concatenate()([emb["a"], emb["b"]]))
     x = tf.keras.layers.Dense(8)(x)
     x = tf.keras.layers.BatchNormalization(name="bn")(x)
@@ -65,9 +71,13 @@ def test_ids_through_conforming_ops_map_onto_the_inputs():
         np.testing.assert_array_equal(got.numpy()[:, 0], x[name].numpy())
 
 
-def test_training_step_has_one_forward_pass_and_batch_norm_statistics_match_plain():
+@pytest.mark.parametrize("computed_ids", [False, True], ids=["input_ids", "ids_computed_inside"])
+def test_training_step_has_one_forward_pass_and_batch_norm_statistics_match_plain(computed_ids):
+    """Also when the record pass runs inline (ids computed inside): it runs in inference mode."""
     batches = _batches(6)
-    plain, packed = _model(), hybridtf.keras.optimize(_model())
+    plain, packed = _model(computed_ids=computed_ids), hybridtf.keras.optimize(_model(computed_ids=computed_ids))
+    if computed_ids:
+        assert packed.hybridtf_plan is not None and not packed.hybridtf_skipped
     for m in (plain, packed):
         m.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
     expected = [plain.train_on_batch(x, y) for x, y in batches]

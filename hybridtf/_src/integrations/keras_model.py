@@ -57,11 +57,7 @@ class _HybridModelMixin:
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = keras_record.lookups_from_inputs(self, base_call, inputs, record_kwargs)
-        if requests is None:  # ids are computed inside the model: record inline
-            with keras_record.discarding_losses(self), context.recording() as rec:
-                base_call(inputs, **record_kwargs)
-            requests = rec.requests
+        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs)
         outputs = lookup_all(requests)
         with (
             context.replaying(requests, outputs),

@@ -7,8 +7,12 @@ usual CTR case: ids are model inputs, possibly through the id-preserving ops a
 Keras functional model adds to conform its inputs: ``Cast``, ``ExpandDims``,
 ``Reshape``, ``Squeeze`` with constant arguments, which are replayed on the
 real input). ``discarding_losses`` drops the losses
-layers add during such a recording-only pass. Used by ``keras_model`` (the
-model's ``call``), by micro-batching and by the traffic estimate.
+layers add during such a recording-only pass. ``step_requests`` is what a
+model's ``call`` uses: the scratch recording, else (ids computed inside the
+model) a recording in the real graph in inference mode, so the pass updates no
+layer state (BatchNormalization's moving statistics) and leaves only dead ops.
+Used by ``keras_model`` and ``packed_dynamic`` (the model's ``call``), by
+micro-batching and by the traffic estimate.
 """
 
 from __future__ import annotations
@@ -31,6 +35,36 @@ def discarding_losses(model):
     finally:
         for layer, n in zip(layers, before):
             del layer._losses[n:]
+
+
+@contextlib.contextmanager
+def inference_mode(model, inputs):
+    """Keras's call context in inference mode around a recording-only pass of ``model``'s raw ``call``.
+
+    ``Functional.call`` does not pass ``training`` on to its layers: they take it from the call
+    context, which inside ``fit`` says training. A recording pass in training mode would update
+    BatchNormalization's moving statistics (stateful, never pruned) from the recorded forward.
+    """
+    from keras.src.engine import base_layer_utils
+
+    with base_layer_utils.call_context().enter(
+        layer=model, inputs=inputs, build_graph=not tf.executing_eagerly(), training=False
+    ):
+        yield
+
+
+def step_requests(model, base_call, inputs, kwargs):
+    """The lookups of ``model``'s forward pass on ``inputs`` (``kwargs``: the call's, training off).
+
+    The scratch recording of ``lookups_from_inputs`` when ids are model inputs, else a recording in
+    the real graph (its ops are dead once the lookups are replayed) in inference mode.
+    """
+    requests = lookups_from_inputs(model, base_call, inputs, kwargs)
+    if requests is None:  # ids are computed inside the model: record inline
+        with discarding_losses(model), inference_mode(model, inputs), context.recording() as rec:
+            base_call(inputs, **kwargs)
+        requests = rec.requests
+    return requests
 
 
 def _source(tensor):
@@ -106,7 +140,7 @@ def lookups_from_inputs(model, base_call, inputs, kwargs):
 
     def record(scratch_inputs):
         flat = [_source(t) for t in tf.nest.flatten(scratch_inputs, expand_composites=True)]
-        with discarding_losses(model), context.recording() as rec:
+        with discarding_losses(model), inference_mode(model, scratch_inputs), context.recording() as rec:
             base_call(scratch_inputs, **kwargs)
         mapped = []
         for req in rec.requests:

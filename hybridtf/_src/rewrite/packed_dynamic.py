@@ -406,11 +406,7 @@ class _DynamicModelMixin:
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = keras_record.lookups_from_inputs(self, base_call, inputs, record_kwargs)
-        if requests is None:
-            with keras_record.discarding_losses(self), context.recording() as rec:
-                base_call(inputs, **record_kwargs)
-            requests = rec.requests
+        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs)
         outputs = lookup_all(requests)
         fusion = getattr(self, "_htf_dynamic_fusion", None) or {"enabled": False}
         with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
