@@ -25,7 +25,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from benchmarks import bench_keras, ctr_data  # noqa: E402
+from benchmarks import bench_keras  # noqa: E402
+from hybridtf._src.models import ctr_data  # noqa: E402
 
 
 def profile(config: bench_keras.Config, variant: str) -> tuple[float, dict, dict]:
