@@ -23,7 +23,10 @@ None to keep the op:
 * ``MatMul`` whose left operand is a fused concatenation (a ``Dense`` on it,
   the MLP's first layer): one ``StitchConcatMatMul``;
 * ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
-  a broadcast ``Mul`` (the same products, no batched GEMM per example).
+  a broadcast ``Mul`` (the same products, no batched GEMM per example);
+* ``Sub`` computing a factorization machine's cross term
+  ``square(reduce_sum(x, 1)) - reduce_sum(x * x, 1)`` over a fused
+  concatenation of fields: one ``StitchFM`` (``fm_fusion``).
 
 Every replacement whose original output had a fully static shape is reshaped
 to it (``_as_traced``), so that Grappler sees the shapes it saw in the plain
@@ -62,6 +65,7 @@ from hybridtf._src.rewrite.concat_fusion import (
     fused_matmul,
     stitch_concat_source,
 )
+from hybridtf._src.rewrite.fm_fusion import fm_rule
 
 
 @dataclasses.dataclass
@@ -74,11 +78,13 @@ class FusionLog:
             when the model's own ``call`` did), in trace order, without repeats.
         dense: matrix products turned into StitchConcatMatMul, named the same way.
         outer_products: batched 1-deep matrix products turned into a broadcast ``Mul``.
+        fm: factorization-machine cross terms turned into StitchFM (``fm_fusion``).
     """
 
     concats: list[str] = dataclasses.field(default_factory=list)
     dense: list[str] = dataclasses.field(default_factory=list)
     outer_products: list[str] = dataclasses.field(default_factory=list)
+    fm: list[str] = dataclasses.field(default_factory=list)
 
 
 def _static_target(out: tf.Tensor) -> list[int] | None:
@@ -438,6 +444,7 @@ RULES = {
     "Pack": _pack_rule,
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
+    "Sub": fm_rule,
 }
 
 
