@@ -15,7 +15,8 @@ the concatenation's inputs: the stacked matrix, its square, both sums and,
 backward, their chain of Tile / Mul / AddN and the concatenation's gradient
 become two ops reading the distinct rows. What follows (``0.5 *
 reduce_sum(cross, axis=2)``) stays as written. Matched by dataflow, not by
-layer class, with or without ``keepdims``.
+layer class: with or without ``keepdims`` (and a ``Squeeze`` after it),
+``tf.square`` or a product with itself, ``Identity`` in between.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, stitch_concat_source
+from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, LAYOUT_OPS, stitch_concat_source
 from hybridtf._src.run.stitch_fm import fm_of_stitch_concat
 
 
@@ -33,9 +34,16 @@ def _skip_identity(t: tf.Tensor) -> tf.Tensor:
     return t
 
 
+def _skip_layout(t: tf.Tensor) -> tf.Tensor:
+    """``t`` seen through shape-only ops (``Squeeze`` of a keepdims sum; the caller checks the shapes)."""
+    while t.op.type in LAYOUT_OPS and t.op.inputs:
+        t = t.op.inputs[0]
+    return t
+
+
 def _field_axis_sum(t: tf.Tensor) -> tf.Tensor | None:
     """``x`` when ``t`` is ``reduce_sum(x, axis=1)`` of a rank-3 ``x`` (keepdims either way), else None."""
-    t = _skip_identity(t)
+    t = _skip_layout(t)
     if t.op.type != "Sum":
         return None
     x, axis = t.op.inputs
@@ -63,7 +71,9 @@ def fm_stacked_input(op: tf.Operation) -> tf.Tensor | None:
     if op.type != "Sub" or len(op.inputs) != 2:
         return None
     first, second = op.inputs
-    summed = _square_of(first)
+    if not (first.shape.is_compatible_with(second.shape) and first.shape.rank in (2, 3)):
+        return None  # a broadcasting difference is not the cross term
+    summed = _square_of(_skip_layout(first))
     x = _field_axis_sum(summed) if summed is not None else None
     squares = _field_axis_sum(second)
     y = _square_of(squares) if squares is not None else None
@@ -78,8 +88,9 @@ def fm_rule(scope, op: tf.Operation):
     if x is None or x.dtype not in FLOAT_DTYPES:
         return None
     dims = x.shape.as_list()
-    if dims[1] is None or dims[2] is None:
-        return None
+    out = op.outputs[0].shape.as_list()
+    if dims[1] is None or dims[2] is None or out[-1] != dims[2] or any(d != 1 for d in out[1:-1]):
+        return None  # the Sub must hold [B, d] (or [B, 1, d]) cross terms
     concat = stitch_concat_source(x, dims[1] * dims[2])
     if concat is None or concat.get_attr("num_dense") != 0 or len(concat.get_attr("piece_groups")) != dims[1]:
         return None
