@@ -65,7 +65,7 @@ from hybridtf._src.rewrite.concat_fusion import (
     fused_matmul,
     stitch_concat_source,
 )
-from hybridtf._src.rewrite.fm_fusion import fm_rule
+from hybridtf._src.rewrite.fm_fusion import fused_fm
 
 
 @dataclasses.dataclass
@@ -435,6 +435,15 @@ def _outer_product_rule(scope: FusionScope, op: tf.Operation):
     return [out]
 
 
+def _fm_rule(scope: FusionScope, op: tf.Operation):
+    """A factorization machine's cross term over fused fields (a ``Sub``): one StitchFM (``fm_fusion``)."""
+    fused = fused_fm(op)
+    if fused is None:
+        return None
+    scope.note(scope.log.fm, op)
+    return [_as_traced(fused, op.outputs[0])]
+
+
 # Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
 SUM_OPS = frozenset({"AddN", "AddV2"})
 
@@ -444,7 +453,7 @@ RULES = {
     "Pack": _pack_rule,
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
-    "Sub": fm_rule,
+    "Sub": _fm_rule,
 }
 
 

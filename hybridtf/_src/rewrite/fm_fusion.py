@@ -9,8 +9,8 @@ and computes
     cross = square_of_sum - sum_of_square
 
 When ``x`` is a fused concatenation of packed fields (a StitchConcat of
-fields only, all of width ``d``, seen as ``[B, F, d]``), ``fm_rule`` (called by
-``dataflow_fusion`` for every ``Sub``) replaces ``cross`` with one StitchFM on
+fields only, all of width ``d``, seen as ``[B, F, d]``), ``fused_fm`` (called by
+``dataflow_fusion``'s rule for every ``Sub``) replaces ``cross`` with one StitchFM on
 the concatenation's inputs: the stacked matrix, its square, both sums and,
 backward, their chain of Tile / Mul / AddN and the concatenation's gradient
 become two ops reading the distinct rows. What follows (``0.5 *
@@ -82,8 +82,11 @@ def fm_stacked_input(op: tf.Operation) -> tf.Tensor | None:
     return x
 
 
-def fm_rule(scope, op: tf.Operation):
-    """``[StitchFM output]`` (the ``Sub``'s shape) for an FM cross term over fused packed fields, else None."""
+def fused_fm(op: tf.Operation) -> tf.Tensor | None:
+    """One StitchFM (``[B, d]``) for ``op`` when it is an FM cross term over fused packed fields, else None.
+
+    The caller reshapes it to the ``Sub``'s shape (``[B, d]`` or ``[B, 1, d]``).
+    """
     x = fm_stacked_input(op)
     if x is None or x.dtype not in FLOAT_DTYPES:
         return None
@@ -97,8 +100,4 @@ def fm_rule(scope, op: tf.Operation):
     rows = concat.inputs[: concat.get_attr("num_groups")]
     if any(r.shape.rank != 2 or r.shape[1] != dims[2] for r in rows):
         return None
-    from hybridtf._src.rewrite.dataflow_fusion import _as_traced  # a cycle at import time otherwise
-
-    fused = _as_traced(fm_of_stitch_concat(concat), op.outputs[0])
-    scope.note(scope.log.fm, op)
-    return [fused]
+    return fm_of_stitch_concat(concat)
