@@ -140,8 +140,8 @@ def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
 @pytest.mark.parametrize("name", ["WDL", "DeepFM", "DCN"])
 def test_deepctr_models_get_the_same_fusions(name):
     """DeepCTR's own Concat / Add / Linear / DNN (tensordot) layers: the linear part, FM and the DNN input fuse;
-    DCN's cross layers' per-example outer products (``BatchMatMulV2`` of ``[B, W, 1]`` by ``[B, 1, 1]``) become
-    broadcast multiplies.
+    DeepFM's FM cross term becomes one StitchFM; DCN's cross layers' per-example outer products
+    (``BatchMatMulV2`` of ``[B, W, 1]`` by ``[B, 1, 1]``) become broadcast multiplies.
 
     Its embeddings carry ``embeddings_regularizer`` (not packed on this branch), so they are removed here, in both
     models alike.
@@ -174,10 +174,12 @@ def test_deepctr_models_get_the_same_fusions(name):
     types = _counted_types(graph)
     ops = _hybrid_ops(types)
     assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 0
-    # the linear logits, plus FM's [B, n, d] (DeepFM) or the cross network's input (DCN)
-    assert ops["HybridTF>StitchConcat"] == (1 if name == "WDL" else 2)
+    # the linear logits, plus the cross network's input (DCN); DeepFM's FM reads its fields in one StitchFM
+    assert ops["HybridTF>StitchConcat"] == (2 if name == "DCN" else 1)
+    assert ops["HybridTF>StitchFM"] == (1 if name == "DeepFM" else 0)
+    assert (fused.hybridtf_fused_fm != []) == (name == "DeepFM")
     grads = [op.get_attr("broadcast_grad") for op in graph.get_operations() if op.type == "HybridTF>StitchConcatGrad"]
-    assert sorted(grads) == ([True] if name == "WDL" else [False, True])  # the linear part reads a [B, 1] column
+    assert sorted(grads) == ([False, True] if name == "DCN" else [True])  # the linear part reads a [B, 1] column
     assert "BatchMatMulV2" not in types
 
 

@@ -79,6 +79,7 @@ class _HybridModelMixin:
         if scope is not None:  # as last traced
             self._htf_fused_concats[:] = scope.log.concats
             self._htf_fused_dense_names[:] = scope.log.dense
+            self._htf_fused_fm_names[:] = scope.log.fm
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
@@ -233,6 +234,11 @@ class _HybridModelMixin:
         """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
         return list(self._htf_fused_dense_names)
 
+    @property
+    def hybridtf_fused_fm(self) -> list[str]:
+        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
+        return list(self._htf_fused_fm_names)
+
 
 def _sharded_save_error(size: int) -> NotImplementedError:
     return NotImplementedError(
@@ -287,6 +293,11 @@ class _UnpackedModelMixin:
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
+        """Nothing is packed, so nothing is fused."""
+        return []
+
+    @property
+    def hybridtf_fused_fm(self) -> list[str]:
         """Nothing is packed, so nothing is fused."""
         return []
 
@@ -551,6 +562,7 @@ def _rewrite_model(
     object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
     object.__setattr__(model, "_htf_fused_concats", [])
     object.__setattr__(model, "_htf_fused_dense_names", [])
+    object.__setattr__(model, "_htf_fused_fm_names", [])
 
 
 __all__ = ["TableView", "is_optimized", "optimize"]

@@ -26,7 +26,10 @@ None to keep the op:
   with a repeated query: the query's block once per example
   (``attention_fusion``);
 * ``BatchMatMulV2`` of ``[..., m, 1]`` by ``[..., 1, n]`` (DCN's cross layer):
-  a broadcast ``Mul`` (the same products, no batched GEMM per example).
+  a broadcast ``Mul`` (the same products, no batched GEMM per example);
+* ``Sub`` computing a factorization machine's cross term
+  ``square(reduce_sum(x, 1)) - reduce_sum(x * x, 1)`` over a fused
+  concatenation of fields: one ``StitchFM`` (``fm_fusion``).
 
 Every replacement whose original output had a fully static shape is reshaped
 to it (``_as_traced``), so that Grappler sees the shapes it saw in the plain
@@ -66,6 +69,7 @@ from hybridtf._src.rewrite.concat_fusion import (
     fused_matmul,
     stitch_concat_source,
 )
+from hybridtf._src.rewrite.fm_fusion import fused_fm
 
 
 @dataclasses.dataclass
@@ -80,12 +84,14 @@ class FusionLog:
         outer_products: batched 1-deep matrix products turned into a broadcast ``Mul``.
         attention: DIN attention inputs' products computed from the query once per example
             (``attention_fusion``).
+        fm: factorization-machine cross terms turned into StitchFM (``fm_fusion``).
     """
 
     concats: list[str] = dataclasses.field(default_factory=list)
     dense: list[str] = dataclasses.field(default_factory=list)
     outer_products: list[str] = dataclasses.field(default_factory=list)
     attention: list[str] = dataclasses.field(default_factory=list)
+    fm: list[str] = dataclasses.field(default_factory=list)
 
 
 def _static_target(out: tf.Tensor) -> list[int] | None:
@@ -453,6 +459,15 @@ def _outer_product_rule(scope: FusionScope, op: tf.Operation):
     return [out]
 
 
+def _fm_rule(scope: FusionScope, op: tf.Operation):
+    """A factorization machine's cross term over fused fields (a ``Sub``): one StitchFM (``fm_fusion``)."""
+    fused = fused_fm(op)
+    if fused is None:
+        return None
+    scope.note(scope.log.fm, op)
+    return [_as_traced(fused, op.outputs[0])]
+
+
 # Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
 SUM_OPS = frozenset({"AddN", "AddV2"})
 
@@ -462,6 +477,7 @@ RULES = {
     "Pack": _pack_rule,
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
+    "Sub": _fm_rule,
 }
 
 

@@ -1,0 +1,96 @@
+// CPU kernels of HybridTF>StitchFM and StitchFMGrad: the stitch_fm
+// implementation layer behind StitchConcat's layout attributes.
+#include <vector>
+
+#include "kernels/common/op_prefix.h"
+#include "kernels/common/tf_parallel_for.h"
+#include "kernels/common/tf_status.h"
+#include "kernels/stitch_concat/stitch_concat_kernels.h"
+#include "kernels/stitch_fm/stitch_fm_impl.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace hybridtf {
+namespace stitch_combine {
+
+template <typename T, typename Idx>
+class StitchFMOpBase : public StitchConcatOpBase {
+ public:
+  explicit StitchFMOpBase(OpKernelConstruction* ctx) : StitchConcatOpBase(ctx) {
+    OP_REQUIRES(ctx, num_dense_ == 0,
+                errors::InvalidArgument("StitchFM takes embedding fields only, got num_dense ",
+                                        num_dense_, "; leave dense inputs out of the FM."));
+  }
+
+ protected:
+  Status Read(OpKernelContext* ctx, int first_rows, ConcatInputs<T, Idx>* in, int64_t* dim) const {
+    TF_RETURN_IF_ERROR(this->ReadInputs(ctx, first_rows, /*validate_inverse=*/true, in));
+    *dim = ctx->input(first_rows).dim_size(1);
+    return ToTfStatus(CheckFMLayout(in->groups, in->pieces, in->batch, *dim));
+  }
+};
+
+template <typename T, typename Idx>
+class StitchFMCpuOp : public StitchFMOpBase<T, Idx> {
+ public:
+  explicit StitchFMCpuOp(OpKernelConstruction* ctx) : StitchFMOpBase<T, Idx>(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    ConcatInputs<T, Idx> in;
+    int64_t dim = 0;
+    OP_REQUIRES_OK(ctx, this->Read(ctx, 0, &in, &dim));
+    Tensor* output = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.batch, dim}), &output));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(ForwardFM<T, Idx>(in.groups, in.pieces, in.batch, dim,
+                                                output->flat<T>().data(), CpuParallelFor(ctx))));
+  }
+};
+
+template <typename T, typename Idx>
+class StitchFMGradCpuOp : public StitchFMOpBase<T, Idx> {
+ public:
+  explicit StitchFMGradCpuOp(OpKernelConstruction* ctx) : StitchFMOpBase<T, Idx>(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    const int ng = static_cast<int>(this->num_groups_);
+    const Tensor& grad = ctx->input(0);
+    ConcatInputs<T, Idx> in;
+    int64_t dim = 0;
+    OP_REQUIRES_OK(ctx, this->Read(ctx, 1, &in, &dim));
+    OP_REQUIRES(
+        ctx, grad.dims() == 2 && grad.dim_size(0) == in.batch && grad.dim_size(1) == dim,
+        errors::InvalidArgument("StitchFMGrad: grad must have shape [", in.batch, ", ", dim,
+                                "] (StitchFM's output), got ", grad.shape().DebugString(), "."));
+    std::vector<T*> d_rows(ng);
+    for (int g = 0; g < ng; ++g) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, ctx->input(1 + g).shape(), &out));
+      d_rows[g] = out->flat<T>().data();
+    }
+    OP_REQUIRES_OK(
+        ctx, ToTfStatus(BackwardFM<T, Idx>(in.groups, in.pieces, in.batch, dim,
+                                           grad.flat<T>().data(), d_rows, CpuParallelFor(ctx))));
+  }
+};
+
+#define HYBRIDTF_REGISTER_CPU(T, Idx)                           \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchFM"))         \
+                              .Device(::tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")           \
+                              .TypeConstraint<Idx>("Tidx"),     \
+                          StitchFMCpuOp<T, Idx>);               \
+  REGISTER_KERNEL_BUILDER(Name(HYBRIDTF_OP("StitchFMGrad"))     \
+                              .Device(::tensorflow::DEVICE_CPU) \
+                              .TypeConstraint<T>("T")           \
+                              .TypeConstraint<Idx>("Tidx"),     \
+                          StitchFMGradCpuOp<T, Idx>);
+
+HYBRIDTF_REGISTER_CPU(float, int32_t)
+HYBRIDTF_REGISTER_CPU(float, int64_t)
+HYBRIDTF_REGISTER_CPU(double, int32_t)
+HYBRIDTF_REGISTER_CPU(double, int64_t)
+#undef HYBRIDTF_REGISTER_CPU
+
+}  // namespace stitch_combine
+}  // namespace hybridtf
