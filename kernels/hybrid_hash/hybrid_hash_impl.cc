@@ -242,6 +242,33 @@ void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin,
   }
 }
 
+void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                            int64_t begin, int64_t end, uint32_t* out) const {
+  const int64_t n = end - begin;
+  const uint64_t limit = next_record_;  // records [0, limit) exist (fixed under the shared lock)
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);  // negative: huge, rejected
+    if (h < limit) __builtin_prefetch(Record(static_cast<uint32_t>(h)));
+  }
+  bool probe = false;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
+    out[k] = kEmpty;
+    if (h < limit) {
+      const Header* r = Record(static_cast<uint32_t>(h));
+      if (__atomic_load_n(&r->mark, __ATOMIC_RELAXED) != kDead && r->id == ids[begin + k] &&
+          MemberOf(r) == M(members, begin + k)) {
+        out[k] = static_cast<uint32_t>(h);
+      }
+    }
+    probe = probe || out[k] == kEmpty;
+  }
+  if (!probe) return;
+  for (int64_t k = 0; k < n; ++k) {
+    if (out[k] == kEmpty) out[k] = Find(M(members, begin + k), ids[begin + k]);
+  }
+}
+
 void Store::PrefetchFloats(uint32_t index) const {
   const char* f = reinterpret_cast<const char*>(Floats(Record(index)));
   __builtin_prefetch(f);
@@ -394,7 +421,8 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
 }
 
 ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
-                         float* out, const ParallelFor& pf, const int64_t* members) {
+                         float* out, const ParallelFor& pf, const int64_t* members,
+                         int64_t* records) {
   ImplStatus valid = CheckMembers(members, n);
   if (!valid.ok()) return valid;
   const int64_t dim = config_.dim;
@@ -414,6 +442,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
         }
         for (int64_t i = b; i < e; ++i) {
           const uint32_t r = block[i - b];
+          if (records) records[i] = r;
           if (r == kEmpty) {
             missing[i] = 1;
             ++miss;
@@ -466,6 +495,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
       ImplStatus status = Insert(M(members, i), ids[i], &r);
       if (!status.ok()) return status;
     }
+    if (records) records[i] = r;
     Header* h = Record(r);
     std::memcpy(out + i * dim, Floats(h), 4 * dim);
     const int64_t c = counts ? counts[i] : 1;
