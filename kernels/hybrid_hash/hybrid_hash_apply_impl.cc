@@ -22,6 +22,34 @@ ImplStatus CheckSlots(const Config& config, int held, int needed, const char* wh
 }
 }  // namespace
 
+// The updates' probe with the lookup's record hints (see ApplySgd in the header).
+void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                            int64_t begin, int64_t end, uint32_t* out) const {
+  const int64_t n = end - begin;
+  const uint64_t limit = next_record_;  // records [0, limit) exist (fixed under the shared lock)
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);  // negative: huge, rejected
+    if (h < limit) __builtin_prefetch(Record(static_cast<uint32_t>(h)));
+  }
+  bool probe = false;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
+    out[k] = kEmpty;
+    if (h < limit) {
+      const Header* r = Record(static_cast<uint32_t>(h));
+      if (__atomic_load_n(&r->mark, __ATOMIC_RELAXED) != kDead && r->id == ids[begin + k] &&
+          MemberOf(r) == M(members, begin + k)) {
+        out[k] = static_cast<uint32_t>(h);
+      }
+    }
+    probe = probe || out[k] == kEmpty;
+  }
+  if (!probe) return;
+  for (int64_t k = 0; k < n; ++k) {
+    if (out[k] == kEmpty) out[k] = Find(M(members, begin + k), ids[begin + k]);
+  }
+}
+
 template <typename RowFn>
 ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints,
                             int64_t n, const char* what, const ParallelFor& pf, RowFn&& fn) {

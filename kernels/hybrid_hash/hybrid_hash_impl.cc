@@ -242,33 +242,6 @@ void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin,
   }
 }
 
-void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
-                            int64_t begin, int64_t end, uint32_t* out) const {
-  const int64_t n = end - begin;
-  const uint64_t limit = next_record_;  // records [0, limit) exist (fixed under the shared lock)
-  for (int64_t k = 0; k < n; ++k) {
-    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);  // negative: huge, rejected
-    if (h < limit) __builtin_prefetch(Record(static_cast<uint32_t>(h)));
-  }
-  bool probe = false;
-  for (int64_t k = 0; k < n; ++k) {
-    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
-    out[k] = kEmpty;
-    if (h < limit) {
-      const Header* r = Record(static_cast<uint32_t>(h));
-      if (__atomic_load_n(&r->mark, __ATOMIC_RELAXED) != kDead && r->id == ids[begin + k] &&
-          MemberOf(r) == M(members, begin + k)) {
-        out[k] = static_cast<uint32_t>(h);
-      }
-    }
-    probe = probe || out[k] == kEmpty;
-  }
-  if (!probe) return;
-  for (int64_t k = 0; k < n; ++k) {
-    if (out[k] == kEmpty) out[k] = Find(M(members, begin + k), ids[begin + k]);
-  }
-}
-
 void Store::PrefetchFloats(uint32_t index) const {
   const char* f = reinterpret_cast<const char*>(Floats(Record(index)));
   __builtin_prefetch(f);
