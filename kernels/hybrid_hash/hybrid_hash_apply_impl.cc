@@ -22,9 +22,37 @@ ImplStatus CheckSlots(const Config& config, int held, int needed, const char* wh
 }
 }  // namespace
 
+// The updates' probe with the lookup's record hints (see ApplySgd in the header).
+void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                            int64_t begin, int64_t end, uint32_t* out) const {
+  const int64_t n = end - begin;
+  const uint64_t limit = next_record_;  // records [0, limit) exist (fixed under the shared lock)
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);  // negative: huge, rejected
+    if (h < limit) __builtin_prefetch(Record(static_cast<uint32_t>(h)));
+  }
+  bool probe = false;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
+    out[k] = kEmpty;
+    if (h < limit) {
+      const Header* r = Record(static_cast<uint32_t>(h));
+      if (__atomic_load_n(&r->mark, __ATOMIC_RELAXED) != kDead && r->id == ids[begin + k] &&
+          MemberOf(r) == M(members, begin + k)) {
+        out[k] = static_cast<uint32_t>(h);
+      }
+    }
+    probe = probe || out[k] == kEmpty;
+  }
+  if (!probe) return;
+  for (int64_t k = 0; k < n; ++k) {
+    if (out[k] == kEmpty) out[k] = Find(M(members, begin + k), ids[begin + k]);
+  }
+}
+
 template <typename RowFn>
-ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t n, const char* what,
-                            const ParallelFor& pf, RowFn&& fn) {
+ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                            int64_t n, const char* what, const ParallelFor& pf, RowFn&& fn) {
   ImplStatus valid = CheckMembers(members, n);
   if (!valid.ok()) return valid;
   std::shared_lock<std::shared_mutex> lock(mu_);
@@ -36,7 +64,11 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t 
   pf(n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; b += kBlock) {
       const int64_t e = std::min(end, b + kBlock);
-      FindBlock(ids, members, b, e, records.data() + b);
+      if (hints) {
+        FindBlockHinted(ids, members, hints, b, e, records.data() + b);
+      } else {
+        FindBlock(ids, members, b, e, records.data() + b);
+      }
       for (int64_t i = b; i < e; ++i) {
         const uint32_t r = records[i];
         bool ok = r != kEmpty;
@@ -83,21 +115,22 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, int64_t 
 }
 
 ImplStatus Store::ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
-                           const ParallelFor& pf, const int64_t* members) {
+                           const ParallelFor& pf, const int64_t* members, const int64_t* records) {
   const int64_t dim = config_.dim;
-  return ApplyRows(ids, members, n, "SGD update", pf, [&](float* w, int64_t i) {
+  return ApplyRows(ids, members, records, n, "SGD update", pf, [&](float* w, int64_t i) {
     const float* g = grad + i * dim;
     for (int64_t c = 0; c < dim; ++c) w[c] = w[c] + (-g[c]) * lr;
   });
 }
 
 ImplStatus Store::ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr,
-                               float eps, const ParallelFor& pf, const int64_t* members) {
+                               float eps, const ParallelFor& pf, const int64_t* members,
+                               const int64_t* records) {
   const int64_t dim = config_.dim;
   const float neg_lr = -lr;
   ImplStatus slots = CheckSlots(config_, num_slots_, 1, "Adagrad update");
   if (!slots.ok()) return slots;
-  return ApplyRows(ids, members, n, "Adagrad update", pf, [&](float* w, int64_t i) {
+  return ApplyRows(ids, members, records, n, "Adagrad update", pf, [&](float* w, int64_t i) {
     const float* g = grad + i * dim;
     float* a = w + dim;
     for (int64_t c = 0; c < dim; ++c) {
@@ -110,12 +143,12 @@ ImplStatus Store::ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n,
 
 ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
                             float c2, float eps, bool lazy, const ParallelFor& pf,
-                            const int64_t* members) {
+                            const int64_t* members, const int64_t* records) {
   const int64_t dim = config_.dim;
   ImplStatus slots = CheckSlots(config_, num_slots_, 2, "Adam update");
   if (!slots.ok()) return slots;
   if (lazy) {
-    return ApplyRows(ids, members, n, "LazyAdam update", pf, [&](float* w, int64_t i) {
+    return ApplyRows(ids, members, records, n, "LazyAdam update", pf, [&](float* w, int64_t i) {
       const float* g = grad + i * dim;
       float* m = w + dim;
       float* v = w + 2 * dim;
@@ -137,9 +170,10 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
   // Validate and add the gradient first (through ApplyRows, so that a bad id
   // changes nothing), keeping decay-then-add order per element:
   //   m' = (m + (-m) * c1) + g * c1.
-  ImplStatus status = ApplyRows(ids, members, n, "Adam update", pf, [&](float* w, int64_t) {
-    (void)w;  // validation pass only
-  });
+  ImplStatus status =
+      ApplyRows(ids, members, records, n, "Adam update", pf, [&](float* w, int64_t) {
+        (void)w;  // validation pass only
+      });
   if (!status.ok()) return status;
   std::unique_lock<std::shared_mutex> lock(mu_);
   std::vector<float*> touched_grad(static_cast<size_t>(next_record_), nullptr);

@@ -394,7 +394,8 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
 }
 
 ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
-                         float* out, const ParallelFor& pf, const int64_t* members) {
+                         float* out, const ParallelFor& pf, const int64_t* members,
+                         int64_t* records) {
   ImplStatus valid = CheckMembers(members, n);
   if (!valid.ok()) return valid;
   const int64_t dim = config_.dim;
@@ -414,6 +415,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
         }
         for (int64_t i = b; i < e; ++i) {
           const uint32_t r = block[i - b];
+          if (records) records[i] = r;
           if (r == kEmpty) {
             missing[i] = 1;
             ++miss;
@@ -466,6 +468,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
       ImplStatus status = Insert(M(members, i), ids[i], &r);
       if (!status.ok()) return status;
     }
+    if (records) records[i] = r;
     Header* h = Record(r);
     std::memcpy(out + i * dim, Floats(h), 4 * dim);
     const int64_t c = counts ? counts[i] : 1;

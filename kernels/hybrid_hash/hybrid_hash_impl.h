@@ -165,8 +165,11 @@ class Store {
   // count frequencies (counts[i] occurrences, 1 each if counts is null) and
   // hit statistics (training); else a pure read that returns the initial row
   // of an absent id without inserting it.
+  // records (optional, training only): each id's record index, which a fused
+  // update may take as a hint (it still checks the record's key, see below).
   ImplStatus Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert, float* out,
-                    const ParallelFor& pf, const int64_t* members = nullptr);
+                    const ParallelFor& pf, const int64_t* members = nullptr,
+                    int64_t* records = nullptr);
   int64_t num_members() const { return static_cast<int64_t>(inits_.size()); }
   // InvalidArgument unless every members[i] (if any) is a member index.
   ImplStatus CheckMembers(const int64_t* members, int64_t n) const;
@@ -178,13 +181,21 @@ class Store {
 
   // Fused updates of distinct present ids with gradient rows grad[n * dim],
   // the same float operations as kernels/sparse_apply (Keras 2.15 exact).
+  // records (optional): the record index of each id, as Lookup returned it;
+  // a hint that saves the hash-map probe. A hint is used only if it names a
+  // live record whose key is (members[i], ids[i]) (checked on the header the
+  // update reads anyway); otherwise (a flush/eviction/import since the lookup,
+  // or any bad value) the id is probed as without hints, so hints can never
+  // change a result.
   ImplStatus ApplySgd(const int64_t* ids, const float* grad, int64_t n, float lr,
-                      const ParallelFor& pf, const int64_t* members = nullptr);
+                      const ParallelFor& pf, const int64_t* members = nullptr,
+                      const int64_t* records = nullptr);
   ImplStatus ApplyAdagrad(const int64_t* ids, const float* grad, int64_t n, float lr, float eps,
-                          const ParallelFor& pf, const int64_t* members = nullptr);
+                          const ParallelFor& pf, const int64_t* members = nullptr,
+                          const int64_t* records = nullptr);
   ImplStatus ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
                        float c2, float eps, bool lazy, const ParallelFor& pf,
-                       const int64_t* members = nullptr);
+                       const int64_t* members = nullptr, const int64_t* records = nullptr);
 
   // Ends a training step: Algorithm 1's flush check (L23-26), then step + 1.
   void EndStep();
@@ -238,6 +249,10 @@ class Store {
   // before any is probed, so the block's cache misses overlap.
   void FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
                  uint32_t* out) const;
+  // FindBlock guided by record hints (see ApplySgd): a hint naming a live
+  // record with the key (member, id) is taken as is, the others are probed.
+  void FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                       int64_t begin, int64_t end, uint32_t* out) const;
   // Prefetches the row floats (hot or cold) of record index.
   void PrefetchFloats(uint32_t index) const;
   ImplStatus Insert(uint32_t member, int64_t id, uint32_t* index);  // exclusive lock held
@@ -256,8 +271,8 @@ class Store {
   void ClearLocked();
   std::mutex& Stripe(uint32_t index) const { return stripes_[index % kStripes]; }
   template <typename RowFn>
-  ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, int64_t n, const char* what,
-                       const ParallelFor& pf, RowFn&& fn);
+  ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
+                       const char* what, const ParallelFor& pf, RowFn&& fn);
 
   Config config_;
   std::vector<RowInit> inits_;  // one per member

@@ -168,8 +168,9 @@ class TableOp : public OpKernel {
 
 class LookupOp : public OpKernel {
  public:
-  explicit LookupOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
+  explicit LookupOp(OpKernelConstruction* ctx, bool with_records = false)
+      : OpKernel(ctx), with_records_(with_records) {
+    if (!with_records_) OP_REQUIRES_OK(ctx, ctx->GetAttr("insert", &insert_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
@@ -193,14 +194,22 @@ class LookupOp : public OpKernel {
     OP_REQUIRES_OK(ctx, Members(ctx, 3, *store, n, &members));
     Tensor* rows;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
+    int64_t* records = nullptr;
+    if (with_records_) {
+      Tensor* out;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &out));
+      records = out->flat<int64_t>().data();
+    }
     if (n == 0) return;
-    OP_REQUIRES_OK(ctx, ToTfStatus(store->Lookup(
-                            ids.flat<int64_t>().data(),
-                            counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n,
-                            insert_, rows->flat<float>().data(), ChoosePf(ctx, n, dim_), members)));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(store->Lookup(
+                       ids.flat<int64_t>().data(),
+                       counts.NumElements() ? counts.flat<int64_t>().data() : nullptr, n, insert_,
+                       rows->flat<float>().data(), ChoosePf(ctx, n, dim_), members, records)));
   }
 
  private:
+  bool with_records_ = false;
   bool insert_ = true;
   ::tensorflow::int64 dim_ = 0;
 };
@@ -208,7 +217,8 @@ class LookupOp : public OpKernel {
 class ApplyOp : public OpKernel {
  public:
   enum class Kind { kSgd, kAdagrad, kAdam };
-  ApplyOp(OpKernelConstruction* ctx, Kind kind) : OpKernel(ctx), kind_(kind) {
+  ApplyOp(OpKernelConstruction* ctx, Kind kind, bool with_records = false)
+      : OpKernel(ctx), kind_(kind), with_records_(with_records) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("end_step", &end_step_));
     if (kind_ == Kind::kAdam) OP_REQUIRES_OK(ctx, ctx->GetAttr("lazy", &lazy_));
     if (kind_ == Kind::kAdagrad) {
@@ -235,21 +245,33 @@ class ApplyOp : public OpKernel {
     const int64_t n = ids.NumElements();
     const int64_t* mem;
     OP_REQUIRES_OK(ctx, Members(ctx, 3 + num_scalars, *store, n, &mem));
+    const int64_t* rec = nullptr;  // hints only: a stale or bad value falls back to a probe
+    if (with_records_) {
+      const Tensor& records = ctx->input(4 + num_scalars);
+      OP_REQUIRES(ctx,
+                  records.dims() == 1 && (records.NumElements() == 0 || records.NumElements() == n),
+                  errors::InvalidArgument(
+                      Name(*store), ": records must be empty or one per id (", n, "), got shape ",
+                      records.shape().DebugString(),
+                      ". Pass the records output of the HybridHashLookupRecords that looked "
+                      "these ids up, or an empty vector."));
+      if (records.NumElements()) rec = records.flat<int64_t>().data();
+    }
     const ParallelFor pf = ChoosePf(ctx, n, store->dim());
     ImplStatus status;
     switch (kind_) {
       case Kind::kSgd:
-        status = store->ApplySgd(id, g, n, s[0], pf, mem);
+        status = store->ApplySgd(id, g, n, s[0], pf, mem, rec);
         break;
       case Kind::kAdagrad:
         status = store->EnsureSlots(1, &acc_init_);
-        if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf, mem);
+        if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf, mem, rec);
         break;
       case Kind::kAdam: {
         const float zeros[2] = {0.f, 0.f};
         status = store->EnsureSlots(2, zeros);
         if (status.ok()) {
-          status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf, mem);
+          status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf, mem, rec);
         }
         break;
       }
@@ -260,6 +282,7 @@ class ApplyOp : public OpKernel {
 
  private:
   Kind kind_;
+  bool with_records_ = false;
   bool end_step_ = true;
   bool lazy_ = false;
   float acc_init_ = 0.1f;
@@ -276,6 +299,22 @@ class AdagradOp : public ApplyOp {
 class AdamOp : public ApplyOp {
  public:
   explicit AdamOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdam) {}
+};
+class LookupRecordsOp : public LookupOp {
+ public:
+  explicit LookupRecordsOp(OpKernelConstruction* ctx) : LookupOp(ctx, true) {}
+};
+class SgdRecordsOp : public ApplyOp {
+ public:
+  explicit SgdRecordsOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kSgd, true) {}
+};
+class AdagradRecordsOp : public ApplyOp {
+ public:
+  explicit AdagradRecordsOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdagrad, true) {}
+};
+class AdamRecordsOp : public ApplyOp {
+ public:
+  explicit AdamRecordsOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdam, true) {}
 };
 
 class EndStepOp : public OpKernel {
@@ -431,6 +470,10 @@ HYBRIDTF_REGISTER("HybridHashLookup", LookupOp)
 HYBRIDTF_REGISTER("HybridHashApplySgd", SgdOp)
 HYBRIDTF_REGISTER("HybridHashApplyAdagrad", AdagradOp)
 HYBRIDTF_REGISTER("HybridHashApplyAdam", AdamOp)
+HYBRIDTF_REGISTER("HybridHashLookupRecords", LookupRecordsOp)
+HYBRIDTF_REGISTER("HybridHashApplySgdRecords", SgdRecordsOp)
+HYBRIDTF_REGISTER("HybridHashApplyAdagradRecords", AdagradRecordsOp)
+HYBRIDTF_REGISTER("HybridHashApplyAdamRecords", AdamRecordsOp)
 HYBRIDTF_REGISTER("HybridHashEndStep", EndStepOp)
 HYBRIDTF_REGISTER("HybridHashFlush", FlushOp)
 HYBRIDTF_REGISTER("HybridHashStats", StatsOp)

@@ -137,6 +137,66 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdam"))
     .SetShapeFn(NoOutputs)
     .Doc("Keras Adam (every stored row's moments decay) or LazyAdam (lazy=true).");
 
+// The packed chain's pair: the lookup also returns each id's record index,
+// which the update takes as a hint instead of probing the hash map again.
+REGISTER_OP(HYBRIDTF_OP("HybridHashLookupRecords"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("counts: int64")
+    .Input("members: int64")
+    .Output("rows: float")
+    .Output("records: int64")
+    .Attr("dim: int")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(RowsShape(c));
+      c->set_output(1, c->Vector(c->Dim(c->input(1), 0)));
+      return Status();
+    })
+    .Doc(R"doc(
+HybridHashLookup with insert=true that also returns records[i], the store's
+record index of ids[i] (a hint for the *Records updates).
+)doc");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgdRecords"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Input("members: int64")
+    .Input("records: int64")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("HybridHashApplySgd with the lookup's records as hints (empty: probe every id).");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdagradRecords"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("lr: float")
+    .Input("epsilon: float")
+    .Input("members: int64")
+    .Input("records: int64")
+    .Attr("initial_accumulator_value: float = 0.1")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("HybridHashApplyAdagrad with the lookup's records as hints (empty: probe every id).");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdamRecords"))
+    .Input("table: resource")
+    .Input("ids: int64")
+    .Input("grad: float")
+    .Input("alpha: float")
+    .Input("one_minus_beta1: float")
+    .Input("one_minus_beta2: float")
+    .Input("epsilon: float")
+    .Input("members: int64")
+    .Input("records: int64")
+    .Attr("lazy: bool = false")
+    .Attr("end_step: bool = true")
+    .SetShapeFn(NoOutputs)
+    .Doc("HybridHashApplyAdam with the lookup's records as hints (empty: probe every id).");
+
 REGISTER_OP(HYBRIDTF_OP("HybridHashEndStep"))
     .Input("table: resource")
     .SetShapeFn(NoOutputs)

@@ -128,8 +128,11 @@ def test_one_store_one_chain_one_update_per_step():
     unpacked = _dynamic_model(**TABLE)
     unpacked.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adagrad")), loss="mse")
     ops_packed, ops_unpacked = _train_graph_ops(packed, x, y), _train_graph_ops(unpacked, x, y)
-    assert ops_packed.count("HybridTF>HybridHashLookup") == 1
-    assert ops_packed.count("HybridTF>HybridHashApplyAdagrad") == 1
+    # the lookup hands the update each distinct row's record (no second hash-map probe)
+    assert ops_packed.count("HybridTF>HybridHashLookupRecords") == 1
+    assert ops_packed.count("HybridTF>HybridHashApplyAdagradRecords") == 1
+    assert "HybridTF>HybridHashLookup" not in ops_packed
+    assert "HybridTF>HybridHashApplyAdagrad" not in ops_packed
     # the static chain's fused pieces: one (member, id) unique, the Concatenate + first Dense as one
     # StitchConcatMatMul over the store's distinct rows; no per-field split, no TF uniques
     assert ops_packed.count("HybridTF>HybridHashUnique") == 1

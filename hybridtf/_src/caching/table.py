@@ -208,38 +208,59 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
             self.resource_handle, ids, counts, _members(members), dim=self._config.dim, insert=insert
         )
 
-    def apply_sgd(self, ids, grad, lr, end_step=True, members=None):
-        return load_ops().hybrid_tf_hybrid_hash_apply_sgd(
-            self.resource_handle, ids, grad, lr, _members(members), end_step=end_step
+    def lookup_records(self, ids, counts=None, members=None):
+        """A training lookup that also returns each id's record index: ``(rows [n, dim], records [n])``.
+
+        ``records`` are hints for the ``records=`` argument of the fused updates of the same step: the
+        update then reaches each row without probing the hash map again (a stale hint, e.g. after a
+        flush or import in between, is detected and probed instead, so it never changes a result).
+        """
+        ids = self.check_ids(tf.convert_to_tensor(ids))
+        counts = tf.zeros([0], tf.int64) if counts is None else tf.cast(counts, tf.int64)
+        return tuple(
+            load_ops().hybrid_tf_hybrid_hash_lookup_records(
+                self.resource_handle, ids, counts, _members(members), dim=self._config.dim
+            )
         )
 
-    def apply_adagrad(self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True, members=None):
-        return load_ops().hybrid_tf_hybrid_hash_apply_adagrad(
-            self.resource_handle,
-            ids,
-            grad,
-            lr,
-            epsilon,
-            _members(members),
-            initial_accumulator_value=initial_accumulator_value,
-            end_step=end_step,
+    def apply_sgd(self, ids, grad, lr, end_step=True, members=None, records=None):
+        ops = load_ops()
+        if records is None:
+            return ops.hybrid_tf_hybrid_hash_apply_sgd(
+                self.resource_handle, ids, grad, lr, _members(members), end_step=end_step
+            )
+        return ops.hybrid_tf_hybrid_hash_apply_sgd_records(
+            self.resource_handle, ids, grad, lr, _members(members), records, end_step=end_step
         )
+
+    def apply_adagrad(
+        self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True, members=None, records=None
+    ):
+        ops = load_ops()
+        args = (self.resource_handle, ids, grad, lr, epsilon, _members(members))
+        kwargs = dict(initial_accumulator_value=initial_accumulator_value, end_step=end_step)
+        if records is None:
+            return ops.hybrid_tf_hybrid_hash_apply_adagrad(*args, **kwargs)
+        return ops.hybrid_tf_hybrid_hash_apply_adagrad_records(*args, records, **kwargs)
 
     def apply_adam(
-        self, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, lazy=False, end_step=True, members=None
+        self,
+        ids,
+        grad,
+        alpha,
+        one_minus_beta1,
+        one_minus_beta2,
+        epsilon,
+        lazy=False,
+        end_step=True,
+        members=None,
+        records=None,
     ):
-        return load_ops().hybrid_tf_hybrid_hash_apply_adam(
-            self.resource_handle,
-            ids,
-            grad,
-            alpha,
-            one_minus_beta1,
-            one_minus_beta2,
-            epsilon,
-            _members(members),
-            lazy=lazy,
-            end_step=end_step,
-        )
+        ops = load_ops()
+        args = (self.resource_handle, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, _members(members))
+        if records is None:
+            return ops.hybrid_tf_hybrid_hash_apply_adam(*args, lazy=lazy, end_step=end_step)
+        return ops.hybrid_tf_hybrid_hash_apply_adam_records(*args, records, lazy=lazy, end_step=end_step)
 
     def end_step(self):
         """Ends a step that had no update (Algorithm 1's flush check, step + 1)."""

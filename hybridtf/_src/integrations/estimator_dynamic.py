@@ -50,7 +50,7 @@ from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
 PREFIX = estimator_dynamic_warm_start.PREFIX  # checkpoint keys: <PREFIX>/<table>/<field>
 _FIELDS = (*estimator_dynamic_warm_start.FIELDS, "table_name")
 _APPLY_OPS = frozenset(
-    {"HybridTF>HybridHashApplySgd", "HybridTF>HybridHashApplyAdagrad", "HybridTF>HybridHashApplyAdam"}
+    f"HybridTF>HybridHashApply{kind}{hints}" for kind in ("Sgd", "Adagrad", "Adam") for hints in ("", "Records")
 )
 
 

@@ -244,6 +244,8 @@ class DynamicGroup:
             )
             self.ids_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
             self.members_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            # each distinct row's record index in the store: the update's hints (no second probe)
+            self.records_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
         self.rows_buffer._htf_dynamic_embedding = self
 
     def lookup(self, requests) -> list:
@@ -253,11 +255,12 @@ class DynamicGroup:
             parts = _DynamicParts(requests, self)
             unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
             if training:
-                rows = self.table.lookup(unique_ids, counts, insert=True, members=unique_members)
+                rows, records = self.table.lookup_records(unique_ids, counts, members=unique_members)
                 deps = [
                     self.rows_buffer.assign(rows),
                     self.ids_buffer.assign(unique_ids),
                     self.members_buffer.assign(unique_members),
+                    self.records_buffer.assign(records),
                 ]
                 with tf.control_dependencies(deps):
                     rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)
@@ -281,13 +284,14 @@ class DynamicGroup:
 
         ids = self.ids_buffer.read_value()
         members = self.members_buffer.read_value()
+        records = self.records_buffer.read_value()
         n = tf.shape(ids)[0]
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
         lr = tf.cast(optimizer.learning_rate, tf.float32)
         if kind == "sgd":
-            return self.table.apply_sgd(ids, grad, lr, members=members)
+            return self.table.apply_sgd(ids, grad, lr, members=members, records=records)
         if kind == "adagrad":
             return self.table.apply_adagrad(
                 ids,
@@ -296,6 +300,7 @@ class DynamicGroup:
                 tf.constant(optimizer.epsilon, tf.float32),
                 initial_accumulator_value=float(optimizer.initial_accumulator_value),
                 members=members,
+                records=records,
             )
         return self.table.apply_adam(
             ids,
@@ -306,6 +311,7 @@ class DynamicGroup:
             tf.constant(optimizer.epsilon, tf.float32),
             lazy=kind == "lazy_adam",
             members=members,
+            records=records,
         )
 
 
