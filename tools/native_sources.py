@@ -13,6 +13,7 @@ NATIVE_SOURCES = [
     # HybridHash (kernels/hybrid_hash): its binding and TF-free store
     "kernels/python/hybrid_hash_binding.cc",
     "kernels/hybrid_hash/hybrid_hash_impl.cc",
+    "kernels/hybrid_hash/hybrid_hash_config_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_apply_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_io_impl.cc",
 ]

@@ -114,6 +114,15 @@ struct Config {
 std::vector<RowInit> MemberInits(const Config& config);
 
 ImplStatus ValidateConfig(const Config& config);
+// "HybridHash table '<name>'": how every error message names its table.
+std::string Quoted(const Config& config);
+// The splitmix64 finalizer: the map's slot hash and the initial rows' generator.
+inline uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
 
 // Fills rows[i * dim + c] with the initial row of ids[i] (no table needed).
 void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows);

@@ -10,10 +10,6 @@
 namespace hybridtf {
 namespace hybrid_hash {
 
-namespace {
-std::string Quoted(const Config& c) { return "HybridHash table '" + c.name + "'"; }
-}  // namespace
-
 void Store::Export(Snapshot* out) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   WriteBackLocked();  // the hot tier is written back first
