@@ -129,10 +129,12 @@ def run_variant(kind, args, raw, static, y):
 def profile_variant(kind, args, raw, static, y, top=25):
     """Op type -> self-time (ms per step) of ``kind``'s steps after the warm-up; prints the top ones."""
     import collections
-    import glob
+    import sys
     import tempfile
 
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    if str(REPO) not in sys.path:  # run as a script: benchmarks/ is sys.path[0], not the repository
+        sys.path.insert(0, str(REPO))
+    from benchmarks.profile_keras import host_op_events
 
     model = make_model(args.fields, args.dim, kind, args.vocab)
     x = static if kind == "static_packed" else raw
@@ -146,21 +148,9 @@ def profile_variant(kind, args, raw, static, y, top=25):
     model.fit(rest, y[n:], batch_size=args.batch, verbose=0, shuffle=False)
     tf.profiler.experimental.stop()
     wall = (time.perf_counter() - start) / steps * 1e3
-    space = xplane_pb2.XSpace()
-    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
-    space.ParseFromString(Path(path).read_bytes())
     by_type = collections.Counter()
-    for plane in space.planes:
-        if not plane.name.startswith("/host:CPU"):
-            continue
-        for line in plane.lines:
-            if line.name == "python" or "Steps" in line.name:
-                continue
-            for event in line.events:
-                label = plane.event_metadata[event.metadata_id].name
-                if ":" not in label or "PartitionedCall" in label or label.startswith(("ExecutorState", "__inference")):
-                    continue
-                by_type[label.rpartition(":")[2]] += event.duration_ps * 1e-9 / steps
+    for _, op_type, ps in host_op_events(logdir):
+        by_type[op_type] += ps * 1e-9 / steps
     total = sum(by_type.values())
     print(f"{args.fields} fields, {kind}: {wall:.1f} ms/step wall (profiled), op self-time {total:.1f} ms")
     for op_type, ms in by_type.most_common(top):

@@ -29,10 +29,30 @@ from benchmarks import bench_keras  # noqa: E402
 from hybridtf._src.models import ctr_data  # noqa: E402
 
 
+def host_op_events(logdir: str):
+    """``(op name, op type, self-time in ps)`` of every TF op the host ran in the profile under ``logdir``."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
+    space.ParseFromString(Path(path).read_bytes())
+    for plane in space.planes:
+        if not plane.name.startswith("/host:CPU"):
+            continue
+        for line in plane.lines:
+            if line.name == "python" or "Steps" in line.name:
+                continue
+            for event in line.events:
+                label = plane.event_metadata[event.metadata_id].name
+                if ":" not in label or "PartitionedCall" in label or label.startswith(("ExecutorState", "__inference")):
+                    continue
+                name, _, op_type = label.rpartition(":")
+                yield name, op_type, event.duration_ps
+
+
 def profile(config: bench_keras.Config, variant: str) -> tuple[float, dict, dict]:
     """``(wall ms per step, op type -> ms per step, scope/op type -> ms per step)``."""
     import tensorflow as tf
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     import hybridtf.keras
 
@@ -60,25 +80,11 @@ def profile(config: bench_keras.Config, variant: str) -> tuple[float, dict, dict
     model.fit(dataset.skip(config.warmup), epochs=1, verbose=0)
     tf.profiler.experimental.stop()
     wall = (time.perf_counter() - start) / config.steps * 1e3
-    space = xplane_pb2.XSpace()
-    path = sorted(glob.glob(os.path.join(logdir, "plugins", "profile", "*", "*.xplane.pb")))[-1]
-    with open(path, "rb") as f:
-        space.ParseFromString(f.read())
     by_type, by_scope = collections.Counter(), collections.Counter()
-    for plane in space.planes:
-        if not plane.name.startswith("/host:CPU"):
-            continue
-        for line in plane.lines:
-            if line.name == "python" or "Steps" in line.name:
-                continue
-            for event in line.events:
-                label = plane.event_metadata[event.metadata_id].name
-                if ":" not in label or "PartitionedCall" in label or label.startswith(("ExecutorState", "__inference")):
-                    continue
-                name, _, op_type = label.rpartition(":")
-                ms = event.duration_ps * 1e-9 / config.steps
-                by_type[op_type] += ms
-                by_scope[f"{name.split('/')[0]}/{op_type}"] += ms
+    for name, op_type, ps in host_op_events(logdir):
+        ms = ps * 1e-9 / config.steps
+        by_type[op_type] += ms
+        by_scope[f"{name.split('/')[0]}/{op_type}"] += ms
     return wall, dict(by_type), dict(by_scope)
 
 
