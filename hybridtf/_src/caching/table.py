@@ -223,25 +223,30 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
             )
         )
 
-    def apply_sgd(self, ids, grad, lr, end_step=True, members=None, records=None):
-        ops = load_ops()
+    def _apply(self, kind, records, *args, **attrs):
+        """The fused update op ``kind`` (``records``: the lookup's record hints, or None to probe every id)."""
+        args = (self.resource_handle, *args)
         if records is None:
-            return ops.hybrid_tf_hybrid_hash_apply_sgd(
-                self.resource_handle, ids, grad, lr, _members(members), end_step=end_step
-            )
-        return ops.hybrid_tf_hybrid_hash_apply_sgd_records(
-            self.resource_handle, ids, grad, lr, _members(members), records, end_step=end_step
-        )
+            return getattr(load_ops(), f"hybrid_tf_hybrid_hash_apply_{kind}")(*args, **attrs)
+        return getattr(load_ops(), f"hybrid_tf_hybrid_hash_apply_{kind}_records")(*args, records, **attrs)
+
+    def apply_sgd(self, ids, grad, lr, end_step=True, members=None, records=None):
+        return self._apply("sgd", records, ids, grad, lr, _members(members), end_step=end_step)
 
     def apply_adagrad(
         self, ids, grad, lr, epsilon, initial_accumulator_value=0.1, end_step=True, members=None, records=None
     ):
-        ops = load_ops()
-        args = (self.resource_handle, ids, grad, lr, epsilon, _members(members))
-        kwargs = dict(initial_accumulator_value=initial_accumulator_value, end_step=end_step)
-        if records is None:
-            return ops.hybrid_tf_hybrid_hash_apply_adagrad(*args, **kwargs)
-        return ops.hybrid_tf_hybrid_hash_apply_adagrad_records(*args, records, **kwargs)
+        return self._apply(
+            "adagrad",
+            records,
+            ids,
+            grad,
+            lr,
+            epsilon,
+            _members(members),
+            initial_accumulator_value=initial_accumulator_value,
+            end_step=end_step,
+        )
 
     def apply_adam(
         self,
@@ -256,11 +261,8 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         members=None,
         records=None,
     ):
-        ops = load_ops()
-        args = (self.resource_handle, ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, _members(members))
-        if records is None:
-            return ops.hybrid_tf_hybrid_hash_apply_adam(*args, lazy=lazy, end_step=end_step)
-        return ops.hybrid_tf_hybrid_hash_apply_adam_records(*args, records, lazy=lazy, end_step=end_step)
+        args = (ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, _members(members))
+        return self._apply("adam", records, *args, lazy=lazy, end_step=end_step)
 
     def end_step(self):
         """Ends a step that had no update (Algorithm 1's flush check, step + 1)."""
