@@ -300,8 +300,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
-        world = self._shard_world
-        if world.distributed:  # the owners sum every rank's rows and update the distinct ids they own
+        world = getattr(self.table, "world", None)  # also DynamicTable's (Tables API): never sharded
+        if (
+            world is not None and world.distributed
+        ):  # the owners sum every rank's rows and update the distinct ids they own
             received = self._received_ids.read_value()
             ids, grad = dynamic_exchange.owner_gradients(ids, grad, received, world, self._exchange_name)
         lr = tf.cast(optimizer.learning_rate, tf.float32)
