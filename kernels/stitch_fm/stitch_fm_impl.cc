@@ -126,14 +126,14 @@ HYBRIDTF_ROW_INLINE void ChunkSums(const std::vector<ConcatGroup<T, Idx>>& group
 template <int D, typename T, typename Idx>
 HYBRIDTF_MULTIVERSION void ForwardRows(const std::vector<ConcatGroup<T, Idx>>& groups,
                                        const std::vector<PieceReader>& readers, int64_t begin,
-                                       int64_t end, int64_t dim, T* out) {
+                                       int64_t end, int64_t dim, T* out, T* sums) {
   const int64_t w = D > 0 ? D : dim;
-  std::vector<T> scratch((2 * kChunkRows + 1) * w);
+  std::vector<T> scratch((kChunkRows + 1) * w);
   T* tmp = scratch.data();
-  T* s = tmp + w;
-  T* q = s + kChunkRows * w;
+  T* q = tmp + w;
   for (int64_t r0 = begin; r0 < end; r0 += kChunkRows) {
     const int64_t r1 = std::min(end, r0 + kChunkRows);
+    T* s = sums + r0 * w;
     ChunkSums<D, true>(groups, readers, r0, r1, dim, tmp, s, q);
     T* o = out + r0 * w;
     for (int64_t i = 0; i < (r1 - r0) * w; ++i) o[i] = s[i] * s[i] - q[i];
@@ -146,40 +146,26 @@ HYBRIDTF_MULTIVERSION void GradientRows(const std::vector<ConcatGroup<T, Idx>>& 
                                         const std::vector<ConcatPiece<T>>& pieces,
                                         const std::vector<PieceReader>& readers, int64_t begin,
                                         int64_t end, int64_t dim, int64_t width, const T* grad,
-                                        T* g_concat) {
+                                        const T* two_s, T* g_concat) {
   const int64_t w = D > 0 ? D : dim;
-  std::vector<T> scratch((kChunkRows + 1) * w);
-  T* tmp = scratch.data();
-  T* two_s = tmp + w;  // the chunk's sums, then dy * (2 S)
-  for (int64_t r0 = begin; r0 < end; r0 += kChunkRows) {
-    const int64_t r1 = std::min(end, r0 + kChunkRows);
-    ChunkSums<D, false>(groups, readers, r0, r1, dim, tmp, two_s, static_cast<T*>(nullptr));
-    const T* dy = grad + r0 * w;
-    for (int64_t i = 0; i < (r1 - r0) * w; ++i) two_s[i] = dy[i] * (two_s[i] * T(2));
-    for (size_t k = 0; k < readers.size(); ++k) {
-      const ConcatGroup<T, Idx>& g = groups[readers[k].group];
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* e = CombinedRow<D>(g, readers[k], r, dim, tmp);
-        GradRow<D>(dim, grad + r * w, e, two_s + (r - r0) * w,
-                   g_concat + r * width + pieces[k].column);
-      }
+  std::vector<T> tmp(w);
+  for (size_t k = 0; k < readers.size(); ++k) {
+    const ConcatGroup<T, Idx>& g = groups[readers[k].group];
+    for (int64_t r = begin; r < end; ++r) {
+      const T* e = CombinedRow<D>(g, readers[k], r, dim, tmp.data());
+      GradRow<D>(dim, grad + r * w, e, two_s + r * w, g_concat + r * width + pieces[k].column);
     }
   }
 }
 
-// dy * (2 S) for rows [begin, end) into two_s ([batch, dim]).
-template <int D, typename T, typename Idx>
-HYBRIDTF_MULTIVERSION void TwoSumRows(const std::vector<ConcatGroup<T, Idx>>& groups,
-                                      const std::vector<PieceReader>& readers, int64_t begin,
-                                      int64_t end, int64_t dim, const T* grad, T* two_s) {
-  const int64_t w = D > 0 ? D : dim;
-  std::vector<T> tmp(w);
-  for (int64_t r0 = begin; r0 < end; r0 += kChunkRows) {
-    const int64_t r1 = std::min(end, r0 + kChunkRows);
-    T* s = two_s + r0 * w;
-    ChunkSums<D, false>(groups, readers, r0, r1, dim, tmp.data(), s, static_cast<T*>(nullptr));
-    const T* dy = grad + r0 * w;
-    for (int64_t i = 0; i < (r1 - r0) * w; ++i) s[i] = dy[i] * (s[i] * T(2));
+// two_s[i] = dy[i] * (2 S[i]) + d_sums[i] over rows [begin, end) (d_sums, the
+// gradient of the sums output, reaches every field; zero when only the cross
+// term is used, and x + 0 == x).
+template <typename T>
+HYBRIDTF_MULTIVERSION void TwoSumRows(int64_t begin, int64_t end, int64_t dim, const T* grad,
+                                      const T* sums, const T* d_sums, T* two_s) {
+  for (int64_t i = begin * dim; i < end * dim; ++i) {
+    two_s[i] = grad[i] * (sums[i] * T(2)) + d_sums[i];
   }
 }
 
@@ -268,13 +254,13 @@ ImplStatus CheckFMLayout(const std::vector<ConcatGroup<T, Idx>>& groups,
 template <typename T, typename Idx>
 ImplStatus ForwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
                      const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t dim, T* out,
-                     const ParallelFor& parallel_for) {
+                     T* sums, const ParallelFor& parallel_for) {
   const ImplStatus layout = CheckFMLayout(groups, pieces, batch, dim);
   if (!layout.ok()) return layout;
   const std::vector<PieceReader> readers = Readers(groups, pieces);
   parallel_for(batch, RowCost(pieces, dim), [&](int64_t begin, int64_t end) {
     DispatchDim(dim, [&](auto d) {
-      ForwardRows<decltype(d)::value>(groups, readers, begin, end, dim, out);
+      ForwardRows<decltype(d)::value>(groups, readers, begin, end, dim, out, sums);
     });
   });
   return ImplStatus::Ok();
@@ -283,20 +269,19 @@ ImplStatus ForwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
 template <typename T, typename Idx>
 ImplStatus BackwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
                       const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t dim,
-                      const T* grad, const std::vector<T*>& d_rows,
+                      const T* grad, const T* sums, const T* d_sums, const std::vector<T*>& d_rows,
                       const ParallelFor& parallel_for) {
   const ImplStatus layout = CheckFMLayout(groups, pieces, batch, dim);
   if (!layout.ok()) return layout;
   const int64_t width = static_cast<int64_t>(pieces.size()) * dim;  // checked above
   const std::vector<PieceReader> readers = Readers(groups, pieces);
+  // dy * (2 S) + d_sums per row, from the forward's S.
+  std::unique_ptr<T[]> two_s(new T[batch * dim]);
+  parallel_for(batch, SaturatingMul(dim, 2), [&](int64_t begin, int64_t end) {
+    TwoSumRows(begin, end, dim, grad, sums, d_sums, two_s.get());
+  });
   if (DisjointOneHot(groups, readers, batch)) {
-    // Straight into d_rows: dy * (2 S) per row, then one task per field.
-    std::unique_ptr<T[]> two_s(new T[batch * dim]);
-    parallel_for(batch, RowCost(pieces, dim), [&](int64_t begin, int64_t end) {
-      DispatchDim(dim, [&](auto d) {
-        TwoSumRows<decltype(d)::value>(groups, readers, begin, end, dim, grad, two_s.get());
-      });
-    });
+    // Straight into d_rows: one task per field.
     for (size_t g = 0; g < groups.size(); ++g) {
       std::fill(d_rows[g], d_rows[g] + groups[g].num_rows * dim, T(0));
     }
@@ -315,10 +300,10 @@ ImplStatus BackwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
   // Bags or shared rows: the gradient of the stacked fields, [batch, width], in
   // the concatenation's layout, summed per distinct row by BackwardConcat.
   std::unique_ptr<T[]> g_concat(new T[batch * width]);
-  parallel_for(batch, SaturatingMul(RowCost(pieces, dim), 2), [&](int64_t begin, int64_t end) {
+  parallel_for(batch, RowCost(pieces, dim), [&](int64_t begin, int64_t end) {
     DispatchDim(dim, [&](auto d) {
       GradientRows<decltype(d)::value>(groups, pieces, readers, begin, end, dim, width, grad,
-                                       g_concat.get());
+                                       two_s.get(), g_concat.get());
     });
   });
   std::vector<int64_t> num_unique(groups.size());
@@ -332,10 +317,10 @@ ImplStatus BackwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
                                             const std::vector<ConcatPiece<T>>&, int64_t, int64_t); \
   template ImplStatus ForwardFM<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                   \
                                         const std::vector<ConcatPiece<T>>&, int64_t, int64_t, T*,  \
-                                        const ParallelFor&);                                       \
-  template ImplStatus BackwardFM<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,                  \
-                                         const std::vector<ConcatPiece<T>>&, int64_t, int64_t,     \
-                                         const T*, const std::vector<T*>&, const ParallelFor&);
+                                        T*, const ParallelFor&);                                   \
+  template ImplStatus BackwardFM<T, Idx>(                                                          \
+      const std::vector<ConcatGroup<T, Idx>>&, const std::vector<ConcatPiece<T>>&, int64_t,        \
+      int64_t, const T*, const T*, const T*, const std::vector<T*>&, const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)
 HYBRIDTF_INSTANTIATE(float, int64_t)

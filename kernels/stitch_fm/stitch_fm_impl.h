@@ -13,6 +13,10 @@
 // unfused graph adds (square of sum, and the two operands of e * e), written
 // into the concatenation's gradient layout and summed per distinct row by
 // StitchConcat's gradient (BackwardConcat): same rows, same order.
+//
+// The forward also returns S ([batch, dim]); the gradient takes it back instead
+// of gathering every field's rows a second time (S is summed in the same order
+// either way, so the gradient is the same to the bit).
 #ifndef HYBRIDTF_KERNELS_STITCH_FM_STITCH_FM_IMPL_H_
 #define HYBRIDTF_KERNELS_STITCH_FM_STITCH_FM_IMPL_H_
 
@@ -32,17 +36,19 @@ template <typename T, typename Idx>
 ImplStatus CheckFMLayout(const std::vector<ConcatGroup<T, Idx>>& groups,
                          const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t dim);
 
-// out[batch, dim] as above. Inverse indices must have been validated.
+// out[batch, dim] as above and sums[batch, dim] = S. Inverse indices must
+// have been validated.
 template <typename T, typename Idx>
 ImplStatus ForwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
                      const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t dim, T* out,
-                     const ParallelFor& parallel_for);
+                     T* sums, const ParallelFor& parallel_for);
 
-// d_rows[g] ([num_unique[g], dim], every row written) for grad = d out ([batch, dim]).
+// d_rows[g] ([num_unique[g], dim], every row written) for grad = d out and
+// d_sums = d sums ([batch, dim] each), sums being ForwardFM's S of the same inputs.
 template <typename T, typename Idx>
 ImplStatus BackwardFM(const std::vector<ConcatGroup<T, Idx>>& groups,
                       const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t dim,
-                      const T* grad, const std::vector<T*>& d_rows,
+                      const T* grad, const T* sums, const T* d_sums, const std::vector<T*>& d_rows,
                       const ParallelFor& parallel_for);
 
 }  // namespace stitch_combine

@@ -1,5 +1,6 @@
 // CPU kernels of HybridTF>StitchFM and StitchFMGrad: the stitch_fm
 // implementation layer behind StitchConcat's layout attributes.
+#include <utility>
 #include <vector>
 
 #include "kernels/common/op_prefix.h"
@@ -40,10 +41,12 @@ class StitchFMCpuOp : public StitchFMOpBase<T, Idx> {
     int64_t dim = 0;
     OP_REQUIRES_OK(ctx, this->Read(ctx, 0, &in, &dim));
     Tensor* output = nullptr;
+    Tensor* sums = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.batch, dim}), &output));
-    OP_REQUIRES_OK(ctx,
-                   ToTfStatus(ForwardFM<T, Idx>(in.groups, in.pieces, in.batch, dim,
-                                                output->flat<T>().data(), CpuParallelFor(ctx))));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({in.batch, dim}), &sums));
+    OP_REQUIRES_OK(ctx, ToTfStatus(ForwardFM<T, Idx>(in.groups, in.pieces, in.batch, dim,
+                                                     output->flat<T>().data(),
+                                                     sums->flat<T>().data(), CpuParallelFor(ctx))));
   }
 };
 
@@ -55,22 +58,29 @@ class StitchFMGradCpuOp : public StitchFMOpBase<T, Idx> {
   void Compute(OpKernelContext* ctx) override {
     const int ng = static_cast<int>(this->num_groups_);
     const Tensor& grad = ctx->input(0);
+    const Tensor& sums = ctx->input(1);
+    const Tensor& grad_sums = ctx->input(2);
     ConcatInputs<T, Idx> in;
     int64_t dim = 0;
-    OP_REQUIRES_OK(ctx, this->Read(ctx, 1, &in, &dim));
-    OP_REQUIRES(
-        ctx, grad.dims() == 2 && grad.dim_size(0) == in.batch && grad.dim_size(1) == dim,
-        errors::InvalidArgument("StitchFMGrad: grad must have shape [", in.batch, ", ", dim,
-                                "] (StitchFM's output), got ", grad.shape().DebugString(), "."));
+    OP_REQUIRES_OK(ctx, this->Read(ctx, 3, &in, &dim));
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"grad", &grad},
+                                  std::pair<const char*, const Tensor*>{"sums", &sums},
+                                  std::pair<const char*, const Tensor*>{"grad_sums", &grad_sums}}) {
+      OP_REQUIRES(
+          ctx, t->dims() == 2 && t->dim_size(0) == in.batch && t->dim_size(1) == dim,
+          errors::InvalidArgument("StitchFMGrad: ", name, " must have shape [", in.batch, ", ", dim,
+                                  "] (StitchFM's outputs), got ", t->shape().DebugString(), "."));
+    }
     std::vector<T*> d_rows(ng);
     for (int g = 0; g < ng; ++g) {
       Tensor* out = nullptr;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, ctx->input(1 + g).shape(), &out));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(g, ctx->input(3 + g).shape(), &out));
       d_rows[g] = out->flat<T>().data();
     }
     OP_REQUIRES_OK(
-        ctx, ToTfStatus(BackwardFM<T, Idx>(in.groups, in.pieces, in.batch, dim,
-                                           grad.flat<T>().data(), d_rows, CpuParallelFor(ctx))));
+        ctx, ToTfStatus(BackwardFM<T, Idx>(
+                 in.groups, in.pieces, in.batch, dim, grad.flat<T>().data(), sums.flat<T>().data(),
+                 grad_sums.flat<T>().data(), d_rows, CpuParallelFor(ctx))));
   }
 };
 

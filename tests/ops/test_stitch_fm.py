@@ -96,7 +96,7 @@ def test_deterministic_and_unread_rows_get_zero_gradient():
     assert np.all(runs[0][1][~read] == 0) and np.any(runs[0][1][read] != 0)
 
 
-def _raw(op, group, *, grad=None, dense=(), inverse=None, rows=None, groups=1, pieces=((0, 0),)):
+def _raw(op, group, *, grad=None, sums=None, dense=(), inverse=None, rows=None, groups=1, pieces=((0, 0),)):
     lists = [
         [rows if rows is not None else group.rows] * groups,
         [inverse if inverse is not None else group.inverse] * groups,
@@ -112,7 +112,7 @@ def _raw(op, group, *, grad=None, dense=(), inverse=None, rows=None, groups=1, p
         piece_items=[p[1] for p in pieces],
     )
     if op == "grad":
-        return load_ops().hybrid_tf_stitch_fm_grad(grad, *lists, **attrs)
+        return load_ops().hybrid_tf_stitch_fm_grad(grad, grad if sums is None else sums, grad, *lists, **attrs)
     return load_ops().hybrid_tf_stitch_fm(*lists, **attrs)
 
 
@@ -155,14 +155,44 @@ def test_grad_op_rejects_wrong_grad_shape():
         _raw("grad", _one_group(), grad=tf.ones([4, 2]))
 
 
-def test_wrapper_rejects_what_is_not_a_stitch_concat_of_one_dim():
-    with pytest.raises(ValueError, match="needs a HybridTF>StitchConcat op"):
-        tf.function(lambda: fm_of_stitch_concat(tf.constant([1.0]).op))()
-    group = _one_group()
+@pytest.mark.parametrize("shape", [[4, 2], [3, 3], [12]])
+def test_grad_op_rejects_wrong_sums_shape(shape):
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=r"sums must have shape|Shape"):
+        _raw("grad", _one_group(), grad=tf.ones([4, 3]), sums=tf.ones(shape))
 
-    @tf.function
-    def with_dense():
-        return fm_of_stitch_concat(stitch_concat([group], [tf.ones([4, 3])], [(0, 0), (-1, 0)]).op)
 
-    with pytest.raises(ValueError, match="fields only"):
-        with_dense()
+def test_second_output_is_the_field_sum_and_feeds_the_gradient():
+    """StitchFM's ``sums`` output is sum_f e_f (what its gradient takes back instead of re-reading the rows)."""
+    rng = np.random.default_rng(7)
+    group = _zipf_group(rng, 64, 4, 50, 8, ["none", "sum", "none", "mean"])
+    pieces = [(0, 3), (0, 0), (0, 2), (0, 1)]
+    concat = stitch_concat([group], [], pieces)
+    lists = [[group.rows], [group.inverse], [group.field_sizes], [group.field_segments], [group.segment_lengths], []]
+    attrs = dict(group_fields=[4], combiners=list(group.combiners), piece_groups=[0] * 4, piece_items=[3, 0, 2, 1])
+    out, sums = load_ops().hybrid_tf_stitch_fm(*lists, **attrs)
+    x = tf.reshape(concat, [-1, 4, 8])
+    np.testing.assert_allclose(sums.numpy(), tf.reduce_sum(x, axis=1).numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.numpy(), _reference([group], pieces).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_through_both_outputs():
+    """A loss reading the cross term and the sums output: both gradients reach the rows (vs the stacked math)."""
+    rng = np.random.default_rng(9)
+    group = _zipf_group(rng, 32, 3, 40, 8, ["none", "mean", "none"])
+    pieces = [(0, 0), (0, 1), (0, 2)]
+    lists = [[group.rows], [group.inverse], [group.field_sizes], [group.field_segments], [group.segment_lengths], []]
+    attrs = dict(group_fields=[3], combiners=list(group.combiners), piece_groups=[0] * 3, piece_items=[0, 1, 2])
+    weights = tf.reshape(tf.cos(tf.range(32 * 8, dtype=tf.float32)), [32, 8])
+    results = []
+    for fused in (True, False):
+        with tf.GradientTape() as tape:
+            tape.watch(group.rows)
+            if fused:
+                out, sums = load_ops().hybrid_tf_stitch_fm(*lists, **attrs)
+            else:
+                x = tf.reshape(stitch_concat([group], [], pieces), [-1, 3, 8])
+                sums = tf.reduce_sum(x, axis=1)
+                out = tf.square(sums) - tf.reduce_sum(x * x, axis=1)
+            loss = tf.reduce_sum(out * weights) + tf.reduce_sum(sums * weights * 3.0)
+        results.append(tape.gradient(loss, group.rows).numpy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-5, atol=1e-5)

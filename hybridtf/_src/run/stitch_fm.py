@@ -35,11 +35,17 @@ def fm_of_stitch_concat(concat: tf.Operation) -> tf.Tensor:
     dims = {r.shape[1] for r in rows}
     if dense or len(dims) != 1 or None in dims:
         raise ValueError("fm_of_stitch_concat needs fields only, all of one static dim.")
-    return load_ops().hybrid_tf_stitch_fm(*lists, **attrs)
+    return load_ops().hybrid_tf_stitch_fm(*lists, **attrs)[0]
 
 
 @tf.RegisterGradient(OP_NAME)
-def _stitch_fm_grad(op, grad):
+def _stitch_fm_grad(op, grad, grad_sums):
+    # The second output (sum_f e_f per row) is there for this gradient; the
+    # tape passes zeros for it when nothing else reads it (x + 0 == x).
     lists, attrs = _op_layout(op)
-    d_rows = load_ops().hybrid_tf_stitch_fm_grad(grad, *lists, **attrs)
+    if grad is None:
+        grad = tf.zeros_like(op.outputs[0])
+    if grad_sums is None:
+        grad_sums = tf.zeros_like(op.outputs[1])
+    d_rows = load_ops().hybrid_tf_stitch_fm_grad(grad, op.outputs[1], grad_sums, *lists, **attrs)
     return [*d_rows, *([None] * (4 * len(lists[0])))]
