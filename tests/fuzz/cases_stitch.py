@@ -163,15 +163,21 @@ def _restore_valid_layout(rng, num_unique, dim, t, idx):
 
 
 def gen_stitch_concat(kind: str):
-    """kind: "concat", "concat_grad", "matmul" or "matmul_grad"."""
+    """kind: "concat", "concat_grad", "matmul", "matmul_grad", "fm" or "fm_grad".
+
+    The FM kinds place fields of one dim and no dense input (StitchFM's contract); their
+    "mismatched" class may break that instead (a dense piece, or a group of another dim).
+    """
+    fm = kind.startswith("fm")
 
     def gen(rng, cls):
         t, idx = _float_dtype(rng), _id_dtype(rng)
         batch = 0 if cls == "empty" else int(rng.integers(1, 9))
         groups, pieces = [], []
+        fm_dim = int(_pick(rng, (1, 2, 3, 4, 8, 16)))
         for g in range(int(rng.integers(1, 4))):
             num_unique = int(rng.integers(1, 12))
-            dim = int(_pick(rng, (1, 2, 3, 4, 8, 16)))
+            dim = fm_dim if fm else int(_pick(rng, (1, 2, 3, 4, 8, 16)))
             nf = int(rng.integers(1, 4))
             layout = _layout(rng, num_unique, nf, rows=batch)
             n = layout.pop("n")
@@ -184,7 +190,8 @@ def gen_stitch_concat(kind: str):
             )
             pieces += [(g, f) for f in range(nf) if rng.integers(4)]
         dense = [
-            rng.standard_normal((batch, int(rng.integers(1, 6)))).astype(t) for _ in range(int(rng.integers(0, 3)))
+            rng.standard_normal((batch, int(rng.integers(1, 6)))).astype(t)
+            for _ in range(0 if fm else int(rng.integers(0, 3)))
         ]
         pieces += [(-1, m) for m in range(len(dense))]
         if not pieces:
@@ -229,9 +236,19 @@ def gen_stitch_concat(kind: str):
         elif cls in ("mismatched", "aliased"):
             valid = False
             choice = int(rng.integers(3))
-            if choice == 0 and kind in ("matmul", "matmul_grad"):
+            if fm and choice == 0:  # what StitchFM takes no more than StitchConcat: a dense piece, mixed dims
+                if rng.integers(2) or not placed:
+                    dense.append(rng.standard_normal((batch, fm_dim)).astype(t))
+                    pieces.append((-1, 0))
+                else:
+                    grp = groups[placed[0][0]]
+                    grp["rows"] = rng.standard_normal((grp["rows"].shape[0], fm_dim + 1)).astype(t)
+                    if len({x["rows"].shape[1] for x in groups}) == 1:  # one group: add one of the old dim
+                        groups.append({**grp, "rows": rng.standard_normal((grp["rows"].shape[0], fm_dim)).astype(t)})
+                        pieces.append((len(groups) - 1, 0))
+            elif choice == 0 and kind in ("matmul", "matmul_grad"):
                 attrs["kernel_rows_delta"] = 1
-            elif choice == 1 and kind in ("concat_grad", "matmul_grad"):
+            elif choice == 1 and kind in ("concat_grad", "matmul_grad", "fm_grad"):
                 attrs["grad_rows_delta"] = 1
             else:
                 _mismatch_layout(rng, g0)
@@ -256,6 +273,10 @@ def gen_stitch_concat(kind: str):
             inputs["grad"] = rng.standard_normal(
                 (batch + attrs.get("grad_rows_delta", 0), inputs["kernel"].shape[1])
             ).astype(t)
+        if kind == "fm_grad":
+            shape = (batch + attrs.get("grad_rows_delta", 0), fm_dim)
+            inputs["grad"] = rng.standard_normal(shape).astype(t)
+            inputs["grad_sums"] = (rng.standard_normal(shape) if rng.integers(2) else np.zeros(shape)).astype(t)
         return inputs, valid
 
     return gen

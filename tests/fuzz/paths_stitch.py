@@ -278,3 +278,82 @@ def run_stitch_concat_matmul_grad(c, path):
 def ref_stitch_concat_matmul_grad(c):
     d_rows, d_dense, d_kernel = ref.matmul_grad_reference(c["grad"], c["kernel"], c["groups"], c["dense"], _pieces(c))
     return [*d_rows, *d_dense, d_kernel]
+
+
+def _fm_of(x, num_fields):
+    """(cross term, field sums) of the stacked fields x ([batch, fields * dim]), float64."""
+    x = np.asarray(x, np.float64)
+    x = x.reshape(x.shape[0], num_fields, x.shape[1] // num_fields)
+    sums = x.sum(axis=1)
+    return sums * sums - (x * x).sum(axis=1), sums
+
+
+def run_stitch_fm(c, path):
+    tf = _tf()
+    dense = [tf.constant(d) for d in c["dense"]]
+    if path == "raw":
+        return [_np(x) for x in _ops().hybrid_tf_stitch_fm(*_lists(tf, c), dense, **_layout_attrs(c))]
+    from hybridtf._src.run.stitch_concat import stitch_concat
+    from hybridtf._src.run.stitch_fm import fm_of_stitch_concat
+
+    groups = _stitch_groups(tf, c)
+
+    @tf.function
+    def fm():
+        out = fm_of_stitch_concat(stitch_concat(groups, dense, _pieces(c)).op)
+        return out, out.op.outputs[1]
+
+    return [_np(x) for x in fm()]
+
+
+def ref_stitch_fm(c):
+    return list(_fm_of(ref.concat_reference(c["groups"], [], _pieces(c)), len(c["pieces"])))
+
+
+def run_stitch_fm_grad(c, path):
+    tf = _tf()
+    dense = [tf.constant(d) for d in c["dense"]]
+    grad, grad_sums = tf.constant(c["grad"]), tf.constant(c["grad_sums"])
+    if path == "raw":
+        lists, attrs = _lists(tf, c), _layout_attrs(c)
+        try:  # the sums the forward returns for these inputs (any [batch, dim] when it rejects them)
+            sums = _ops().hybrid_tf_stitch_fm(*lists, dense, **attrs)[1]
+        except tf.errors.InvalidArgumentError:
+            sums = grad
+        if "grad_rows_delta" in c["attrs"]:
+            sums = tf.zeros_like(grad)
+        d_rows = _ops().hybrid_tf_stitch_fm_grad(grad, sums, grad_sums, *lists, dense, **attrs)
+        return [_np(x) for x in d_rows]
+    from hybridtf._src.run.stitch_concat import stitch_concat
+    from hybridtf._src.run.stitch_fm import fm_of_stitch_concat
+
+    if "grad_rows_delta" in c["attrs"]:
+        raise NotApplicable("the upstream gradient's shape comes from the forward output on this path")
+    groups = _stitch_groups(tf, c)
+    sources = [g.rows for g in groups]
+
+    @tf.function
+    def grads():
+        with tf.GradientTape() as tape:
+            tape.watch(sources)
+            rows = [type(g)(r, *list(vars(g).values())[1:]) for r, g in zip(sources, groups)]
+            out = fm_of_stitch_concat(stitch_concat(rows, dense, _pieces(c)).op)
+            loss = tf.reduce_sum(out * grad) + tf.reduce_sum(out.op.outputs[1] * grad_sums)
+        return tape.gradient(loss, sources, unconnected_gradients=tf.UnconnectedGradients.ZERO)
+
+    return [_np(tf.convert_to_tensor(g)) for g in grads()]
+
+
+def ref_stitch_fm_grad(c):
+    num_fields = len(c["pieces"])
+    x = ref.concat_reference(c["groups"], [], _pieces(c))
+    _, sums = _fm_of(x, num_fields)
+    dy, ds = np.asarray(c["grad"], np.float64), np.asarray(c["grad_sums"], np.float64)
+    e = np.asarray(x, np.float64).reshape(x.shape[0], num_fields, x.shape[1] // num_fields)
+    g_x = (2 * dy * sums + ds)[:, None, :] - 2 * dy[:, None, :] * e
+    dims = [x["rows"].shape[1] for x in c["groups"]]
+    num_unique = [x["rows"].shape[0] for x in c["groups"]]
+    d_rows, _ = ref.concat_grad_reference(
+        g_x.reshape(x.shape[0], x.shape[1]), c["groups"], [], _pieces(c), num_unique, dims, False
+    )
+    return d_rows

@@ -93,6 +93,8 @@ OPS = {
             "stitch_concat_matmul_grad",
             _STITCH,
         ),
+        _spec("StitchFM", cs.gen_stitch_concat("fm"), FULL, ("raw", "wrapper"), "stitch_fm", _STITCH),
+        _spec("StitchFMGrad", cs.gen_stitch_concat("fm_grad"), FULL, ("raw", "wrapper"), "stitch_fm_grad", _STITCH),
         _spec("UniquePartition", c.gen_unique_partition, FULL, ("raw", "wrapper", "native"), "unique_partition"),
         _spec("UniqueSubset", cs.gen_unique_subset, FULL, ("raw", "wrapper", "native"), "unique_subset"),
     )
