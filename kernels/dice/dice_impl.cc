@@ -229,9 +229,9 @@ ImplStatus DiceForward(const T* x, const T* alpha, int64_t rows, int64_t units, 
   parallel_for(blocks, BlockCost(units, 1),
                [&](int64_t b0, int64_t b1) { SumBlocks(x, rows, units, b0, b1, partial.data()); });
   CombineBlocks(partial.data(), blocks, units, units, total.data());
-  for (int64_t c = 0; c < units; ++c) {
-    mean[c] = static_cast<T>(total[c] / static_cast<double>(rows));
-    mean_d[c] = static_cast<double>(mean[c]);
+  for (int64_t c = 0; c < units; ++c) {  // the deviations from the unrounded mean
+    mean_d[c] = total[c] / static_cast<double>(rows);
+    mean[c] = static_cast<T>(mean_d[c]);
   }
   parallel_for(blocks, BlockCost(units, 2), [&](int64_t b0, int64_t b1) {
     SquaredDeviationBlocks(x, mean_d.data(), rows, units, b0, b1, partial.data());
