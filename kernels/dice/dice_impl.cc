@@ -118,15 +118,17 @@ HYBRIDTF_MULTIVERSION void ForwardBlocks(const T* __restrict x, const T* __restr
   }
 }
 
-// The three per-unit sums of the backward pass for the rows of blocks [b0, b1):
-// partial[b * 3 * units + {0, 1, 2} * units + c] = sum of dy * x * (1 - p)
-// (dalpha), of dz * (x - mean) and of dz, dz being the gradient of z.
+// The first backward pass for the rows of blocks [b0, b1): the three per-unit
+// sums, partial[b * 3 * units + {0, 1, 2} * units + c] = sum of dy * x * (1 - p)
+// (dalpha), of dz * (x - mean) and of dz, dz being the gradient of z; and the
+// part of dx that needs p (the direct term + dz * inv), so that the second
+// pass does not evaluate the sigmoid again.
 template <typename T>
 HYBRIDTF_MULTIVERSION void BackwardSumBlocks(const T* __restrict dy, const T* __restrict x,
                                              const T* __restrict alpha, const T* __restrict mean,
                                              const T* __restrict inv, const T* __restrict shift,
                                              int64_t rows, int64_t units, int64_t b0, int64_t b1,
-                                             double* __restrict partial) {
+                                             double* __restrict partial, T* __restrict dx) {
   for (int64_t b = b0; b < b1; ++b) {
     double* sa = partial + b * 3 * units;
     double* s1 = sa + units;
@@ -136,11 +138,13 @@ HYBRIDTF_MULTIVERSION void BackwardSumBlocks(const T* __restrict dy, const T* __
     for (int64_t r = b * kDiceBlockRows; r < r1; ++r) {
       const T* xr = x + r * units;
       const T* gr = dy + r * units;
+      T* dr = dx + r * units;
       for (int64_t c = 0; c < units; ++c) {
         const T v = xr[c], g = gr[c];
         const T p = Sigmoid(v * inv[c] + shift[c]);
         const T q = T(1) - p;
         const T dz = g * (v - alpha[c] * v) * (p * q);
+        dr[c] = g * (alpha[c] * q + p) + dz * inv[c];
         sa[c] += static_cast<double>(g * v * q);
         s1[c] += static_cast<double>(dz * (v - mean[c]));
         s2[c] += static_cast<double>(dz);
@@ -149,26 +153,20 @@ HYBRIDTF_MULTIVERSION void BackwardSumBlocks(const T* __restrict dy, const T* __
   }
 }
 
-// dx for the rows of blocks [b0, b1): the direct term, the term through z,
-// and the terms through the variance (coef_var * (x - mean)) and the mean (coef_mean).
+// dx for the rows of blocks [b0, b1), given the first pass's part of it: plus
+// the terms through the variance (coef_var * (x - mean)) and the mean (coef_mean),
+// added in that order.
 template <typename T>
-HYBRIDTF_MULTIVERSION void BackwardBlocks(const T* __restrict dy, const T* __restrict x,
-                                          const T* __restrict alpha, const T* __restrict mean,
-                                          const T* __restrict inv, const T* __restrict shift,
+HYBRIDTF_MULTIVERSION void BackwardBlocks(const T* __restrict x, const T* __restrict mean,
                                           const T* __restrict coef_var,
                                           const T* __restrict coef_mean, int64_t rows,
                                           int64_t units, int64_t b0, int64_t b1, T* __restrict dx) {
   const int64_t r0 = b0 * kDiceBlockRows, r1 = std::min(rows, b1 * kDiceBlockRows);
   for (int64_t r = r0; r < r1; ++r) {
     const T* xr = x + r * units;
-    const T* gr = dy + r * units;
     T* dr = dx + r * units;
     for (int64_t c = 0; c < units; ++c) {
-      const T v = xr[c], g = gr[c];
-      const T p = Sigmoid(v * inv[c] + shift[c]);
-      const T q = T(1) - p;
-      const T dz = g * (v - alpha[c] * v) * (p * q);
-      dr[c] = g * (alpha[c] * q + p) + dz * inv[c] + coef_var[c] * (v - mean[c]) + coef_mean[c];
+      dr[c] = dr[c] + coef_var[c] * (xr[c] - mean[c]) + coef_mean[c];
     }
   }
 }
@@ -261,7 +259,7 @@ ImplStatus DiceBackward(const T* dy, const T* dmean, const T* dvariance, const T
   std::vector<double> sums(3 * units);
   parallel_for(blocks, BlockCost(units, 25), [&](int64_t b0, int64_t b1) {
     BackwardSumBlocks(dy, x, alpha, mean, inv.data(), shift.data(), rows, units, b0, b1,
-                      partial.data());
+                      partial.data(), dx);
   });
   CombineBlocks(partial.data(), blocks, 3 * units, 3 * units, sums.data());
   const double n = static_cast<double>(rows);
@@ -279,9 +277,8 @@ ImplStatus DiceBackward(const T* dy, const T* dmean, const T* dvariance, const T
     coef_var[c] = static_cast<T>(2.0 * d_var / n);
     coef_mean[c] = static_cast<T>(d_mean / n);
   }
-  parallel_for(blocks, BlockCost(units, 30), [&](int64_t b0, int64_t b1) {
-    BackwardBlocks(dy, x, alpha, mean, inv.data(), shift.data(), coef_var.data(), coef_mean.data(),
-                   rows, units, b0, b1, dx);
+  parallel_for(blocks, BlockCost(units, 4), [&](int64_t b0, int64_t b1) {
+    BackwardBlocks(x, mean, coef_var.data(), coef_mean.data(), rows, units, b0, b1, dx);
   });
   return ImplStatus::Ok();
 }
