@@ -99,14 +99,22 @@ def test_forward_matches_float64_numpy(case):
 @SETTINGS
 @given(dice_cases())
 def test_gradients_match_the_unfused_math_in_float64(case):
+    """Within 3e-5 (float32) of the float64 gradient's scale, or no further from it than the unfused graph is.
+
+    Where a unit's variance is tiny next to its values' spread per row (two rows close together), the gradient
+    is a difference of terms of size ``|dy * x| / sqrt(variance)`` that nearly cancel: any float32 evaluation,
+    TensorFlow's unfused ops included, is off by their rounding there.
+    """
     x, alpha, epsilon = case
     eps = float(np.float32(epsilon))  # the op's attr is a float32
     got = _gradients(dice, tf.constant(x), tf.constant(alpha), epsilon)
+    plain = _gradients(_unfused, tf.constant(x), tf.constant(alpha), eps)  # the same dtype as the op's
     want = _gradients(_unfused, tf.constant(x.astype(np.float64)), tf.constant(alpha.astype(np.float64)), eps)
-    # float32: the batch-norm gradient subtracts terms of size |dy| * inv * rows; their rounding is the error
     rtol = 3e-5 if x.dtype == np.float32 else 1e-9
-    for g, w in zip(got, want):
-        _close(g, w, rtol)
+    for g, p, w in zip(got, plain, want):
+        assert g.shape == w.shape
+        err, plain_err = float(np.max(np.abs(g - w))), float(np.max(np.abs(p - w)))
+        assert err <= max(rtol * float(np.abs(w).max()), 2 * plain_err), (err, plain_err)
 
 
 def test_compute_gradient_through_y_mean_and_variance():
