@@ -249,6 +249,7 @@ def test_din_with_dice_trains_exactly_with_one_dice_op_per_layer(kind, opt):
         model.compile(optimizer=make[opt](), loss="binary_crossentropy")
         losses.append(np.array([model.train_on_batch(x, y) for x, y in batches]))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+    assert len(packed.hybridtf_fused_dice) == 2  # the two Dice layers, named as the training step last traced them
     plain_dice, packed_dice = _dice_weights(plain), _dice_weights(packed)
     assert len(plain_dice) == 6  # two Dice layers: alpha, moving mean, moving variance each
     for got, want in zip(packed_dice, plain_dice):  # within 1e-5 of the vector's scale (Adam moves tiny alphas)
