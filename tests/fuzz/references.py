@@ -1,4 +1,4 @@
-"""NumPy references of the 13 custom ops for the fuzz suite, written from the ops' documented contracts.
+"""NumPy references of the custom ops for the fuzz suite, written from the ops' documented contracts.
 
 float64 throughout (float32 results are compared with a relative tolerance), except the sparse
 optimizer updates, which follow the kernels' float32 operation order.

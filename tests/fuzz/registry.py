@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Callable
 
 from tests.fuzz import cases as c
+from tests.fuzz import cases_dice as cd
 from tests.fuzz import cases_stitch as cs
 
 FULL = ("valid", "int64_extremes", "wrapping_sums", "bad_attrs", "empty", "mismatched")
@@ -29,6 +30,7 @@ def _spec(name, generate, classes, paths, fn, module="tests.fuzz.paths"):
 
 
 _STITCH = "tests.fuzz.paths_stitch"
+_DICE = "tests.fuzz.paths_dice"
 OPS = {
     s.name: s
     for s in (
@@ -95,6 +97,8 @@ OPS = {
         ),
         _spec("StitchFM", cs.gen_stitch_concat("fm"), FULL, ("raw", "wrapper"), "stitch_fm", _STITCH),
         _spec("StitchFMGrad", cs.gen_stitch_concat("fm_grad"), FULL, ("raw", "wrapper"), "stitch_fm_grad", _STITCH),
+        _spec("Dice", cd.gen_dice(False), cd.CLASSES, ("raw", "wrapper"), "dice", _DICE),
+        _spec("DiceGrad", cd.gen_dice(True), cd.CLASSES, ("raw", "wrapper"), "dice_grad", _DICE),
         _spec("UniquePartition", c.gen_unique_partition, FULL, ("raw", "wrapper", "native"), "unique_partition"),
         _spec("UniqueSubset", cs.gen_unique_subset, FULL, ("raw", "wrapper", "native"), "unique_subset"),
     )

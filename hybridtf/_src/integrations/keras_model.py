@@ -80,6 +80,7 @@ class _HybridModelMixin:
             self._htf_fused_concats[:] = scope.log.concats
             self._htf_fused_dense_names[:] = scope.log.dense
             self._htf_fused_fm_names[:] = scope.log.fm
+            self._htf_fused_dice_names[:] = scope.log.dice
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
@@ -239,6 +240,11 @@ class _HybridModelMixin:
         """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
         return list(self._htf_fused_fm_names)
 
+    @property
+    def hybridtf_fused_dice(self) -> list[str]:
+        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced (``dice_fusion``)."""
+        return list(self._htf_fused_dice_names)
+
 
 def _sharded_save_error(size: int) -> NotImplementedError:
     return NotImplementedError(
@@ -298,6 +304,11 @@ class _UnpackedModelMixin:
 
     @property
     def hybridtf_fused_fm(self) -> list[str]:
+        """Nothing is packed, so nothing is fused."""
+        return []
+
+    @property
+    def hybridtf_fused_dice(self) -> list[str]:
         """Nothing is packed, so nothing is fused."""
         return []
 
@@ -563,6 +574,7 @@ def _rewrite_model(
     object.__setattr__(model, "_htf_fused_concats", [])
     object.__setattr__(model, "_htf_fused_dense_names", [])
     object.__setattr__(model, "_htf_fused_fm_names", [])
+    object.__setattr__(model, "_htf_fused_dice_names", [])
 
 
 __all__ = ["TableView", "is_optimized", "optimize"]

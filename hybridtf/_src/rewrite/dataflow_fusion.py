@@ -29,7 +29,11 @@ None to keep the op:
   a broadcast ``Mul`` (the same products, no batched GEMM per example);
 * ``Sub`` computing a factorization machine's cross term
   ``square(reduce_sum(x, 1)) - reduce_sum(x * x, 1)`` over a fused
-  concatenation of fields: one ``StitchFM`` (``fm_fusion``).
+  concatenation of fields: one ``StitchFM`` (``fm_fusion``);
+* ``AddV2`` completing DIN's Dice activation, ``alpha * (1 - p) * x + p * x``
+  with ``p`` the sigmoid of ``x``'s train-mode batch normalization (no
+  offset, no scale): one ``Dice`` op, the batch statistics' other consumers
+  (the moving averages) redirected to its mean and variance (``dice_fusion``).
 
 Every replacement whose original output had a fully static shape is reshaped
 to it (``_as_traced``), so that Grappler sees the shapes it saw in the plain
@@ -69,6 +73,7 @@ from hybridtf._src.rewrite.concat_fusion import (
     fused_matmul,
     stitch_concat_source,
 )
+from hybridtf._src.rewrite.dice_fusion import fused_dice
 from hybridtf._src.rewrite.fm_fusion import fused_fm
 
 
@@ -85,6 +90,7 @@ class FusionLog:
         attention: DIN attention inputs' products computed from the query once per example
             (``attention_fusion``).
         fm: factorization-machine cross terms turned into StitchFM (``fm_fusion``).
+        dice: Dice activations with train-mode batch normalization turned into one Dice op (``dice_fusion``).
     """
 
     concats: list[str] = dataclasses.field(default_factory=list)
@@ -92,6 +98,7 @@ class FusionLog:
     outer_products: list[str] = dataclasses.field(default_factory=list)
     attention: list[str] = dataclasses.field(default_factory=list)
     fm: list[str] = dataclasses.field(default_factory=list)
+    dice: list[str] = dataclasses.field(default_factory=list)
 
 
 def _static_target(out: tf.Tensor) -> list[int] | None:
@@ -468,6 +475,15 @@ def _fm_rule(scope: FusionScope, op: tf.Operation):
     return [_as_traced(fused, op.outputs[0])]
 
 
+def _dice_rule(scope: FusionScope, op: tf.Operation):
+    """DIN's Dice activation with train-mode batch normalization (an ``AddV2``): one Dice op (``dice_fusion``)."""
+    fused = fused_dice(op)
+    if fused is None:
+        return None
+    scope.note(scope.log.dice, op)
+    return [_as_traced(fused, op.outputs[0])]
+
+
 # Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
 SUM_OPS = frozenset({"AddN", "AddV2"})
 
@@ -478,6 +494,7 @@ RULES = {
     "MatMul": _matmul_rule,
     "BatchMatMulV2": _outer_product_rule,
     "Sub": _fm_rule,
+    "AddV2": _dice_rule,  # after _defer_sum: an AddV2 of fields is a field sum, never a Dice
 }
 
 
