@@ -34,15 +34,21 @@ DENSE = "dense_features"  # ctr_data's "dense" would clash with the name of a Ke
 
 
 def din_targets(fields: Sequence[ctr_data.FieldSpec]) -> dict[str, str]:
-    """Multi-hot field -> the one-hot field it attends over (``hist_<x>`` -> ``<x>``, else a free one of its dim)."""
+    """Multi-hot field -> the one-hot field it attends over (``hist_<x>`` -> ``<x>``, else a free one of its dim
+    whose vocabulary holds the sequence's ids)."""
     names = {f.name for f in fields}
     free = [f for f in fields if not f.multi_hot]
     pairs = {}
     for seq in (f for f in fields if f.multi_hot):
         if seq.name.startswith("hist_") and seq.name[5:] in names:
             target = next(f for f in free if f.name == seq.name[5:])
-        else:
-            target = next(f for f in free if f.dim == seq.dim)
+        else:  # the sequence shares the target's table: same dim, and a vocabulary that holds its ids
+            target = next((f for f in free if f.dim == seq.dim and f.vocab >= seq.vocab), None)
+            if target is None:
+                raise ValueError(
+                    f"DIN: no free one-hot field of dim {seq.dim} with a vocabulary of at least {seq.vocab} "
+                    f"to pair with the sequence {seq.name!r}; name it hist_<field> or add such a field."
+                )
         free.remove(target)
         pairs[seq.name] = target.name
     return pairs
