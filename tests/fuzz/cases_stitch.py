@@ -243,7 +243,8 @@ def gen_stitch_concat(kind: str):
                 else:
                     grp = groups[placed[0][0]]
                     grp["rows"] = rng.standard_normal((grp["rows"].shape[0], fm_dim + 1)).astype(t)
-                    if len({x["rows"].shape[1] for x in groups}) == 1:  # one group: add one of the old dim
+                    if not any(groups[g]["rows"].shape[1] == fm_dim for g, _ in pieces if g >= 0):
+                        # no placed field keeps the old dim: place one of a new group that does
                         groups.append({**grp, "rows": rng.standard_normal((grp["rows"].shape[0], fm_dim)).astype(t)})
                         pieces.append((len(groups) - 1, 0))
             elif choice == 0 and kind in ("matmul", "matmul_grad"):
