@@ -48,7 +48,7 @@ void Store::ClearLocked() {
   chunks_.clear();
   next_record_ = 0;
   free_.clear();
-  map_.assign(16, kEmpty);
+  map_.assign(16, kEmptyEntry);
   size_ = 0;
   hot_.clear();
   hot_owner_.clear();
