@@ -52,10 +52,12 @@
 // row updates (SGD, Adagrad, LazyAdam), stats. Exclusive: inserts,
 // evictions, flushes, EndStep, dense Adam, slot layout changes, export
 // (which writes the hot tier back first) and import. Under the shared lock
-// the location of every row is fixed; the floats of one record are guarded
-// by one of kStripes striped mutexes (record index % kStripes), so a lookup
-// never copies a row that an update is half-way through; counts and
-// statistics are atomic.
+// the location of every row is fixed; the floats of one record, its count
+// and its last step are guarded by one of kStripes striped mutexes (record
+// index % kStripes), so a lookup never copies a row that an update is
+// half-way through; statistics are atomic. The inserts of one training
+// lookup run in parallel under the exclusive lock (lock-free linear probing
+// within it, see hybrid_hash_lookup_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 #define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 
