@@ -17,7 +17,7 @@ namespace hybrid_hash {
 Store::Store(const Config& config) : config_(config), inits_(MemberInits(config)) {
   key_bytes_ = config.members.size() > 1 ? 8 : 0;
   record_bytes_ = RecordBytes();
-  map_.assign(16, kEmptyEntry);
+  map_.assign(16, kEmpty);
 }
 
 Store::~Store() = default;
@@ -53,21 +53,20 @@ ImplStatus Store::CheckMembers(const int64_t* members, int64_t n) const {
   return ImplStatus::Ok();
 }
 
-uint64_t Store::KeyHash(uint32_t member, int64_t id) const {
-  return Mix(static_cast<uint64_t>(id) ^ (uint64_t{member} * 0xD6E8FEB86659FD93ull));
+uint64_t Store::Slot(uint32_t member, int64_t id) const {
+  const uint64_t key = static_cast<uint64_t>(id) ^ (uint64_t{member} * 0xD6E8FEB86659FD93ull);
+  return Mix(key) & (map_.size() - 1);
 }
 
 uint32_t Store::Find(uint32_t member, int64_t id) const {
-  return FindFrom(KeyHash(member, id), member, id);
+  return FindFrom(Slot(member, id), member, id);
 }
 
-uint32_t Store::FindFrom(uint64_t hash, uint32_t member, int64_t id) const {
+uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id) const {
   const uint64_t mask = map_.size() - 1;
-  for (uint64_t s = hash & mask;; s = (s + 1) & mask) {
-    const uint64_t entry = map_[s];
-    const uint32_t index = IndexOf(entry);
+  for (uint64_t s = slot;; s = (s + 1) & mask) {
+    const uint32_t index = map_[s];
     if (index == kEmpty) return index;
-    if (!TagMatches(entry, hash)) continue;
     const Header* h = Record(index);
     if (h->id == id && MemberOf(h) == member) return index;
   }
@@ -75,21 +74,18 @@ uint32_t Store::FindFrom(uint64_t hash, uint32_t member, int64_t id) const {
 
 void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
                       uint32_t* out) const {
-  uint64_t hashes[kBlock];
+  uint64_t slots[kBlock];
   const int64_t n = end - begin;
-  const uint64_t mask = map_.size() - 1;
   for (int64_t k = 0; k < n; ++k) {
-    hashes[k] = KeyHash(M(members, begin + k), ids[begin + k]);
-    __builtin_prefetch(&map_[hashes[k] & mask]);
+    slots[k] = Slot(M(members, begin + k), ids[begin + k]);
+    __builtin_prefetch(&map_[slots[k]]);
   }
   for (int64_t k = 0; k < n; ++k) {
-    const uint64_t entry = map_[hashes[k] & mask];
-    if (IndexOf(entry) != kEmpty && TagMatches(entry, hashes[k])) {
-      __builtin_prefetch(Record(IndexOf(entry)));
-    }
+    const uint32_t index = map_[slots[k]];
+    if (index != kEmpty) __builtin_prefetch(Record(index));
   }
   for (int64_t k = 0; k < n; ++k) {
-    out[k] = FindFrom(hashes[k], M(members, begin + k), ids[begin + k]);
+    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k]);
   }
 }
 
@@ -101,32 +97,30 @@ void Store::PrefetchFloats(uint32_t index) const {
 
 void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
   const uint64_t mask = map_.size() - 1;
-  const uint64_t hash = KeyHash(member, id);
-  uint64_t s = hash & mask;
-  while (IndexOf(map_[s]) != kEmpty) s = (s + 1) & mask;
-  map_[s] = Entry(hash, index);
+  uint64_t s = Slot(member, id);
+  while (map_[s] != kEmpty) s = (s + 1) & mask;
+  map_[s] = index;
 }
 
 void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
   const uint64_t mask = map_.size() - 1;
-  uint64_t i = SlotOf(KeyHash(member, id));
-  while (IndexOf(map_[i]) != kEmpty &&
-         (Record(IndexOf(map_[i]))->id != id || MemberOf(Record(IndexOf(map_[i]))) != member)) {
+  uint64_t i = Slot(member, id);
+  while (map_[i] != kEmpty && (Record(map_[i])->id != id || MemberOf(Record(map_[i])) != member)) {
     i = (i + 1) & mask;
   }
-  if (IndexOf(map_[i]) == kEmpty) return;
+  if (map_[i] == kEmpty) return;
   uint64_t j = i;
   for (;;) {
     j = (j + 1) & mask;
-    if (IndexOf(map_[j]) == kEmpty) break;
-    const Header* hj = Record(IndexOf(map_[j]));
-    const uint64_t k = SlotOf(KeyHash(MemberOf(hj), hj->id));
+    if (map_[j] == kEmpty) break;
+    const Header* hj = Record(map_[j]);
+    const uint64_t k = Slot(MemberOf(hj), hj->id);
     const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
     if (stays) continue;
     map_[i] = map_[j];
     i = j;
   }
-  map_[i] = kEmptyEntry;
+  map_[i] = kEmpty;
 }
 
 ImplStatus Store::GrowMap() {
@@ -135,7 +129,7 @@ ImplStatus Store::GrowMap() {
     return ImplStatus::InvalidArgument(Quoted(config_) + " cannot hold more than " +
                                        std::to_string(kMaxRows) + " rows.");
   }
-  map_.assign(size, kEmptyEntry);
+  map_.assign(size, kEmpty);
   for (uint32_t r = 0; r < next_record_; ++r) {
     Header* h = Record(r);
     if (h->mark != kDead) MapInsert(MemberOf(h), h->id, r);
@@ -399,7 +393,7 @@ Stats Store::GetStats() const {
   s.last_step_lookups = last_step_lookups_.load();
   s.last_step_hits = last_step_hits_.load();
   s.bytes = static_cast<int64_t>(chunks_.size()) * kChunkRows * record_bytes_ +
-            static_cast<int64_t>(map_.capacity()) * 8 + static_cast<int64_t>(free_.capacity()) * 4;
+            static_cast<int64_t>(map_.capacity() + free_.capacity()) * 4;
   s.hot_bytes =
       static_cast<int64_t>(hot_.capacity()) * 4 + static_cast<int64_t>(hot_owner_.capacity()) * 4;
   s.num_slots = num_slots_;

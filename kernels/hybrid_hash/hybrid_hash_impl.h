@@ -4,9 +4,7 @@
 //
 // Storage
 //   cold tier: an open-addressing (linear probing, backward-shift deletion)
-//     hash map from any int64 id to a uint32 record index (each entry also
-//     holds 32 bits of the key's hash, compared before the record is read),
-//     and an arena of
+//     hash map from any int64 id to a uint32 record index, and an arena of
 //     fixed-size records allocated in chunks of kChunkRows records (no per-row
 //     heap allocation). A record is contiguous:
 //       [id int64][count uint32][hot int32][last_step uint32][mark uint32]
@@ -253,17 +251,10 @@ class Store {
     return key_bytes_ ? *reinterpret_cast<const uint32_t*>(h + 1) : 0u;
   }
   float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
-  // The key's 64-bit hash: its low bits pick the home map slot, its high 32
-  // bits are the tag kept in the map entry beside the record index, so a
-  // probe reads a record only when the tags match.
-  uint64_t KeyHash(uint32_t member, int64_t id) const;
-  uint64_t SlotOf(uint64_t hash) const { return hash & (map_.size() - 1); }
-  static uint64_t Entry(uint64_t hash, uint32_t index) { return (hash & ~0xFFFFFFFFull) | index; }
-  static uint32_t IndexOf(uint64_t entry) { return static_cast<uint32_t>(entry); }
-  static bool TagMatches(uint64_t entry, uint64_t hash) { return ((entry ^ hash) >> 32) == 0; }
+  uint64_t Slot(uint32_t member, int64_t id) const;
   uint32_t Find(uint32_t member, int64_t id) const;  // record index or kEmpty
-  // Find with the key's hash KeyHash(member, id) already computed.
-  uint32_t FindFrom(uint64_t hash, uint32_t member, int64_t id) const;
+  // Find from the map slot Slot(member, id) already computed.
+  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id) const;
   // Find of ids[begin, end) (at most kBlock) into out[0, end - begin): the map
   // slots, then the records they name, are prefetched for the whole block
   // before any is probed, so the block's cache misses overlap.
@@ -325,9 +316,7 @@ class Store {
   std::vector<std::unique_ptr<char[]>> chunks_;
   uint32_t next_record_ = 0;    // records [0, next_record_) were handed out
   std::vector<uint32_t> free_;  // dead records to reuse
-  // open addressing: kEmptyEntry, or Entry(hash, record index)
-  std::vector<uint64_t> map_;
-  static constexpr uint64_t kEmptyEntry = ~uint64_t{0};  // IndexOf() == kEmpty
+  std::vector<uint32_t> map_;   // open addressing, kEmpty or record index
   int64_t size_ = 0;
   std::vector<float> hot_;  // hot_rows * RowFloats()
   std::vector<uint32_t> hot_owner_;

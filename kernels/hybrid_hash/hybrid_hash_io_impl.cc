@@ -48,7 +48,7 @@ void Store::ClearLocked() {
   chunks_.clear();
   next_record_ = 0;
   free_.clear();
-  map_.assign(16, kEmptyEntry);
+  map_.assign(16, kEmpty);
   size_ = 0;
   hot_.clear();
   hot_owner_.clear();

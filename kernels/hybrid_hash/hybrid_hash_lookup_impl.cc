@@ -133,7 +133,7 @@ ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBat
     const int64_t i = todo[j];
     if (j + kBlock < m) {  // prefetched: overlaps the map misses of the inserts
       const int64_t next = todo[j + kBlock];
-      __builtin_prefetch(&map_[SlotOf(KeyHash(M(b.members, next), b.ids[next]))]);
+      __builtin_prefetch(&map_[Slot(M(b.members, next), b.ids[next])]);
     }
     uint32_t r = Find(M(b.members, i), b.ids[i]);
     if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
@@ -174,17 +174,17 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   const int map_bits = __builtin_ctzll(map_.size());
   const int part_bits = std::min(kInsertPartBits, map_bits);
   const int64_t parts = int64_t{1} << part_bits;
-  std::vector<uint64_t> hash(static_cast<size_t>(m));
+  std::vector<uint64_t> slot(static_cast<size_t>(m));
   std::vector<int64_t> start(static_cast<size_t>(parts + 1), 0);
   for (int64_t j = 0; j < m; ++j) {
-    hash[j] = KeyHash(M(b.members, todo[j]), b.ids[todo[j]]);
-    ++start[(SlotOf(hash[j]) >> (map_bits - part_bits)) + 1];
+    slot[j] = Slot(M(b.members, todo[j]), b.ids[todo[j]]);
+    ++start[(slot[j] >> (map_bits - part_bits)) + 1];
   }
   for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
   std::vector<int64_t> order(static_cast<size_t>(m));
   {
     std::vector<int64_t> fill(start.begin(), start.end() - 1);
-    for (int64_t j = 0; j < m; ++j) order[fill[SlotOf(hash[j]) >> (map_bits - part_bits)]++] = j;
+    for (int64_t j = 0; j < m; ++j) order[fill[slot[j] >> (map_bits - part_bits)]++] = j;
   }
   // One record per candidate, position k of `order` takes rec[k].
   std::vector<uint32_t> rec(static_cast<size_t>(m));
@@ -205,18 +205,16 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   pf(parts, (m / parts + 1) * (400 + 8 * dim), [&](int64_t p0, int64_t p1) {
     int64_t news = 0, occ = 0;
     for (int64_t k = start[p0]; k < start[p1]; ++k) {
-      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[SlotOf(hash[order[k + kBlock]])]);
+      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[slot[order[k + kBlock]]]);
       const int64_t j = order[k];
       const int64_t i = todo[j];
       const uint32_t member = M(b.members, i);
       const int64_t id = b.ids[i];
       uint32_t r = kEmpty;
-      uint64_t s = hash[j] & mask;
+      uint64_t s = slot[j];
       for (;; s = (s + 1) & mask) {
-        const uint64_t entry = __atomic_load_n(&map_[s], __ATOMIC_ACQUIRE);
-        const uint32_t index = IndexOf(entry);
+        const uint32_t index = __atomic_load_n(&map_[s], __ATOMIC_ACQUIRE);
         if (index == kEmpty) break;
-        if (!TagMatches(entry, hash[j])) continue;
         const Header* h = Record(index);
         if (h->id == id && MemberOf(h) == member) {
           r = index;
@@ -227,9 +225,9 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
         r = rec[k];
         WriteRecord(Record(r), member, id, b.out + i * dim);
         for (;; s = (s + 1) & mask) {  // claim the first free slot from s
-          uint64_t expected = kEmptyEntry;
-          if (__atomic_compare_exchange_n(&map_[s], &expected, Entry(hash[j], r), false,
-                                          __ATOMIC_RELEASE, __ATOMIC_RELAXED)) {
+          uint32_t expected = kEmpty;
+          if (__atomic_compare_exchange_n(&map_[s], &expected, r, false, __ATOMIC_RELEASE,
+                                          __ATOMIC_RELAXED)) {
             break;
           }
         }
