@@ -1,5 +1,6 @@
 // HybridHash store: hash map, arena, hot tier, Algorithm 1, eviction. The
-// optimizer updates are in hybrid_hash_apply_impl.cc, export and import in
+// find-or-insert lookup is in hybrid_hash_lookup_impl.cc, the
+// optimizer updates in hybrid_hash_apply_impl.cc, export and import in
 // hybrid_hash_io_impl.cc, the configuration and initial rows in
 // hybrid_hash_config_impl.cc. See hybrid_hash_impl.h for the design and the locking.
 #include "kernels/hybrid_hash/hybrid_hash_impl.h"
@@ -12,21 +13,6 @@
 
 namespace hybridtf {
 namespace hybrid_hash {
-
-namespace {
-
-inline void AddSaturating(uint32_t* counter, int64_t add) {
-  uint32_t old = __atomic_load_n(counter, __ATOMIC_RELAXED);
-  for (;;) {
-    const int64_t sum = std::min<int64_t>(int64_t{old} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
-    if (__atomic_compare_exchange_n(counter, &old, static_cast<uint32_t>(sum), true,
-                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-      return;
-    }
-  }
-}
-
-}  // namespace
 
 Store::Store(const Config& config) : config_(config), inits_(MemberInits(config)) {
   key_bytes_ = config.members.size() > 1 ? 8 : 0;
@@ -177,7 +163,35 @@ ImplStatus Store::AllocRecord(uint32_t* index) {
   return ImplStatus::Ok();
 }
 
-ImplStatus Store::Insert(uint32_t member, int64_t id, uint32_t* index) {
+void Store::WriteRecord(Header* h, uint32_t member, int64_t id, const float* row) const {
+  h->id = id;
+  h->count = 0;
+  h->hot = -1;
+  h->last_step = step_;
+  h->mark = 0;
+  if (key_bytes_) *reinterpret_cast<uint64_t*>(h + 1) = member;
+  float* f = ColdFloats(h);
+  if (row) {
+    std::memcpy(f, row, 4 * config_.dim);
+  } else {
+    InitialRowsWith(inits_[member], config_.dim, &id, 1, f);
+  }
+  for (int s = 0; s < num_slots_; ++s) {
+    std::fill(f + (1 + s) * config_.dim, f + (2 + s) * config_.dim, slot_init_[s]);
+  }
+}
+
+void Store::MakeHotIfRoom(uint32_t index) {
+  if (!hot_phase_ || hot_used_ >= static_cast<int64_t>(hot_owner_.size())) return;
+  // Hot entries are only freed by a flush, which fills [0, hot_used_): the free ones follow.
+  const int64_t e = hot_used_++;
+  Header* h = Record(index);
+  std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(h), 4 * RowFloats());
+  hot_owner_[e] = index;
+  h->hot = static_cast<int32_t>(e);
+}
+
+ImplStatus Store::Insert(uint32_t member, int64_t id, uint32_t* index, const float* row) {
   if (config_.capacity > 0 && size_ >= config_.capacity) {
     ImplStatus status = EvictFor(size_ - config_.capacity + 1);
     if (!status.ok()) return status;
@@ -188,25 +202,8 @@ ImplStatus Store::Insert(uint32_t member, int64_t id, uint32_t* index) {
   }
   ImplStatus status = AllocRecord(index);
   if (!status.ok()) return status;
-  Header* h = Record(*index);
-  h->id = id;
-  h->count = 0;
-  h->hot = -1;
-  h->last_step = step_;
-  h->mark = 0;
-  if (key_bytes_) *reinterpret_cast<uint64_t*>(h + 1) = member;
-  float* f = ColdFloats(h);
-  InitialRowsWith(inits_[member], config_.dim, &id, 1, f);
-  for (int s = 0; s < num_slots_; ++s) {
-    std::fill(f + (1 + s) * config_.dim, f + (2 + s) * config_.dim, slot_init_[s]);
-  }
-  if (hot_phase_ && hot_used_ < static_cast<int64_t>(hot_owner_.size())) {  // it fits: hot
-    // Hot entries are only freed by a flush, which fills [0, hot_used_): the free ones follow.
-    const int64_t e = hot_used_++;
-    std::memcpy(hot_.data() + e * RowFloats(), f, 4 * RowFloats());
-    hot_owner_[e] = *index;
-    h->hot = static_cast<int32_t>(e);
-  }
+  WriteRecord(Record(*index), member, id, row);
+  MakeHotIfRoom(*index);
   MapInsert(member, id, *index);
   ++size_;
   inserts_.fetch_add(1, std::memory_order_relaxed);
@@ -252,92 +249,6 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
     --size_;
   }
   evictions_.fetch_add(static_cast<int64_t>(victims.size()), std::memory_order_relaxed);
-}
-
-ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
-                         float* out, const ParallelFor& pf, const int64_t* members,
-                         int64_t* records) {
-  ImplStatus valid = CheckMembers(members, n);
-  if (!valid.ok()) return valid;
-  const int64_t dim = config_.dim;
-  std::vector<char> missing(static_cast<size_t>(n), 0);
-  std::atomic<int64_t> num_missing{0};
-  {
-    std::shared_lock<std::shared_mutex> lock(mu_);
-    const uint32_t step = step_;
-    pf(n, 16 + 2 * dim, [&](int64_t begin, int64_t end) {
-      int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
-      uint32_t block[kBlock];
-      for (int64_t b = begin; b < end; b += kBlock) {
-        const int64_t e = std::min(end, b + kBlock);
-        FindBlock(ids, members, b, e, block);
-        for (int64_t i = b; i < e; ++i) {
-          if (block[i - b] != kEmpty) PrefetchFloats(block[i - b]);
-        }
-        for (int64_t i = b; i < e; ++i) {
-          const uint32_t r = block[i - b];
-          if (records) records[i] = r;
-          if (r == kEmpty) {
-            missing[i] = 1;
-            ++miss;
-            continue;
-          }
-          Header* h = Record(r);
-          {
-            std::lock_guard<std::mutex> row_lock(Stripe(r));
-            std::memcpy(out + i * dim, Floats(h), 4 * dim);
-          }
-          if (insert) {
-            const int64_t c = counts ? counts[i] : 1;
-            AddSaturating(&h->count, c);
-            __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
-            occ += c;
-            if (h->hot >= 0) {
-              ++hits;
-              occ_hits += c;
-            }
-          }
-        }
-      }
-      num_missing.fetch_add(miss, std::memory_order_relaxed);
-      if (insert) {
-        hits_.fetch_add(hits, std::memory_order_relaxed);
-        step_hits_.fetch_add(hits, std::memory_order_relaxed);
-        occurrences_.fetch_add(occ, std::memory_order_relaxed);
-        occurrence_hits_.fetch_add(occ_hits, std::memory_order_relaxed);
-      }
-    });
-  }
-  if (insert) {
-    lookups_.fetch_add(n, std::memory_order_relaxed);
-    step_lookups_.fetch_add(n, std::memory_order_relaxed);
-  }
-  if (num_missing.load() == 0) return ImplStatus::Ok();
-  if (!insert) {  // a pure read: absent ids get their initial rows
-    for (int64_t i = 0; i < n; ++i) {
-      if (missing[i]) InitialRowsWith(inits_[M(members, i)], dim, ids + i, 1, out + i * dim);
-    }
-    return ImplStatus::Ok();
-  }
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  for (int64_t i = 0; i < n; ++i) {
-    if (!missing[i]) continue;
-    const int64_t next = i + kBlock;  // prefetched: overlaps the map misses of the inserts
-    if (next < n && missing[next]) __builtin_prefetch(&map_[Slot(M(members, next), ids[next])]);
-    uint32_t r = Find(M(members, i), ids[i]);
-    if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
-      ImplStatus status = Insert(M(members, i), ids[i], &r);
-      if (!status.ok()) return status;
-    }
-    if (records) records[i] = r;
-    Header* h = Record(r);
-    std::memcpy(out + i * dim, Floats(h), 4 * dim);
-    const int64_t c = counts ? counts[i] : 1;
-    AddSaturating(&h->count, c);
-    h->last_step = step_;
-    occurrences_.fetch_add(c, std::memory_order_relaxed);
-  }
-  return ImplStatus::Ok();
 }
 
 void Store::RelayoutLocked(int num_slots, const float* slot_init) {

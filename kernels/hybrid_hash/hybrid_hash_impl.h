@@ -50,10 +50,12 @@
 // row updates (SGD, Adagrad, LazyAdam), stats. Exclusive: inserts,
 // evictions, flushes, EndStep, dense Adam, slot layout changes, export
 // (which writes the hot tier back first) and import. Under the shared lock
-// the location of every row is fixed; the floats of one record are guarded
-// by one of kStripes striped mutexes (record index % kStripes), so a lookup
-// never copies a row that an update is half-way through; counts and
-// statistics are atomic.
+// the location of every row is fixed; the floats of one record, its count
+// and its last step are guarded by one of kStripes striped mutexes (record
+// index % kStripes), so a lookup never copies a row that an update is
+// half-way through; statistics are atomic. The inserts of one training
+// lookup run in parallel under the exclusive lock (lock-free linear probing
+// within it, see hybrid_hash_lookup_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 #define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 
@@ -264,7 +266,29 @@ class Store {
                        int64_t begin, int64_t end, uint32_t* out) const;
   // Prefetches the row floats (hot or cold) of record index.
   void PrefetchFloats(uint32_t index) const;
-  ImplStatus Insert(uint32_t member, int64_t id, uint32_t* index);  // exclusive lock held
+  // Inserts (member, id) (exclusive lock held) with the initial row `row`
+  // (nullptr: computed here).
+  ImplStatus Insert(uint32_t member, int64_t id, uint32_t* index, const float* row = nullptr);
+  // A new record's header, key, row (row, or the initial row if nullptr) and slot_init.
+  void WriteRecord(Header* h, uint32_t member, int64_t id, const float* row) const;
+  // Gives a new record a free hot entry after a flush (everything fits).
+  void MakeHotIfRoom(uint32_t index);
+  // The ids of one training lookup (hybrid_hash_lookup_impl.cc).
+  struct LookupBatch {
+    const int64_t* ids;
+    const int64_t* counts;   // nullptr: 1 each
+    const int64_t* members;  // nullptr: member 0
+    float* out;              // the missing ids' rows hold their initial rows on entry
+    int64_t* records;        // nullptr: not wanted
+  };
+  // The exclusive pass of a training lookup over batch positions `todo` (the
+  // ids the shared pass did not find, ascending): InsertSerial one by one
+  // (stores with a capacity: an insert may evict), InsertParallel in
+  // kInsertParts parts by home map slot, each part inserted by one worker.
+  ImplStatus InsertSerial(const std::vector<int64_t>& todo, const LookupBatch& b);
+  ImplStatus InsertParallel(const std::vector<int64_t>& todo, const LookupBatch& b,
+                            const ParallelFor& pf);
+  static constexpr int kInsertPartBits = 6;
   void MapInsert(uint32_t member, int64_t id, uint32_t index);
   void MapErase(uint32_t member, int64_t id);
   static uint32_t M(const int64_t* members, int64_t i) {

@@ -451,7 +451,8 @@ class UniqueOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
     MemberUnique unique;
     UniqueMemberIds(ids.flat<int64_t>().data(), n, size_data, member_data, fields,
-                    inverse->flat<int32_t>().data(), &unique);
+                    inverse->flat<int32_t>().data(), &unique,
+                    n < 2 * kUniquePartIds ? ParallelFor(SequentialFor) : CpuParallelFor(ctx));
     const int64_t u = static_cast<int64_t>(unique.ids.size());
     const std::vector<int64_t>* parts[3] = {&unique.ids, &unique.members, &unique.counts};
     const int outputs[3] = {0, 1, 3};

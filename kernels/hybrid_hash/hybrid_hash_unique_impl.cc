@@ -1,7 +1,9 @@
-// Distinct (member, id) pairs: one open-addressing pass (see the header).
+// Distinct (member, id) pairs: one open-addressing pass per part (see the header).
 #include "kernels/hybrid_hash/hybrid_hash_unique_impl.h"
 
+#include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/hybrid_hash/hybrid_hash_impl.h"
 
@@ -54,18 +56,24 @@ ImplStatus CheckMemberFields(int64_t n, const int64_t* field_sizes, const int64_
   return ImplStatus::Ok();
 }
 
-void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
-                     const int64_t* field_members, int64_t num_fields, int32_t* inverse,
-                     MemberUnique* out) {
-  out->ids.clear();
-  out->members.clear();
-  out->counts.clear();
+namespace {
+
+// The distinct pairs of fields [f0, f1), whose ids start at position begin;
+// inverse[i] is the index among this range's pairs.
+void UniqueFields(const int64_t* ids, int64_t begin, const int64_t* field_sizes,
+                  const int64_t* field_members, int64_t f0, int64_t f1, int32_t* inverse,
+                  MemberUnique* out) {
+  int64_t n = 0;
+  for (int64_t f = f0; f < f1; ++f) n += field_sizes[f];
   uint64_t capacity = 16;
   while (capacity < 2 * static_cast<uint64_t>(n)) capacity *= 2;  // n < 2^31: no overflow
   const uint64_t mask = capacity - 1;
   std::vector<int32_t> table(capacity, -1);  // pair index or -1
-  int64_t i = 0;
-  for (int64_t f = 0; f < num_fields; ++f) {
+  out->ids.reserve(static_cast<size_t>(n / 2));
+  out->members.reserve(static_cast<size_t>(n / 2));
+  out->counts.reserve(static_cast<size_t>(n / 2));
+  int64_t i = begin;
+  for (int64_t f = f0; f < f1; ++f) {
     const int64_t member = field_members[f];
     for (const int64_t end = i + field_sizes[f]; i < end; ++i) {
       const int64_t id = ids[i];
@@ -89,6 +97,67 @@ void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
       }
     }
   }
+}
+
+}  // namespace
+
+void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
+                     const int64_t* field_members, int64_t num_fields, int32_t* inverse,
+                     MemberUnique* out, const ParallelFor& pf) {
+  // Parts: runs of whole fields of about kUniquePartIds ids that share no
+  // member with any other part (a cut after field f only where every member of
+  // fields [0, f] has its last field there or before). A pair then occurs in
+  // one part only, so the parts' distinct pairs, concatenated in order, are
+  // the batch's in order of first occurrence, whatever the thread count.
+  std::vector<int64_t> cuts{0};
+  if (n >= 2 * kUniquePartIds && num_fields > 1) {
+    std::unordered_map<int64_t, int64_t> last;
+    for (int64_t f = 0; f < num_fields; ++f) last[field_members[f]] = f;
+    int64_t reach = 0, ids_in_part = 0;
+    for (int64_t f = 0; f + 1 < num_fields; ++f) {
+      reach = std::max(reach, last[field_members[f]]);
+      ids_in_part += field_sizes[f];
+      if (reach == f && ids_in_part >= kUniquePartIds) {
+        cuts.push_back(f + 1);
+        ids_in_part = 0;
+      }
+    }
+  }
+  cuts.push_back(num_fields);
+  const int64_t parts = static_cast<int64_t>(cuts.size()) - 1;
+  std::vector<int64_t> begin(static_cast<size_t>(parts + 1), 0);  // first id of each part
+  for (int64_t p = 0; p < parts; ++p) {
+    begin[p + 1] = begin[p];
+    for (int64_t f = cuts[p]; f < cuts[p + 1]; ++f) begin[p + 1] += field_sizes[f];
+  }
+  if (parts == 1) {
+    *out = MemberUnique();
+    UniqueFields(ids, 0, field_sizes, field_members, 0, num_fields, inverse, out);
+    return;
+  }
+  std::vector<MemberUnique> local(static_cast<size_t>(parts));
+  pf(parts, 100 * kUniquePartIds, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      UniqueFields(ids, begin[p], field_sizes, field_members, cuts[p], cuts[p + 1], inverse,
+                   &local[p]);
+    }
+  });
+  std::vector<int64_t> offset(static_cast<size_t>(parts + 1), 0);
+  for (int64_t p = 0; p < parts; ++p) {
+    offset[p + 1] = offset[p] + static_cast<int64_t>(local[p].ids.size());
+  }
+  out->ids.resize(static_cast<size_t>(offset[parts]));
+  out->members.resize(static_cast<size_t>(offset[parts]));
+  out->counts.resize(static_cast<size_t>(offset[parts]));
+  pf(parts, 10 * kUniquePartIds, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      std::copy(local[p].ids.begin(), local[p].ids.end(), out->ids.begin() + offset[p]);
+      std::copy(local[p].members.begin(), local[p].members.end(), out->members.begin() + offset[p]);
+      std::copy(local[p].counts.begin(), local[p].counts.end(), out->counts.begin() + offset[p]);
+      const int32_t add = static_cast<int32_t>(offset[p]);
+      for (int64_t i = begin[p]; i < begin[p + 1]; ++i) inverse[i] += add;
+    }
+  });
 }
 
 }  // namespace hybrid_hash

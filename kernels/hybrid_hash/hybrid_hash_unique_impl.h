@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/common/parallel_for.h"
 #include "kernels/common/status.h"
 
 namespace hybridtf {
@@ -27,10 +28,13 @@ struct MemberUnique {
 ImplStatus CheckMemberFields(int64_t n, const int64_t* field_sizes, const int64_t* field_members,
                              int64_t num_fields);
 
-// Fills inverse[n] and out. Call CheckMemberFields first.
+// Fills inverse[n] and out. Call CheckMemberFields first. Batches of at least
+// 2 * kUniquePartIds ids are cut between fields into parts that share no
+// member, deduplicated in parallel and concatenated: the same result.
+constexpr int64_t kUniquePartIds = 8192;
 void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
                      const int64_t* field_members, int64_t num_fields, int32_t* inverse,
-                     MemberUnique* out);
+                     MemberUnique* out, const ParallelFor& pf);
 
 }  // namespace hybrid_hash
 }  // namespace hybridtf

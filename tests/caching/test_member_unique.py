@@ -86,6 +86,23 @@ def test_same_id_in_two_members_is_two_pairs_and_large_batches_agree():
     _check(unique_member_ids(ids, sizes, members), ids, sizes, members)
 
 
+@pytest.mark.parametrize("layout", ["member_per_field", "shared_runs", "first_and_last_shared"])
+def test_large_batches_split_into_parts_agree(layout):
+    """>= 16384 ids are cut between fields into parts sharing no member and deduplicated in parallel."""
+    rng = np.random.default_rng(1)
+    fields = 120
+    members = np.arange(fields)
+    if layout == "shared_runs":  # a member's fields next to each other, and one shared far apart
+        members = np.repeat(np.arange(fields // 3), 3)
+        members[10], members[90] = 77, 77
+    elif layout == "first_and_last_shared":  # no cut possible: one part
+        members[-1] = members[0]
+    sizes = rng.integers(0, 900, size=fields)
+    ids = rng.zipf(1.3, size=int(sizes.sum())).astype(np.int64)
+    assert ids.size >= 2 * 16384
+    _check(unique_member_ids(ids, sizes, members), ids, sizes, members)
+
+
 def test_empty_batches():
     u, m, inv, c = unique_member_ids(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
     assert [t.shape.as_list() for t in (u, m, inv, c)] == [[0], [0], [0], [0]]

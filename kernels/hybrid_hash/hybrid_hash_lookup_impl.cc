@@ -1,0 +1,267 @@
+// HybridHash find-or-insert lookup (Store::Lookup). See hybrid_hash_impl.h for
+// the store and its locking.
+//
+// A training lookup has three passes:
+//   1. shared lock, parallel over blocks of ids: probe, copy present rows,
+//      count them (under the row's stripe mutex, so counts need no atomics);
+//   2. no lock, parallel: the initial rows of the ids not found, straight
+//      into the output (they depend only on (member seed, id, initializer));
+//   3. exclusive lock: insert the ids not found. In a store without a
+//      capacity (no eviction) the candidates are split into 2^kInsertPartBits
+//      parts by their home map slot and each part is inserted by one worker
+//      (InsertParallel); with a capacity one by one (InsertSerial).
+// InsertParallel is lock-free linear probing without deletions: a key's home
+// slot decides its part, so one worker handles every copy of a key (a
+// repeated id or one another chain inserted meanwhile is found, not inserted
+// twice); a worker writes the record before it claims a map slot with a
+// compare-and-swap (release) and probes with acquire loads, so a slot another
+// part's key took (its probe ran past its part) is skipped or compared with a
+// complete record. Records are allocated for every candidate before the
+// workers start (part p takes a contiguous range); a candidate that turns out
+// present leaves its record unused, which is marked dead and freed. Parts and
+// record ranges depend on the batch only, not on the thread count, and the
+// free hot entries (everything fits) are handed out afterwards in batch order
+// as one by one, so the store's content is the same however many threads run.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "kernels/hybrid_hash/hybrid_hash_impl.h"
+
+namespace hybridtf {
+namespace hybrid_hash {
+
+namespace {
+
+// counter += add, saturating at 2^32 - 1 (the caller excludes other writers).
+inline void AddSaturating(uint32_t* counter, int64_t add) {
+  const int64_t sum =
+      std::min<int64_t>(int64_t{*counter} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
+  *counter = static_cast<uint32_t>(sum);
+}
+
+}  // namespace
+
+ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
+                         float* out, const ParallelFor& pf, const int64_t* members,
+                         int64_t* records) {
+  ImplStatus valid = CheckMembers(members, n);
+  if (!valid.ok()) return valid;
+  const int64_t dim = config_.dim;
+  std::vector<char> missing(static_cast<size_t>(n), 0);
+  std::atomic<int64_t> num_missing{0};
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    const uint32_t step = step_;
+    pf(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
+      int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
+      uint32_t block[kBlock];
+      for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t e = std::min(end, b + kBlock);
+        FindBlock(ids, members, b, e, block);
+        for (int64_t i = b; i < e; ++i) {
+          if (block[i - b] != kEmpty) PrefetchFloats(block[i - b]);
+        }
+        for (int64_t i = b; i < e; ++i) {
+          const uint32_t r = block[i - b];
+          if (records) records[i] = r;
+          if (r == kEmpty) {
+            missing[i] = 1;
+            ++miss;
+            continue;
+          }
+          Header* h = Record(r);
+          const int64_t c = counts ? counts[i] : 1;
+          {
+            // Under the shared lock every writer of a row, its count and its
+            // last step holds the row's stripe: plain reads and writes.
+            std::lock_guard<std::mutex> row_lock(Stripe(r));
+            std::memcpy(out + i * dim, Floats(h), 4 * dim);
+            if (insert) {
+              AddSaturating(&h->count, c);
+              h->last_step = step;
+            }
+          }
+          if (insert) {
+            occ += c;
+            if (h->hot >= 0) {
+              ++hits;
+              occ_hits += c;
+            }
+          }
+        }
+      }
+      num_missing.fetch_add(miss, std::memory_order_relaxed);
+      if (insert) {
+        hits_.fetch_add(hits, std::memory_order_relaxed);
+        step_hits_.fetch_add(hits, std::memory_order_relaxed);
+        occurrences_.fetch_add(occ, std::memory_order_relaxed);
+        occurrence_hits_.fetch_add(occ_hits, std::memory_order_relaxed);
+      }
+    });
+  }
+  if (insert) {
+    lookups_.fetch_add(n, std::memory_order_relaxed);
+    step_lookups_.fetch_add(n, std::memory_order_relaxed);
+  }
+  if (num_missing.load() == 0) return ImplStatus::Ok();
+  // The initial rows of the ids not found, outside any lock. A pure read
+  // returns them; an insert stores them (or, for an id another chain inserted
+  // meanwhile, replaces them with the stored row).
+  pf(n, 20 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (missing[i]) InitialRowsWith(inits_[M(members, i)], dim, ids + i, 1, out + i * dim);
+    }
+  });
+  if (!insert) return ImplStatus::Ok();
+  std::vector<int64_t> todo;
+  todo.reserve(static_cast<size_t>(num_missing.load()));
+  for (int64_t i = 0; i < n; ++i) {
+    if (missing[i]) todo.push_back(i);
+  }
+  const LookupBatch batch{ids, counts, members, out, records};
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (config_.capacity > 0) return InsertSerial(todo, batch);
+  return InsertParallel(todo, batch, pf);
+}
+
+ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBatch& b) {
+  const int64_t dim = config_.dim;
+  const int64_t m = static_cast<int64_t>(todo.size());
+  int64_t occ = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t i = todo[j];
+    if (j + kBlock < m) {  // prefetched: overlaps the map misses of the inserts
+      const int64_t next = todo[j + kBlock];
+      __builtin_prefetch(&map_[Slot(M(b.members, next), b.ids[next])]);
+    }
+    uint32_t r = Find(M(b.members, i), b.ids[i]);
+    if (r == kEmpty) {  // else inserted meanwhile (another chain, or a repeated id)
+      ImplStatus status = Insert(M(b.members, i), b.ids[i], &r, b.out + i * dim);
+      if (!status.ok()) {
+        occurrences_.fetch_add(occ, std::memory_order_relaxed);
+        return status;
+      }
+    } else {
+      std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
+    }
+    if (b.records) b.records[i] = r;
+    Header* h = Record(r);
+    const int64_t c = b.counts ? b.counts[i] : 1;
+    AddSaturating(&h->count, c);
+    h->last_step = step_;
+    occ += c;
+  }
+  occurrences_.fetch_add(occ, std::memory_order_relaxed);
+  return ImplStatus::Ok();
+}
+
+ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupBatch& b,
+                                 const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  const int64_t m = static_cast<int64_t>(todo.size());
+  // Room for every candidate (an upper bound: some may be present by now).
+  int64_t needed = 0;
+  if (__builtin_add_overflow(size_, m, &needed) || needed > kMaxRows) {
+    return ImplStatus::InvalidArgument(Quoted(config_) + " cannot hold more than " +
+                                       std::to_string(kMaxRows) + " rows.");
+  }
+  while (needed * 10 > static_cast<int64_t>(map_.size()) * 7) {
+    ImplStatus status = GrowMap();
+    if (!status.ok()) return status;
+  }
+  // Home slots, then the candidates ordered by part (stable: batch order within a part).
+  const int map_bits = __builtin_ctzll(map_.size());
+  const int part_bits = std::min(kInsertPartBits, map_bits);
+  const int64_t parts = int64_t{1} << part_bits;
+  std::vector<uint64_t> slot(static_cast<size_t>(m));
+  std::vector<int64_t> start(static_cast<size_t>(parts + 1), 0);
+  for (int64_t j = 0; j < m; ++j) {
+    slot[j] = Slot(M(b.members, todo[j]), b.ids[todo[j]]);
+    ++start[(slot[j] >> (map_bits - part_bits)) + 1];
+  }
+  for (int64_t p = 0; p < parts; ++p) start[p + 1] += start[p];
+  std::vector<int64_t> order(static_cast<size_t>(m));
+  {
+    std::vector<int64_t> fill(start.begin(), start.end() - 1);
+    for (int64_t j = 0; j < m; ++j) order[fill[slot[j] >> (map_bits - part_bits)]++] = j;
+  }
+  // One record per candidate, position k of `order` takes rec[k].
+  std::vector<uint32_t> rec(static_cast<size_t>(m));
+  for (int64_t k = 0; k < m; ++k) {
+    ImplStatus status = AllocRecord(&rec[k]);
+    if (!status.ok()) {
+      for (int64_t q = 0; q < k; ++q) {
+        Record(rec[q])->mark = kDead;
+        free_.push_back(rec[q]);
+      }
+      return status;
+    }
+  }
+  std::vector<uint32_t> inserted(static_cast<size_t>(m), kEmpty);  // by j: the new record
+  std::atomic<int64_t> total_new{0}, total_occ{0};
+  const uint64_t mask = map_.size() - 1;
+  const uint32_t step = step_;
+  pf(parts, (m / parts + 1) * (400 + 8 * dim), [&](int64_t p0, int64_t p1) {
+    int64_t news = 0, occ = 0;
+    for (int64_t k = start[p0]; k < start[p1]; ++k) {
+      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[slot[order[k + kBlock]]]);
+      const int64_t j = order[k];
+      const int64_t i = todo[j];
+      const uint32_t member = M(b.members, i);
+      const int64_t id = b.ids[i];
+      uint32_t r = kEmpty;
+      uint64_t s = slot[j];
+      for (;; s = (s + 1) & mask) {
+        const uint32_t index = __atomic_load_n(&map_[s], __ATOMIC_ACQUIRE);
+        if (index == kEmpty) break;
+        const Header* h = Record(index);
+        if (h->id == id && MemberOf(h) == member) {
+          r = index;
+          break;
+        }
+      }
+      if (r == kEmpty) {
+        r = rec[k];
+        WriteRecord(Record(r), member, id, b.out + i * dim);
+        for (;; s = (s + 1) & mask) {  // claim the first free slot from s
+          uint32_t expected = kEmpty;
+          if (__atomic_compare_exchange_n(&map_[s], &expected, r, false, __ATOMIC_RELEASE,
+                                          __ATOMIC_RELAXED)) {
+            break;
+          }
+        }
+        inserted[j] = r;
+        ++news;
+      } else {  // inserted meanwhile (another chain) or a repeated id of this part
+        std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
+      }
+      if (b.records) b.records[i] = r;
+      Header* h = Record(r);
+      const int64_t c = b.counts ? b.counts[i] : 1;
+      AddSaturating(&h->count, c);
+      h->last_step = step;
+      occ += c;
+    }
+    total_new.fetch_add(news, std::memory_order_relaxed);
+    total_occ.fetch_add(occ, std::memory_order_relaxed);
+  });
+  for (int64_t k = 0; k < m; ++k) {  // unused records (ids found present) are freed
+    if (inserted[order[k]] != rec[k]) {
+      Record(rec[k])->mark = kDead;
+      free_.push_back(rec[k]);
+    }
+  }
+  if (hot_phase_) {  // free hot entries go to new rows in batch order, as one by one
+    for (int64_t j = 0; j < m && hot_used_ < static_cast<int64_t>(hot_owner_.size()); ++j) {
+      if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
+    }
+  }
+  size_ += total_new.load();
+  inserts_.fetch_add(total_new.load(), std::memory_order_relaxed);
+  occurrences_.fetch_add(total_occ.load(), std::memory_order_relaxed);
+  return ImplStatus::Ok();
+}
+
+}  // namespace hybrid_hash
+}  // namespace hybridtf
