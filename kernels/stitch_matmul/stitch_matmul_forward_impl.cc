@@ -1,0 +1,277 @@
+// CPU implementation of StitchConcatMatMul's forward (the gradient is in
+// stitch_matmul_impl.cc). See stitch_matmul_impl.h for the contract.
+//
+// The pieces are taken in order, in "sweeps" of consecutive pieces whose
+// projections together fit a cache budget (kSweepBytes). A sweep first
+// projects the distinct rows of its projected fields (P_f[u] = rows[u] @ K_f,
+// blocks of rows spread over the threads, four rows by sixteen columns at a
+// time in registers), then passes once over the batch rows: each output row
+// adds the sweep's pieces in piece order while it stays in L1 (for a one-hot
+// field one projection row, P_f[inverse[b]]). The [batch, units] output thus
+// crosses the memory hierarchy once per sweep instead of once per field, and
+// the projections are read while they are still in cache.
+//
+// Every output value is the sum of its pieces' contributions in piece order,
+// starting from zero, and every projection value is summed over the piece's
+// columns in column order: the result does not depend on the threads.
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "kernels/common/checked_math.h"
+#include "kernels/common/dispatch_dim.h"
+#include "kernels/common/multiversion.h"
+#include "kernels/stitch_matmul/stitch_matmul_impl.h"
+#include "kernels/stitch_matmul/stitch_matmul_jobs.h"
+#include "kernels/stitch_matmul/stitch_matmul_rows.h"
+
+namespace hybridtf {
+namespace stitch_combine {
+
+namespace {
+
+using matmul_jobs::CheckRanges;
+using matmul_jobs::Job;
+using matmul_jobs::MakeJobs;
+using matmul_jobs::PoolRow;
+using matmul_jobs::RowPositions;
+using matmul_rows::AddRow;
+using matmul_rows::ProjectAdd;
+using matmul_rows::ProjectRange;
+
+// The columns are taken in slices of kSlice; a sweep of one-hot fields holds
+// each field's projections slice by slice ([slice][distinct row][kSlice]), and
+// its fields' projections of one slice take at most kSweepSliceBytes (one
+// field alone may take more): every thread reads them at random for its batch
+// rows, so they should stay in its L2 cache.
+#ifndef HYBRIDTF_SWEEP_BYTES
+#define HYBRIDTF_SWEEP_BYTES (int64_t{512} << 10)
+#endif
+constexpr int64_t kSweepSliceBytes = HYBRIDTF_SWEEP_BYTES;
+constexpr int64_t kSlice = 64;
+// At most this many fields per sweep (bounds the per-row bookkeeping).
+constexpr int64_t kMaxSweepFields = 64;
+// Distinct rows per projection task, batch rows per output task.
+constexpr int64_t kProjectRows = 64;
+constexpr int64_t kTileRows = 64;
+
+// y_r += row r of a piece that is not a one-hot projected field: a dense
+// input, a projected bag (its positions' projections, combined), or a pooled
+// field (the row combined as StitchConcat writes it, then multiplied).
+// tmp holds n + dim values.
+template <int U, typename T, typename Idx>
+HYBRIDTF_ROW_INLINE void AddPieceRow(const std::vector<ConcatGroup<T, Idx>>& groups,
+                                     const ConcatPiece<T>& piece, const Job& job, const T* proj,
+                                     const T* kernel, int64_t n, int64_t r, T* tmp,
+                                     T* __restrict yr) {
+  const T* kb = kernel + piece.column * n;
+  if (job.group < 0) {
+    ProjectAdd<U>(piece.dense + r * piece.width, piece.width, kb, n, yr);
+    return;
+  }
+  const ConcatGroup<T, Idx>& g = groups[job.group];
+  const int64_t dim = g.dim;
+  const Combiner combiner = g.layout->combiner(job.field);
+  int64_t b = 0, e = 0;
+  T denom = T(1);
+  if (!RowPositions(g, job, r, &b, &e, &denom)) return;
+  if (job.project) {  // a bag: the sum of its positions' projections, then combined
+    std::fill(tmp, tmp + n, T(0));
+    for (int64_t i = b; i < e; ++i) {
+      AddRow<U>(tmp, proj + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, n);
+    }
+    if (combiner != Combiner::kSum) {
+      for (int64_t j = 0; j < n; ++j) tmp[j] /= denom;
+    }
+    AddRow<U>(yr, tmp, n);
+    return;
+  }
+  if (combiner == Combiner::kNone) {  // pooled one-hot: the row itself
+    ProjectAdd<U>(g.rows + static_cast<int64_t>(g.inverse[b]) * dim, dim, kb, n, yr);
+    return;
+  }
+  T* pooled = tmp + n;
+  PoolRow(g, b, e, denom, combiner != Combiner::kSum, pooled);
+  ProjectAdd<U>(pooled, dim, kb, n, yr);
+}
+
+// y_r += row r of piece k, for the output rows [r0, r1).
+template <int U, typename T, typename Idx>
+HYBRIDTF_MULTIVERSION void PieceRows(const std::vector<ConcatGroup<T, Idx>>& groups,
+                                     const ConcatPiece<T>& piece, const Job& job, const T* proj,
+                                     const T* kernel, int64_t n, int64_t r0, int64_t r1, T* tmp,
+                                     T* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    AddPieceRow<U>(groups, piece, job, proj, kernel, n, r, tmp, y + r * n);
+  }
+}
+
+// y[r, column, + w) += the sweep's m projection rows of output row r, in
+// field order, for the output rows [r0, r1) (one column slice).
+template <int kW, typename T, typename Idx>
+HYBRIDTF_MULTIVERSION void SliceRows(int64_t w, int64_t m, const T* const* base,
+                                     const Idx* const* idx, const int64_t* lo, int64_t r0,
+                                     int64_t r1, int64_t n, int64_t column, T* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    matmul_rows::AddSliceRows<kW>(y + r * n + column, w, m, base, idx, lo, r, kSlice);
+  }
+}
+
+// p[(u - lo) * ps + j] = rows[u] @ kb[:, j] for u in [lo, hi), j < cols.
+template <int D, typename T>
+HYBRIDTF_MULTIVERSION void ProjectRows(const T* rows, int64_t dim, int64_t lo, int64_t hi,
+                                       const T* kb, int64_t n, int64_t cols, T* p, int64_t ps) {
+  ProjectRange<D>(rows, dim, lo, hi, kb, n, cols, p, ps);
+}
+
+// A block of distinct rows [lo, hi) of piece k to project.
+struct ProjectTask {
+  int64_t k, lo, hi;
+};
+
+// Projects the tasks' rows: piece k's block goes to proj + offsets[k - first],
+// one region of (hi - lo) * slice values per column slice of `slice` columns.
+template <typename T, typename Idx>
+void ProjectTasks(const std::vector<ConcatGroup<T, Idx>>& groups,
+                  const std::vector<ConcatPiece<T>>& pieces, const std::vector<Job>& jobs,
+                  const std::vector<ProjectTask>& tasks, const std::vector<int64_t>& offsets,
+                  int64_t first, const T* kernel, int64_t n, int64_t slice, T* proj,
+                  const ParallelFor& parallel_for) {
+  if (tasks.empty()) return;
+  const int64_t dim0 = groups[jobs[tasks[0].k].group].dim;
+  parallel_for(static_cast<int64_t>(tasks.size()), kProjectRows * dim0 * n,
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t t = begin; t < end; ++t) {
+                   const ProjectTask& task = tasks[t];
+                   const Job& job = jobs[task.k];
+                   const ConcatGroup<T, Idx>& g = groups[job.group];
+                   const int64_t range = job.hi - job.lo;
+                   T* dst = proj + offsets[task.k - first] + (task.lo - job.lo) * slice;
+                   DispatchDim(g.dim, [&](auto d) {
+                     for (int64_t c = 0; c < n; c += slice) {
+                       ProjectRows<decltype(d)::value>(
+                           g.rows, g.dim, task.lo, task.hi, kernel + pieces[task.k].column * n + c,
+                           n, std::min(slice, n - c), dst + (c / slice) * range * slice, slice);
+                     }
+                   });
+                 }
+               });
+}
+
+}  // namespace
+
+template <typename T, typename Idx>
+ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                               const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                               const T* kernel, int64_t units, T* out,
+                               const ParallelFor& parallel_for) {
+  if (pieces.empty() || batch == 0 || units == 0) {
+    std::fill(out, out + batch * units, T(0));
+    return ImplStatus::Ok();
+  }
+  const std::vector<Job> jobs = MakeJobs(groups, pieces, batch, units, parallel_for);
+  const ImplStatus ranges = CheckRanges(groups, jobs);
+  if (!ranges.ok()) return ranges;
+  const int64_t n = units;
+  parallel_for(batch, n, [&](int64_t begin, int64_t end) {
+    std::fill(out + begin * n, out + end * n, T(0));
+  });
+  auto one_hot_projected = [&](const Job& job) {
+    return job.project && groups[job.group].layout->combiner(job.field) == Combiner::kNone;
+  };
+  const int64_t budget = kSweepSliceBytes / static_cast<int64_t>(sizeof(T));
+  const int64_t num_slices = (n + kSlice - 1) / kSlice;
+  const int64_t tiles = (batch + kTileRows - 1) / kTileRows;
+  std::vector<T> proj;
+  std::vector<ProjectTask> tasks;
+  std::vector<int64_t> offsets;
+  const int64_t num_jobs = static_cast<int64_t>(jobs.size());
+  for (int64_t first = 0; first < num_jobs;) {
+    tasks.clear();
+    offsets.clear();
+    const Job& head = jobs[first];
+    if (!one_hot_projected(head)) {
+      // A sweep of its own, row by row: a dense input, a bag or a pooled field.
+      const int64_t dim = head.group >= 0 ? groups[head.group].dim : 0;
+      if (head.project) {
+        proj.resize((head.hi - head.lo) * n);
+        offsets.push_back(0);
+        for (int64_t u = head.lo; u < head.hi; u += kProjectRows) {
+          tasks.push_back({first, u, std::min(head.hi, u + kProjectRows)});
+        }
+        ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, n, proj.data(),
+                     parallel_for);
+      }
+      parallel_for(tiles, std::max<int64_t>(1, head.cost / tiles), [&](int64_t begin, int64_t end) {
+        std::vector<T> tmp(n + dim);
+        DispatchDim(n, [&](auto u) {
+          PieceRows<decltype(u)::value>(groups, pieces[first], head, proj.data(), kernel, n,
+                                        begin * kTileRows, std::min(batch, end * kTileRows),
+                                        tmp.data(), out);
+        });
+      });
+      ++first;
+      continue;
+    }
+    // A sweep of one-hot projected fields [first, last): their projections of
+    // one column slice fit the budget.
+    int64_t last = first, values = 0, total = 0;
+    while (last < num_jobs && last - first < kMaxSweepFields && one_hot_projected(jobs[last])) {
+      const int64_t range = jobs[last].hi - jobs[last].lo;
+      if (last > first && values + range * kSlice > budget) break;
+      values += range * kSlice;
+      offsets.push_back(total);
+      total += range * kSlice * num_slices;
+      for (int64_t u = jobs[last].lo; u < jobs[last].hi; u += kProjectRows) {
+        tasks.push_back({last, u, std::min(jobs[last].hi, u + kProjectRows)});
+      }
+      ++last;
+    }
+    proj.resize(total);  // the slices' padding columns are never read
+    ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, kSlice, proj.data(),
+                 parallel_for);
+    const int64_t m = last - first;
+    std::vector<const T*> base(num_slices * m);
+    std::vector<const Idx*> idx(m);
+    std::vector<int64_t> lo(m);
+    for (int64_t i = 0; i < m; ++i) {
+      const Job& job = jobs[first + i];
+      idx[i] = groups[job.group].inverse + job.pb;
+      lo[i] = job.lo;
+      for (int64_t c = 0; c < num_slices; ++c) {
+        base[c * m + i] = proj.data() + offsets[i] + c * (job.hi - job.lo) * kSlice;
+      }
+    }
+    // Slice-major tasks: each thread reads a few slices' projections.
+    parallel_for(num_slices * tiles, kTileRows * m * kSlice, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t c = t / tiles, r0 = (t % tiles) * kTileRows;
+        const int64_t w = std::min(kSlice, n - c * kSlice), r1 = std::min(batch, r0 + kTileRows);
+        if (w == kSlice) {
+          SliceRows<kSlice>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n, c * kSlice,
+                            out);
+        } else {
+          SliceRows<0>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n, c * kSlice,
+                       out);
+        }
+      }
+    });
+    first = last;
+  }
+  return ImplStatus::Ok();
+}
+
+#define HYBRIDTF_INSTANTIATE(T, Idx)                                                           \
+  template ImplStatus ForwardConcatMatMul<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,     \
+                                                  const std::vector<ConcatPiece<T>>&, int64_t, \
+                                                  const T*, int64_t, T*, const ParallelFor&);
+
+HYBRIDTF_INSTANTIATE(float, int32_t)
+HYBRIDTF_INSTANTIATE(float, int64_t)
+HYBRIDTF_INSTANTIATE(double, int32_t)
+HYBRIDTF_INSTANTIATE(double, int64_t)
+#undef HYBRIDTF_INSTANTIATE
+
+}  // namespace stitch_combine
+}  // namespace hybridtf

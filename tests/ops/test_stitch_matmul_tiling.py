@@ -1,0 +1,102 @@
+"""StitchConcatMatMul's sweeps and tiles (stitch_matmul_forward_impl.cc) vs tf.matmul of StitchConcat.
+
+The forward adds one-hot fields' projections in sweeps of fields, column slices of 64 and tiles of
+64 batch rows; these cases put the edges of each where the result could go wrong: batches that are
+not a multiple of the tile, units that are not a multiple of the slice or the vector width, one
+field, more fields than one sweep takes, one-hot fields around bags and dense pieces (which end a
+sweep), and the same result whatever the number of threads.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.ops.test_stitch_concat_matmul import _compare, _kernel, _zipf_group
+
+SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+@st.composite
+def sweep_cases(draw):
+    """Groups of Zipf fields (mostly one-hot, so projected), optional dense inputs, a placement."""
+    batch = draw(st.integers(1, 200))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31 - 1)))
+    groups = []
+    for _ in range(draw(st.integers(1, 2))):
+        fields = draw(st.integers(1, 4))
+        kinds = st.sampled_from(["none", "none", "none", "sum", "mean"])
+        combiners = draw(st.lists(kinds, min_size=fields, max_size=fields))
+        dim = draw(st.sampled_from([3, 8, 16]))
+        groups.append(_zipf_group(rng, batch, fields, draw(st.integers(1, 40)), dim, combiners, draw(st.booleans())))
+    widths = draw(st.lists(st.integers(1, 13), max_size=2))
+    dense = [tf.constant(rng.standard_normal((batch, w)).astype(np.float32)) for w in widths]
+    slots = [(g, f) for g, grp in enumerate(groups) for f in range(len(grp.combiners))]
+    pieces = slots + [(-1, m) for m in range(len(dense))]
+    order = draw(st.permutations(range(len(pieces))))
+    return groups, dense, [pieces[i] for i in order], rng
+
+
+@SETTINGS
+@given(sweep_cases(), st.sampled_from([1, 7, 16, 17, 64, 65, 130]))
+def test_sweeps_slices_and_tiles_equal_matmul(case, units):
+    groups, dense, pieces, rng = case
+    _compare(groups, dense, pieces, _kernel(rng, groups, dense, pieces, units))
+
+
+def test_more_one_hot_fields_than_one_sweep_takes():
+    """70 one-hot fields (a sweep takes at most 64), 130 rows (three tiles), units 72 (a short slice)."""
+    rng = np.random.default_rng(7)
+    group = _zipf_group(rng, 130, 70, 12, 8, ["none"] * 70)
+    pieces = [(0, f) for f in range(70)]
+    # 560 columns: sums reach ~50, so float rounding reaches ~5e-5 in absolute terms
+    _compare([group], [], pieces, _kernel(rng, [group], [], pieces, 72), atol=2e-4)
+
+
+def test_one_field_one_row():
+    rng = np.random.default_rng(8)
+    group = _zipf_group(rng, 1, 1, 3, 16, ["none"])
+    _compare([group], [], [(0, 0)], _kernel(rng, [group], [], [(0, 0)], 65))
+
+
+_THREADS_SCRIPT = r"""
+import sys
+import numpy as np
+import tensorflow as tf
+tf.config.threading.set_intra_op_parallelism_threads(int(sys.argv[1]))
+tf.config.threading.set_inter_op_parallelism_threads(1)
+from hybridtf._src.run.stitch_concat import stitch_concat_matmul
+from tests.ops.test_stitch_concat_matmul import _kernel, _zipf_group
+rng = np.random.default_rng(11)
+groups = [_zipf_group(rng, 700, 40, 30, 8, ["none"] * 39 + ["mean"]), _zipf_group(rng, 700, 30, 50, 16, ["none"] * 30)]
+dense = [tf.constant(rng.standard_normal((700, 13)).astype(np.float32))]
+pieces = [(0, f) for f in range(40)] + [(-1, 0)] + [(1, f) for f in range(30)]
+kernel = _kernel(rng, groups, dense, pieces, 256)
+sources = [g.rows for g in groups] + dense + [kernel]
+with tf.GradientTape() as tape:
+    tape.watch(sources)
+    out = stitch_concat_matmul(groups, dense, pieces, kernel)
+    loss = tf.reduce_sum(out * tf.sin(out))
+grads = tape.gradient(loss, sources)
+np.save(sys.argv[2], np.concatenate([t.numpy().ravel() for t in [out] + grads]))
+"""
+
+
+def test_result_does_not_depend_on_the_thread_count(tmp_path):
+    """One thread and four threads give bit-identical outputs and gradients (several sweeps and tiles)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    results = []
+    for threads in (1, 4):
+        path = tmp_path / f"t{threads}.npy"
+        subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(threads), str(path)], check=True, env=env, cwd=root)
+        results.append(np.load(path))
+    assert results[0].shape == results[1].shape and results[0].size > 700 * 256
+    np.testing.assert_array_equal(results[0], results[1])
