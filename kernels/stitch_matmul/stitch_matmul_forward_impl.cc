@@ -16,6 +16,7 @@
 // columns in column order: the result does not depend on the threads.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <type_traits>
 #include <vector>
 
@@ -125,6 +126,42 @@ HYBRIDTF_MULTIVERSION void ProjectRows(const T* rows, int64_t dim, int64_t lo, i
   ProjectRange<D>(rows, dim, lo, hi, kb, n, cols, p, ps);
 }
 
+// The same for units == U of 8, 16 or 32: ProjectAdd's interleaved sums (as
+// the fused dense layer of small models has always rounded).
+template <int U, typename T>
+HYBRIDTF_MULTIVERSION void ProjectRowsNarrow(const T* rows, int64_t dim, int64_t lo, int64_t hi,
+                                             const T* kb, int64_t n, T* p, int64_t ps) {
+  for (int64_t u = lo; u < hi; ++u) {
+    ProjectAdd<U, T, false>(rows + u * dim, dim, kb, n, p + (u - lo) * ps);
+  }
+}
+
+// Forward, the pieces are summed in at most this many chunks, fixed by the
+// layout and not by the threads (chunk c > 0 into a partial output, added to
+// the output in chunk order): the summation order the op has always had.
+constexpr int64_t kMaxChunks = 8;
+
+// Splits jobs [0, size) into at most kMaxChunks runs of about equal cost.
+std::vector<int64_t> ChunkBounds(const std::vector<Job>& jobs) {
+  // Costs are estimates that may saturate: summed in double (exact below
+  // 2^53, deterministic above), so the split never overflows.
+  double total = 0;
+  for (const Job& job : jobs) total += static_cast<double>(std::max<int64_t>(job.cost, 1));
+  const int64_t chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(jobs.size()));
+  std::vector<int64_t> bounds(1, 0);
+  double acc = 0;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    acc += static_cast<double>(std::max<int64_t>(jobs[k].cost, 1));
+    const int64_t next = static_cast<int64_t>(bounds.size());
+    if (next < chunks && acc * static_cast<double>(chunks) >= total * static_cast<double>(next))
+      bounds.push_back(static_cast<int64_t>(k) + 1);
+  }
+  if (bounds.back() != static_cast<int64_t>(jobs.size())) {
+    bounds.push_back(static_cast<int64_t>(jobs.size()));
+  }
+  return bounds;
+}
+
 // A block of distinct rows [lo, hi) of piece k to project.
 struct ProjectTask {
   int64_t k, lo, hi;
@@ -148,6 +185,14 @@ void ProjectTasks(const std::vector<ConcatGroup<T, Idx>>& groups,
                    const ConcatGroup<T, Idx>& g = groups[job.group];
                    const int64_t range = job.hi - job.lo;
                    T* dst = proj + offsets[task.k - first] + (task.lo - job.lo) * slice;
+                   if (n == 8 || n == 16 || n == 32) {  // one slice (kSlice >= 32)
+                     DispatchDim(n, [&](auto u) {
+                       ProjectRowsNarrow<decltype(u)::value>(g.rows, g.dim, task.lo, task.hi,
+                                                             kernel + pieces[task.k].column * n, n,
+                                                             dst, slice);
+                     });
+                     continue;
+                   }
                    DispatchDim(g.dim, [&](auto d) {
                      for (int64_t c = 0; c < n; c += slice) {
                        ProjectRows<decltype(d)::value>(
@@ -186,78 +231,96 @@ ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
   std::vector<T> proj;
   std::vector<ProjectTask> tasks;
   std::vector<int64_t> offsets;
-  const int64_t num_jobs = static_cast<int64_t>(jobs.size());
-  for (int64_t first = 0; first < num_jobs;) {
-    tasks.clear();
-    offsets.clear();
-    const Job& head = jobs[first];
-    if (!one_hot_projected(head)) {
-      // A sweep of its own, row by row: a dense input, a bag or a pooled field.
-      const int64_t dim = head.group >= 0 ? groups[head.group].dim : 0;
-      if (head.project) {
-        proj.resize((head.hi - head.lo) * n);
-        offsets.push_back(0);
-        for (int64_t u = head.lo; u < head.hi; u += kProjectRows) {
-          tasks.push_back({first, u, std::min(head.hi, u + kProjectRows)});
-        }
-        ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, n, proj.data(),
-                     parallel_for);
-      }
-      parallel_for(tiles, std::max<int64_t>(1, head.cost / tiles), [&](int64_t begin, int64_t end) {
-        std::vector<T> tmp(n + dim);
-        DispatchDim(n, [&](auto u) {
-          PieceRows<decltype(u)::value>(groups, pieces[first], head, proj.data(), kernel, n,
-                                        begin * kTileRows, std::min(batch, end * kTileRows),
-                                        tmp.data(), out);
-        });
+  // Chunks of pieces (ChunkBounds): chunk 0 adds into out, a later one into
+  // `partial`, then added to out in chunk order.
+  const std::vector<int64_t> bounds = ChunkBounds(jobs);
+  std::unique_ptr<T[]> partial(bounds.size() > 2 ? new T[batch * n] : nullptr);
+  for (size_t chunk = 0; chunk + 1 < bounds.size(); ++chunk) {
+    T* y = chunk == 0 ? out : partial.get();
+    if (chunk > 0) {
+      parallel_for(batch, n, [&](int64_t begin, int64_t end) {
+        std::fill(y + begin * n, y + end * n, T(0));
       });
-      ++first;
-      continue;
     }
-    // A sweep of one-hot projected fields [first, last): their projections of
-    // one column slice fit the budget.
-    int64_t last = first, values = 0, total = 0;
-    while (last < num_jobs && last - first < kMaxSweepFields && one_hot_projected(jobs[last])) {
-      const int64_t range = jobs[last].hi - jobs[last].lo;
-      if (last > first && values + range * kSlice > budget) break;
-      values += range * kSlice;
-      offsets.push_back(total);
-      total += range * kSlice * num_slices;
-      for (int64_t u = jobs[last].lo; u < jobs[last].hi; u += kProjectRows) {
-        tasks.push_back({last, u, std::min(jobs[last].hi, u + kProjectRows)});
+    const int64_t num_jobs = bounds[chunk + 1];
+    for (int64_t first = bounds[chunk]; first < num_jobs;) {
+      tasks.clear();
+      offsets.clear();
+      const Job& head = jobs[first];
+      if (!one_hot_projected(head)) {
+        // A sweep of its own, row by row: a dense input, a bag or a pooled field.
+        const int64_t dim = head.group >= 0 ? groups[head.group].dim : 0;
+        if (head.project) {
+          proj.resize((head.hi - head.lo) * n);
+          offsets.push_back(0);
+          for (int64_t u = head.lo; u < head.hi; u += kProjectRows) {
+            tasks.push_back({first, u, std::min(head.hi, u + kProjectRows)});
+          }
+          ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, n, proj.data(),
+                       parallel_for);
+        }
+        parallel_for(
+            tiles, std::max<int64_t>(1, head.cost / tiles), [&](int64_t begin, int64_t end) {
+              std::vector<T> tmp(n + dim);
+              DispatchDim(n, [&](auto u) {
+                PieceRows<decltype(u)::value>(groups, pieces[first], head, proj.data(), kernel, n,
+                                              begin * kTileRows, std::min(batch, end * kTileRows),
+                                              tmp.data(), y);
+              });
+            });
+        ++first;
+        continue;
       }
-      ++last;
-    }
-    proj.resize(total);  // the slices' padding columns are never read
-    ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, kSlice, proj.data(),
-                 parallel_for);
-    const int64_t m = last - first;
-    std::vector<const T*> base(num_slices * m);
-    std::vector<const Idx*> idx(m);
-    std::vector<int64_t> lo(m);
-    for (int64_t i = 0; i < m; ++i) {
-      const Job& job = jobs[first + i];
-      idx[i] = groups[job.group].inverse + job.pb;
-      lo[i] = job.lo;
-      for (int64_t c = 0; c < num_slices; ++c) {
-        base[c * m + i] = proj.data() + offsets[i] + c * (job.hi - job.lo) * kSlice;
+      // A sweep of one-hot projected fields [first, last): their projections of
+      // one column slice fit the budget.
+      int64_t last = first, values = 0, total = 0;
+      while (last < num_jobs && last - first < kMaxSweepFields && one_hot_projected(jobs[last])) {
+        const int64_t range = jobs[last].hi - jobs[last].lo;
+        if (last > first && values + range * kSlice > budget) break;
+        values += range * kSlice;
+        offsets.push_back(total);
+        total += range * kSlice * num_slices;
+        for (int64_t u = jobs[last].lo; u < jobs[last].hi; u += kProjectRows) {
+          tasks.push_back({last, u, std::min(jobs[last].hi, u + kProjectRows)});
+        }
+        ++last;
       }
-    }
-    // Slice-major tasks: each thread reads a few slices' projections.
-    parallel_for(num_slices * tiles, kTileRows * m * kSlice, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t c = t / tiles, r0 = (t % tiles) * kTileRows;
-        const int64_t w = std::min(kSlice, n - c * kSlice), r1 = std::min(batch, r0 + kTileRows);
-        if (w == kSlice) {
-          SliceRows<kSlice>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n, c * kSlice,
-                            out);
-        } else {
-          SliceRows<0>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n, c * kSlice,
-                       out);
+      proj.resize(total);  // the slices' padding columns are never read
+      ProjectTasks(groups, pieces, jobs, tasks, offsets, first, kernel, n, kSlice, proj.data(),
+                   parallel_for);
+      const int64_t m = last - first;
+      std::vector<const T*> base(num_slices * m);
+      std::vector<const Idx*> idx(m);
+      std::vector<int64_t> lo(m);
+      for (int64_t i = 0; i < m; ++i) {
+        const Job& job = jobs[first + i];
+        idx[i] = groups[job.group].inverse + job.pb;
+        lo[i] = job.lo;
+        for (int64_t c = 0; c < num_slices; ++c) {
+          base[c * m + i] = proj.data() + offsets[i] + c * (job.hi - job.lo) * kSlice;
         }
       }
-    });
-    first = last;
+      // Slice-major tasks: each thread reads a few slices' projections.
+      parallel_for(num_slices * tiles, kTileRows * m * kSlice, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t c = t / tiles, r0 = (t % tiles) * kTileRows;
+          const int64_t w = std::min(kSlice, n - c * kSlice), r1 = std::min(batch, r0 + kTileRows);
+          if (w == kSlice) {
+            SliceRows<kSlice>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n,
+                              c * kSlice, y);
+          } else {
+            SliceRows<0>(w, m, base.data() + c * m, idx.data(), lo.data(), r0, r1, n, c * kSlice,
+                         y);
+          }
+        }
+      });
+      first = last;
+    }
+    if (chunk > 0) {
+      parallel_for(batch, n, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin * n; i < end * n; ++i) out[i] += y[i];
+      });
+    }
   }
   return ImplStatus::Ok();
 }
