@@ -1,19 +1,24 @@
 // CPU implementation of StitchConcatMatMul's forward (the gradient is in
 // stitch_matmul_impl.cc). See stitch_matmul_impl.h for the contract.
 //
-// The pieces are taken in order, in "sweeps" of consecutive pieces whose
-// projections together fit a cache budget (kSweepBytes). A sweep first
-// projects the distinct rows of its projected fields (P_f[u] = rows[u] @ K_f,
-// blocks of rows spread over the threads, four rows by sixteen columns at a
-// time in registers), then passes once over the batch rows: each output row
-// adds the sweep's pieces in piece order while it stays in L1 (for a one-hot
-// field one projection row, P_f[inverse[b]]). The [batch, units] output thus
-// crosses the memory hierarchy once per sweep instead of once per field, and
-// the projections are read while they are still in cache.
+// The pieces are taken in order, in at most kMaxChunks chunks fixed by the
+// layout (chunk 0 adds into the output, a later chunk into one partial output
+// that is then added to it), and within a chunk in "sweeps": runs of one-hot
+// projected fields whose projections of one column slice (kSlice columns) fit
+// kSweepSliceBytes. A sweep first projects its fields' distinct rows (P_f[u] =
+// rows[u] @ K_f; blocks of rows spread over the threads, four rows by sixteen
+// columns at a time in registers), then adds, per column slice and tile of
+// batch rows, every field's projection slice P_f[inverse[b]] into the output
+// slice held in registers. The [batch, units] output thus crosses the memory
+// hierarchy once per sweep instead of once per field, and the projections are
+// read while they are still in L2. Bags, pooled fields and dense inputs are
+// sweeps of their own, row by row.
 //
-// Every output value is the sum of its pieces' contributions in piece order,
-// starting from zero, and every projection value is summed over the piece's
-// columns in column order: the result does not depend on the threads.
+// Every output value is summed as the op always has: its pieces' contributions
+// in piece order from zero within a chunk, the chunks in order; every
+// projection value over the piece's columns in order (ProjectAdd's interleaved
+// sums for units 8, 16 and 32). So the result does not depend on the threads
+// and equals the earlier one-pass-per-field implementation bit for bit.
 #include <algorithm>
 #include <cstring>
 #include <memory>
