@@ -1,5 +1,5 @@
-// CPU implementation of StitchConcatMatMul's gradient (the forward is in
-// stitch_matmul_forward_impl.cc). See stitch_matmul_impl.h for the contract.
+// CPU implementation of StitchConcatMatMul and its gradient. See
+// stitch_matmul_impl.h for the contract.
 #include "kernels/stitch_matmul/stitch_matmul_impl.h"
 
 #include <algorithm>
@@ -13,7 +13,6 @@
 #include "kernels/common/checked_math.h"
 #include "kernels/common/dispatch_dim.h"
 #include "kernels/common/multiversion.h"
-#include "kernels/stitch_matmul/stitch_matmul_jobs.h"
 #include "kernels/stitch_matmul/stitch_matmul_rows.h"
 
 namespace hybridtf {
@@ -21,16 +20,164 @@ namespace stitch_combine {
 
 namespace {
 
-using matmul_jobs::CheckRanges;
-using matmul_jobs::Job;
-using matmul_jobs::MakeJobs;
-using matmul_jobs::PoolRow;
-using matmul_jobs::RowPositions;
 using matmul_rows::AddRow;
 using matmul_rows::AxpyRow;
 using matmul_rows::AxpyRows4;
 using matmul_rows::ProjectAdd;
 using matmul_rows::ProjectRows4;
+
+// Forward, the pieces are summed in at most this many chunks (each with its own
+// [batch, units] partial result), fixed by the layout and not by the threads.
+constexpr int64_t kMaxChunks = 8;
+
+// A field is computed either through its distinct rows ("projected": each
+// distinct row times the kernel block once, then the batch rows sum the
+// projections) or row by row ("pooled": each output row is combined from its
+// positions first, as StitchConcat would write it, then multiplied), whichever
+// costs fewer multiply-adds: projected ~ range * dim * units + positions * units,
+// pooled ~ rows * dim * units + positions * dim. Short distinct-row ranges of
+// one-hot fields are projected; long bags (more distinct rows than batch rows)
+// are pooled.
+
+// One piece of the concatenation: a field of a group, or a dense input.
+struct Job {
+  int64_t piece = 0;
+  int group = -1;
+  int field = -1;
+  int64_t pb = 0, pe = 0;  // the field's positions
+  int64_t lo = 0, hi = 0;  // the distinct rows it reads
+  int64_t max_index = -1;  // its largest inverse index (hi - 1 when in range)
+  bool out_of_range = false;
+  bool project = false;
+  int64_t cost = 0;
+};
+
+// The [positions) and scale of output row r of job's field; false for an empty bag.
+template <typename T, typename Idx>
+HYBRIDTF_ROW_INLINE bool RowPositions(const ConcatGroup<T, Idx>& g, const Job& job, int64_t r,
+                                      int64_t* b, int64_t* e, T* denom) {
+  const Layout& layout = *g.layout;
+  layout.Positions(job.field, layout.FirstRow(job.field) + r, b, e);
+  if (*e == *b) return false;
+  *denom = Denominator(layout.combiner(job.field), static_cast<const T*>(nullptr), *b, *e);
+  return true;
+}
+
+// Fills every job's positions, distinct-row range, mode and cost.
+template <typename T, typename Idx>
+std::vector<Job> MakeJobs(const std::vector<ConcatGroup<T, Idx>>& groups,
+                          const std::vector<ConcatPiece<T>>& pieces, int64_t batch, int64_t units,
+                          const ParallelFor& parallel_for) {
+  std::vector<Job> jobs(pieces.size());
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    jobs[k].piece = static_cast<int64_t>(k);
+    jobs[k].group = pieces[k].group;
+    jobs[k].field = pieces[k].field;
+  }
+  parallel_for(static_cast<int64_t>(jobs.size()), 4 * batch, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      Job& job = jobs[k];
+      const ConcatPiece<T>& piece = pieces[k];
+      if (job.group < 0) {
+        job.cost = SaturatingMul(SaturatingMul(batch, piece.width), units);
+        continue;
+      }
+      const ConcatGroup<T, Idx>& g = groups[job.group];
+      g.layout->FieldPositions(job.field, &job.pb, &job.pe);
+      if (job.pe > job.pb) {
+        Idx lo = g.inverse[job.pb], hi = g.inverse[job.pb];
+        for (int64_t i = job.pb + 1; i < job.pe; ++i) {
+          lo = std::min(lo, g.inverse[i]);
+          hi = std::max(hi, g.inverse[i]);
+        }
+        job.lo = static_cast<int64_t>(lo);
+        job.max_index = static_cast<int64_t>(hi);
+        // Checked before hi + 1 (which overflows for the largest int64).
+        job.out_of_range = job.lo < 0 || job.max_index >= g.num_rows;
+        job.hi = job.out_of_range ? job.lo : job.max_index + 1;
+      }
+      const int64_t positions = job.pe - job.pb;
+      const int64_t projected =
+          SaturatingAdd(SaturatingMul(SaturatingMul(job.hi - job.lo, g.dim), units),
+                        SaturatingMul(positions, units));
+      const int64_t pooled = SaturatingAdd(SaturatingMul(SaturatingMul(batch, g.dim), units),
+                                           SaturatingMul(positions, g.dim));
+      job.project = projected < pooled;
+      job.cost = SaturatingAdd(std::min(projected, pooled), SaturatingMul(batch, units));
+    }
+  });
+  return jobs;
+}
+
+// out[0:dim] = combined rows of positions [b, e): their sum, divided by denom when `divide`.
+template <typename T, typename Idx>
+HYBRIDTF_ROW_INLINE void PoolRow(const ConcatGroup<T, Idx>& g, int64_t b, int64_t e, T denom,
+                                 bool divide, T* __restrict out) {
+  const int64_t dim = g.dim;
+  std::fill(out, out + dim, T(0));
+  for (int64_t i = b; i < e; ++i)
+    AddRow<0>(out, g.rows + static_cast<int64_t>(g.inverse[i]) * dim, dim);
+  if (divide) {
+    for (int64_t c = 0; c < dim; ++c) out[c] /= denom;
+  }
+}
+
+// Adds the job's piece @ its kernel block to y ([batch, n]).
+template <int U, typename T, typename Idx>
+HYBRIDTF_MULTIVERSION void ForwardJob(const std::vector<ConcatGroup<T, Idx>>& groups,
+                                      const ConcatPiece<T>& piece, const Job& job, const T* kernel,
+                                      int64_t n, int64_t batch, std::vector<T>* scratch, T* y) {
+  const T* kb = kernel + piece.column * n;
+  if (job.group < 0) {
+    for (int64_t b = 0; b < batch; ++b) {
+      ProjectAdd<U>(piece.dense + b * piece.width, piece.width, kb, n, y + b * n);
+    }
+    return;
+  }
+  const ConcatGroup<T, Idx>& g = groups[job.group];
+  const int64_t dim = g.dim;
+  const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
+  const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
+  scratch->resize(n + dim +
+                  (job.project ? (job.hi - job.lo) * n : 0));  // every value is written first
+  T* tmp = scratch->data();  // n values (projected) or dim values (pooled)
+  T* proj = tmp + n + dim;
+  if (job.project) {
+    for (int64_t u = job.lo; u < job.hi; ++u) {
+      ProjectAdd<U, T, false>(g.rows + u * dim, dim, kb, n, proj + (u - job.lo) * n);
+    }
+    if (one_hot) {
+      const Idx* inv = g.inverse + job.pb;
+      for (int64_t r = 0; r < batch; ++r) {
+        AddRow<U>(y + r * n, proj + (static_cast<int64_t>(inv[r]) - job.lo) * n, n);
+      }
+      return;
+    }
+  }
+  for (int64_t r = 0; r < batch; ++r) {
+    int64_t b = 0, e = 0;
+    T denom = T(1);
+    if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
+    if (job.project) {  // a bag: sum of its positions' projections, then combined
+      std::fill(tmp, tmp + n, T(0));
+      for (int64_t i = b; i < e; ++i) {
+        AddRow<U>(tmp, proj + (static_cast<int64_t>(g.inverse[i]) - job.lo) * n, n);
+      }
+      if (!sum) {
+        for (int64_t j = 0; j < n; ++j) tmp[j] /= denom;
+      }
+      AddRow<U>(y + r * n, tmp, n);
+      continue;
+    }
+    if (one_hot) {  // pooled one-hot: the row itself
+      ProjectAdd<U>(g.rows + static_cast<int64_t>(g.inverse[b]) * dim, dim, kb, n, y + r * n);
+      continue;
+    }
+    PoolRow(g, b, e, denom, !sum,
+            tmp);  // pooled bag: combined as StitchConcat does, then multiplied
+    ProjectAdd<U>(tmp, dim, kb, n, y + r * n);
+  }
+}
 
 // Kernel block of a piece transposed: kt[j * w + c] = kernel[column + c, j].
 template <typename T>
@@ -207,31 +354,88 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   }
 }
 
-// One task: zeroes the d_rows rows it owns, then runs its jobs in piece order.
+// Every placed field's inverse indices must lie in its group's rows (MakeJobs
+// found each field's smallest and largest one).
 template <typename T, typename Idx>
-void RunTask(const std::vector<ConcatGroup<T, Idx>>& groups,
-             const std::vector<ConcatPiece<T>>& pieces, const std::vector<Job>& jobs,
-             const std::vector<int64_t>& task, std::pair<int64_t, int64_t> rows, const T* kernel,
-             int64_t units, int64_t batch, const T* grad, const std::vector<T*>& d_rows,
-             const std::vector<T*>& d_pieces, T* d_kernel, Scratch<T>* scratch) {
-  std::vector<int64_t> members = task;
-  std::sort(members.begin(), members.end());
-  const int group = jobs[members[0]].group;
-  if (group >= 0) {
-    const int64_t dim = groups[group].dim;
-    std::fill(d_rows[group] + rows.first * dim, d_rows[group] + rows.second * dim, T(0));
+ImplStatus CheckRanges(const std::vector<ConcatGroup<T, Idx>>& groups,
+                       const std::vector<Job>& jobs) {
+  for (const Job& job : jobs) {
+    if (job.group < 0 || job.pe == job.pb) continue;
+    const int64_t rows = groups[job.group].num_rows;
+    if (job.out_of_range) {
+      return ImplStatus::InvalidArgument(
+          "group " + std::to_string(job.group) + ", field " + std::to_string(job.field) +
+          ": an inverse index is outside [0, " + std::to_string(rows) + ") (smallest " +
+          std::to_string(job.lo) + ", largest " + std::to_string(job.max_index) +
+          "); the inverse must index the group's gathered rows.");
+    }
   }
-  for (const int64_t k : members) {
-    const int64_t width = group >= 0 ? groups[group].dim : pieces[k].width;
-    DispatchDim(width, [&](auto d) {
-      BackwardJob<decltype(d)::value>(groups, pieces[k], jobs[k], kernel, units, batch, grad,
-                                      group >= 0 ? d_rows[group] : nullptr, d_pieces[k], d_kernel,
-                                      scratch);
-    });
+  return ImplStatus::Ok();
+}
+
+// Splits jobs [0, size) into at most kMaxChunks runs of about equal cost.
+std::vector<int64_t> ChunkBounds(const std::vector<Job>& jobs) {
+  // Costs are estimates that may saturate: summed in double (exact below
+  // 2^53, deterministic above), so the split never overflows.
+  double total = 0;
+  for (const Job& job : jobs) total += static_cast<double>(std::max<int64_t>(job.cost, 1));
+  const int64_t chunks = std::min<int64_t>(kMaxChunks, static_cast<int64_t>(jobs.size()));
+  std::vector<int64_t> bounds(1, 0);
+  double acc = 0;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    acc += static_cast<double>(std::max<int64_t>(jobs[k].cost, 1));
+    const int64_t next = static_cast<int64_t>(bounds.size());
+    if (next < chunks && acc * static_cast<double>(chunks) >= total * static_cast<double>(next))
+      bounds.push_back(static_cast<int64_t>(k) + 1);
   }
+  if (bounds.back() != static_cast<int64_t>(jobs.size())) {
+    bounds.push_back(static_cast<int64_t>(jobs.size()));
+  }
+  return bounds;
 }
 
 }  // namespace
+
+template <typename T, typename Idx>
+ImplStatus ForwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
+                               const std::vector<ConcatPiece<T>>& pieces, int64_t batch,
+                               const T* kernel, int64_t units, T* out,
+                               const ParallelFor& parallel_for) {
+  if (pieces.empty() || batch == 0 || units == 0) {
+    std::fill(out, out + batch * units, T(0));
+    return ImplStatus::Ok();
+  }
+  const std::vector<Job> jobs = MakeJobs(groups, pieces, batch, units, parallel_for);
+  const ImplStatus ranges = CheckRanges(groups, jobs);
+  if (!ranges.ok()) return ranges;
+  const std::vector<int64_t> bounds = ChunkBounds(jobs);
+  const int64_t chunks = static_cast<int64_t>(bounds.size()) - 1;
+  // Chunk 0 adds into out; chunk c > 0 into partial[c - 1].
+  std::unique_ptr<T[]> partial(new T[(chunks - 1) * batch * units]);
+  int64_t total = 0;
+  for (const Job& job : jobs) total = SaturatingAdd(total, job.cost);
+  parallel_for(chunks, std::max<int64_t>(1, total / chunks), [&](int64_t begin, int64_t end) {
+    std::vector<T> scratch;
+    for (int64_t c = begin; c < end; ++c) {
+      T* y = c == 0 ? out : partial.get() + (c - 1) * batch * units;
+      std::fill(y, y + batch * units, T(0));
+      for (int64_t k = bounds[c]; k < bounds[c + 1]; ++k) {
+        DispatchDim(units, [&](auto u) {
+          ForwardJob<decltype(u)::value>(groups, pieces[k], jobs[k], kernel, units, batch, &scratch,
+                                         y);
+        });
+      }
+    }
+  });
+  if (chunks == 1) return ImplStatus::Ok();
+  parallel_for(batch, chunks * units, [&](int64_t begin, int64_t end) {
+    for (int64_t c = 1; c < chunks; ++c) {
+      const T* p = partial.get() + (c - 1) * batch * units;
+      for (int64_t i = begin * units; i < end * units; ++i) out[i] += p[i];
+    }
+  });
+  return ImplStatus::Ok();
+}
 
 template <typename T, typename Idx>
 ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
@@ -297,17 +501,34 @@ ImplStatus BackwardConcatMatMul(const std::vector<ConcatGroup<T, Idx>>& groups,
                [&](int64_t begin, int64_t end) {
                  Scratch<T> scratch;
                  for (int64_t t = begin; t < end; ++t) {
-                   RunTask(groups, pieces, jobs, tasks[t], task_rows[t], kernel, units, batch, grad,
-                           d_rows, d_pieces, d_kernel, &scratch);
+                   std::vector<int64_t> members = tasks[t];
+                   std::sort(members.begin(), members.end());
+                   const int group = jobs[members[0]].group;
+                   if (group >= 0) {
+                     const int64_t dim = groups[group].dim;
+                     std::fill(d_rows[group] + task_rows[t].first * dim,
+                               d_rows[group] + task_rows[t].second * dim, T(0));
+                   }
+                   for (const int64_t k : members) {
+                     const int64_t width = group >= 0 ? groups[group].dim : pieces[k].width;
+                     DispatchDim(width, [&](auto d) {
+                       BackwardJob<decltype(d)::value>(
+                           groups, pieces[k], jobs[k], kernel, units, batch, grad,
+                           group >= 0 ? d_rows[group] : nullptr, d_pieces[k], d_kernel, &scratch);
+                     });
+                   }
                  }
                });
   return ImplStatus::Ok();
 }
 
-#define HYBRIDTF_INSTANTIATE(T, Idx)                                                        \
-  template ImplStatus BackwardConcatMatMul<T, Idx>(                                         \
-      const std::vector<ConcatGroup<T, Idx>>&, const std::vector<ConcatPiece<T>>&, int64_t, \
-      const T*, int64_t, const T*, const std::vector<T*>&, const std::vector<T*>&, T*,      \
+#define HYBRIDTF_INSTANTIATE(T, Idx)                                                           \
+  template ImplStatus ForwardConcatMatMul<T, Idx>(const std::vector<ConcatGroup<T, Idx>>&,     \
+                                                  const std::vector<ConcatPiece<T>>&, int64_t, \
+                                                  const T*, int64_t, T*, const ParallelFor&);  \
+  template ImplStatus BackwardConcatMatMul<T, Idx>(                                            \
+      const std::vector<ConcatGroup<T, Idx>>&, const std::vector<ConcatPiece<T>>&, int64_t,    \
+      const T*, int64_t, const T*, const std::vector<T*>&, const std::vector<T*>&, T*,         \
       const ParallelFor&);
 
 HYBRIDTF_INSTANTIATE(float, int32_t)

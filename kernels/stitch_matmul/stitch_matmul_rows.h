@@ -5,7 +5,6 @@
 #ifndef HYBRIDTF_KERNELS_STITCH_MATMUL_STITCH_MATMUL_ROWS_H_
 #define HYBRIDTF_KERNELS_STITCH_MATMUL_STITCH_MATMUL_ROWS_H_
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -118,92 +117,6 @@ HYBRIDTF_ROW_INLINE void ProjectRows4(const float* const* s, int64_t n, const fl
       for (int h = 1; h < kChains; ++h) total += a[r][h][v];
       Float8* out = reinterpret_cast<Float8*>(d[r] + 8 * v);
       *out = *out + total;
-    }
-  }
-}
-
-// p[r][0:16] = e[r][0:w] @ k[:, 0:16] for four rows r (e rows w apart, k rows
-// ks apart, p rows ps apart): each value summed over the w columns in order
-// from zero; the 4 x 16 sums stay in registers and each kernel vector is
-// loaded once for the four rows.
-template <int D>
-HYBRIDTF_ROW_INLINE void ProjectTile4x16(const float* __restrict e, int64_t w,
-                                         const float* __restrict k, int64_t ks, float* __restrict p,
-                                         int64_t ps) {
-  const int64_t width = D > 0 ? D : w;
-  Float8 a[4][2] = {};
-  for (int64_t c = 0; c < width; ++c) {
-    const Float8 k0 = *reinterpret_cast<const Float8*>(k + c * ks);
-    const Float8 k1 = *reinterpret_cast<const Float8*>(k + c * ks + 8);
-    for (int r = 0; r < 4; ++r) {
-      const float x = e[r * width + c];
-      const Float8 xb = {x, x, x, x, x, x, x, x};
-      a[r][0] += xb * k0;
-      a[r][1] += xb * k1;
-    }
-  }
-  for (int r = 0; r < 4; ++r) {
-    *reinterpret_cast<Float8*>(p + r * ps) = a[r][0];
-    *reinterpret_cast<Float8*>(p + r * ps + 8) = a[r][1];
-  }
-}
-
-// p[(u - lo) * ps + j] = rows[u] @ k[:, j] for u in [lo, hi) and j < cols,
-// rows being w values (D == w when D > 0) and k w rows ks values apart. Every
-// value is summed over the w columns in order from zero, whichever loop
-// computes it.
-template <int D, typename T>
-HYBRIDTF_ROW_INLINE void ProjectRange(const T* rows, int64_t w, int64_t lo, int64_t hi, const T* k,
-                                      int64_t ks, int64_t cols, T* p, int64_t ps) {
-  const int64_t width = D > 0 ? D : w;
-  int64_t u = lo;
-  if constexpr (std::is_same<T, float>::value) {
-    for (; u + 4 <= hi; u += 4) {
-      const float* e = rows + u * width;
-      float* pu = p + (u - lo) * ps;
-      int64_t j = 0;
-      for (; j + 16 <= cols; j += 16) ProjectTile4x16<D>(e, width, k + j, ks, pu + j, ps);
-      for (; j < cols; ++j) {
-        for (int r = 0; r < 4; ++r) {
-          float sum = 0.0f;
-          for (int64_t c = 0; c < width; ++c) sum += e[r * width + c] * k[c * ks + j];
-          pu[r * ps + j] = sum;
-        }
-      }
-    }
-  }
-  for (; u < hi; ++u) {
-    const T* e = rows + u * width;
-    T* pu = p + (u - lo) * ps;
-    std::fill(pu, pu + cols, T(0));
-    for (int64_t c = 0; c < width; ++c) {
-      const T x = e[c];
-      const T* kc = k + c * ks;
-      for (int64_t j = 0; j < cols; ++j) pu[j] += x * kc[j];
-    }
-  }
-}
-
-// acc[0:w] += p_0[0:w] + p_1[0:w] + ... (in order) for the m rows p_i =
-// base[i] + (idx[i][r] - lo[i]) * W (W == w when kW > 0: a register-held slice).
-template <int kW, typename T, typename Idx>
-HYBRIDTF_ROW_INLINE void AddSliceRows(T* __restrict acc, int64_t w, int64_t m, const T* const* base,
-                                      const Idx* const* idx, const int64_t* lo, int64_t r,
-                                      int64_t stride) {
-  if constexpr (kW > 0 && kW % 8 == 0 && std::is_same<T, float>::value) {
-    constexpr int kVecs = kW / 8;
-    Float8 a[kVecs];
-    for (int v = 0; v < kVecs; ++v) a[v] = *reinterpret_cast<const Float8*>(acc + 8 * v);
-    for (int64_t i = 0; i < m; ++i) {
-      const Float8* p = reinterpret_cast<const Float8*>(
-          base[i] + (static_cast<int64_t>(idx[i][r]) - lo[i]) * stride);
-      for (int v = 0; v < kVecs; ++v) a[v] += p[v];
-    }
-    for (int v = 0; v < kVecs; ++v) *reinterpret_cast<Float8*>(acc + 8 * v) = a[v];
-  } else {
-    for (int64_t i = 0; i < m; ++i) {
-      const T* p = base[i] + (static_cast<int64_t>(idx[i][r]) - lo[i]) * stride;
-      for (int64_t j = 0; j < w; ++j) acc[j] += p[j];
     }
   }
 }

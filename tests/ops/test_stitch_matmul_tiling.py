@@ -1,10 +1,11 @@
-"""StitchConcatMatMul's sweeps and tiles (stitch_matmul_forward_impl.cc) vs tf.matmul of StitchConcat.
+"""StitchConcatMatMul at the edges of its work split vs tf.matmul of StitchConcat, and thread independence.
 
-The forward adds one-hot fields' projections in sweeps of fields, column slices of 64 and tiles of
-64 batch rows; these cases put the edges of each where the result could go wrong: batches that are
-not a multiple of the tile, units that are not a multiple of the slice or the vector width, one
-field, more fields than one sweep takes, one-hot fields around bags and dense pieces (which end a
-sweep), and the same result whatever the number of threads.
+The forward sums the pieces in cost-balanced chunks and projects each field's distinct rows once;
+the gradient runs one task per field (or per set of overlapping fields). These cases put the edges
+where a tiled or sliced rewrite of those loops could go wrong: batches that are not a multiple of a
+tile, units that are not a multiple of the vector width or a 64-column slice, one field, many
+one-hot fields, one-hot fields around bags and dense pieces, and the same result bit for bit
+whatever the number of threads.
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_sweeps_slices_and_tiles_equal_matmul(case, units):
 
 
 def test_more_one_hot_fields_than_one_sweep_takes():
-    """70 one-hot fields (a sweep takes at most 64), 130 rows (three tiles), units 72 (a short slice)."""
+    """70 one-hot fields (more than any field group of 64), 130 rows (three tiles of 64), units 72."""
     rng = np.random.default_rng(7)
     group = _zipf_group(rng, 130, 70, 12, 8, ["none"] * 70)
     pieces = [(0, f) for f in range(70)]
