@@ -40,6 +40,18 @@ inline void AddSaturating(uint32_t* counter, int64_t add) {
   *counter = static_cast<uint32_t>(sum);
 }
 
+// Batch position i read record r (header h) at `step`: its record index (when the
+// batch wants them), its count and its last step; returns the occurrences added.
+// (Templated so that it takes Store's private batch and header types.)
+template <typename Batch, typename Header>
+inline int64_t NoteRead(const Batch& b, int64_t i, int64_t r, Header* h, uint32_t step) {
+  if (b.records) b.records[i] = r;
+  const int64_t c = b.counts ? b.counts[i] : 1;
+  AddSaturating(&h->count, c);
+  h->last_step = step;
+  return c;
+}
+
 }  // namespace
 
 ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert,
@@ -145,12 +157,7 @@ ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBat
     } else {
       std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
     }
-    if (b.records) b.records[i] = r;
-    Header* h = Record(r);
-    const int64_t c = b.counts ? b.counts[i] : 1;
-    AddSaturating(&h->count, c);
-    h->last_step = step_;
-    occ += c;
+    occ += NoteRead(b, i, r, Record(r), step_);
   }
   occurrences_.fetch_add(occ, std::memory_order_relaxed);
   return ImplStatus::Ok();
@@ -236,12 +243,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
       } else {  // inserted meanwhile (another chain) or a repeated id of this part
         std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
       }
-      if (b.records) b.records[i] = r;
-      Header* h = Record(r);
-      const int64_t c = b.counts ? b.counts[i] : 1;
-      AddSaturating(&h->count, c);
-      h->last_step = step;
-      occ += c;
+      occ += NoteRead(b, i, r, Record(r), step);
     }
     total_new.fetch_add(news, std::memory_order_relaxed);
     total_occ.fetch_add(occ, std::memory_order_relaxed);
