@@ -466,22 +466,28 @@ def _outer_product_rule(scope: FusionScope, op: tf.Operation):
     return [out]
 
 
-def _fm_rule(scope: FusionScope, op: tf.Operation):
-    """A factorization machine's cross term over fused fields (a ``Sub``): one StitchFM (``fm_fusion``)."""
-    fused = fused_fm(op)
-    if fused is None:
-        return None
-    scope.note(scope.log.fm, op)
-    return [_as_traced(fused, op.outputs[0])]
+def _one_op_rule(fuse, entry: str, doc: str):
+    """A rule that replaces an op's single output by ``fuse(op)`` (None: keep the op), logged under ``entry``."""
+
+    def rule(scope: FusionScope, op: tf.Operation):
+        fused = fuse(op)
+        if fused is None:
+            return None
+        scope.note(getattr(scope.log, entry), op)
+        return [_as_traced(fused, op.outputs[0])]
+
+    rule.__doc__ = doc
+    return rule
 
 
-def _dice_rule(scope: FusionScope, op: tf.Operation):
-    """DIN's Dice activation with train-mode batch normalization (an ``AddV2``): one Dice op (``dice_fusion``)."""
-    fused = fused_dice(op)
-    if fused is None:
-        return None
-    scope.note(scope.log.dice, op)
-    return [_as_traced(fused, op.outputs[0])]
+_fm_rule = _one_op_rule(
+    fused_fm, "fm", "A factorization machine's cross term over fused fields (a ``Sub``): one StitchFM (``fm_fusion``)."
+)
+_dice_rule = _one_op_rule(
+    fused_dice,
+    "dice",
+    "DIN's Dice activation with train-mode batch normalization (an ``AddV2``): one Dice op (``dice_fusion``).",
+)
 
 
 # Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
