@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from hybridtf import native
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from tests.racing import run_racing
 
 
 def _table(name="t", **kw):
@@ -167,13 +168,7 @@ def test_concurrent_lookups_updates_and_flushes_lose_nothing():
 
     background = [threading.Thread(target=reader) for _ in range(2)] + [threading.Thread(target=flusher)]
     workers = [threading.Thread(target=updater, args=(k,)) for k in range(threads)]
-    for t in background + workers:
-        t.start()
-    for t in workers:
-        t.join()
-    stop.set()
-    for t in background:
-        t.join()
+    run_racing(background, workers, stop)
     assert not errors
     ids, rows = table.export()[:2]
     assert len(ids) == n_ids

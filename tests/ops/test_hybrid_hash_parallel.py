@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from hybridtf import native
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
+from tests.racing import run_racing
 
 DIM = 8
 N = 12_000  # positions per lookup: N * DIM >= 65536, so the kernels shard over the thread pool
@@ -157,13 +158,7 @@ def test_concurrent_parallel_inserts_updates_and_flushes_lose_nothing():
     background = [threading.Thread(target=f) for f in (reader, flusher)]
     workers = [threading.Thread(target=updater, args=(k,)) for k in range(updaters)]
     workers += [threading.Thread(target=inserter, args=(k,)) for k in range(3)]
-    for t in background + workers:
-        t.start()
-    for t in workers:
-        t.join()
-    stop.set()
-    for t in background:
-        t.join()
+    run_racing(background, workers, stop)
     assert not errors, errors[:3]
     ids, rows, _, counts, _, _, mem = (t.numpy() for t in table.export_with_members())
     new = mem == 1

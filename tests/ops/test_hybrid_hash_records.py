@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
+from tests.racing import run_racing
 
 
 def _packed(name, first="uniform", **kw):
@@ -138,13 +139,7 @@ def test_concurrent_hinted_updates_inserts_and_flushes_lose_nothing():
 
     background = [threading.Thread(target=f) for f in (inserter, flusher, reader)]
     workers = [threading.Thread(target=updater, args=(k,)) for k in range(threads)]
-    for t in background + workers:
-        t.start()
-    for t in workers:
-        t.join()
-    stop.set()
-    for t in background:
-        t.join()
+    run_racing(background, workers, stop)
     assert not errors
     ids, rows, _, _, _, _, mem = table.export_with_members()
     first = mem.numpy() == 0
