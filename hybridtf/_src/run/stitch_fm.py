@@ -40,12 +40,8 @@ def fm_of_stitch_concat(concat: tf.Operation) -> tf.Tensor:
 
 @tf.RegisterGradient(OP_NAME)
 def _stitch_fm_grad(op, grad, grad_sums):
-    # The second output (sum_f e_f per row) is there for this gradient; the
-    # tape passes zeros for it when nothing else reads it (x + 0 == x).
+    # The second output (sum_f e_f per row) is there for this gradient; the tape and
+    # tf.gradients pass zeros for an output nothing reads (and x + 0 == x).
     lists, attrs = _op_layout(op)
-    if grad is None:
-        grad = tf.zeros_like(op.outputs[0])
-    if grad_sums is None:
-        grad_sums = tf.zeros_like(op.outputs[1])
     d_rows = load_ops().hybrid_tf_stitch_fm_grad(grad, op.outputs[1], grad_sums, *lists, **attrs)
     return [*d_rows, *([None] * (4 * len(lists[0])))]
