@@ -163,6 +163,13 @@ class FusionScope:
         self._untracked: dict = {}
 
     def __call__(self, op_type, inputs, attrs, outputs, op_name=None, graph=None):
+        # TensorFlow hands the callback ``tuple(op.outputs)`` and uses what it returns as the op's
+        # outputs: return a list, as ``op.outputs`` is (``tf.unstack``'s caller may ``.reverse()`` it,
+        # as Keras' backward RNN does), and never None (that would drop an earlier callback's outputs).
+        result = self._rewrite(op_type, inputs, outputs, op_name, graph)
+        return None if result is None else list(result)
+
+    def _rewrite(self, op_type, inputs, outputs, op_name, graph):
         if graph is None or outputs is None or not inputs:
             return outputs
         rule = RULES.get(op_type)
