@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import weakref
 
 import numpy as np
@@ -119,3 +120,61 @@ def test_unbuilt_model_is_a_clear_error():
     model = _Subclassed()
     model(tf.constant([1, 2]))
     assert htf.keras.is_optimized(htf.keras.optimize(model))
+
+
+class _TiedLookup(tf.keras.Model):
+    """Reads one table's variable directly (a sparse lookup on ``layer.embeddings``), another through its layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb_a = tf.keras.layers.Embedding(50, 4, name="emb_a")
+        self.emb_b = tf.keras.layers.Embedding(60, 4, name="emb_b")
+        self.emb_b.build((None,))  # its variable is read without calling the layer
+        self.out = tf.keras.layers.Dense(1, activation="sigmoid")
+
+    def call(self, x):
+        a = self.emb_a(x["a"])
+        bag = tf.sparse.from_dense(tf.stack([x["b"], x["b"] // 2], axis=1))
+        b = tf.nn.safe_embedding_lookup_sparse(self.emb_b.embeddings, bag, combiner="mean")
+        return self.out(tf.concat([a, b], axis=1))
+
+
+def test_direct_read_of_a_packed_table_names_the_table_and_exclude_fixes_it():
+    x, y = _batch(), tf.ones([16, 1])
+    model = _TiedLookup()
+    model(x)
+    model = htf.keras.optimize(model)
+    rows = model.emb_b.embeddings
+    np.testing.assert_array_equal(tf.convert_to_tensor(rows).numpy(), rows.numpy())  # eager read: the table's rows
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    with pytest.raises(Exception, match=r"table 'emb_b' is read directly.*optimize\(model, exclude=\['emb_b'\]\)"):
+        model.train_on_batch(x, y)
+    plain, fixed = _TiedLookup(), _TiedLookup()
+    plain(x), fixed(x)
+    fixed.set_weights(plain.get_weights())
+    fixed = htf.keras.optimize(fixed, exclude=["emb_b"])
+    assert {m.name for pt in fixed.hybridtf_plan.packed_tables for m in pt.members} == {"emb_a"}
+    for m in (plain, fixed):
+        m.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    for step in range(4):
+        x = _batch(seed=step)
+        np.testing.assert_allclose(fixed.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-5)
+
+
+def test_model_without_embedding_layers_warns_that_nothing_is_packed(caplog):
+    class RawTable(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = self.add_weight("table", (30, 4), initializer="uniform")
+            self.out = tf.keras.layers.Dense(1)
+
+        def call(self, ids):
+            return self.out(tf.nn.embedding_lookup(self.table, ids))
+
+    model = RawTable()
+    model(tf.constant([1, 2]))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        model = htf.keras.optimize(model)
+    assert model.hybridtf_plan.packed_tables == () and model.hybridtf_skipped == []
+    [record] = [r for r in caplog.records if r.name == "hybridtf" and r.levelno == logging.WARNING]
+    assert "found no embedding layer" in record.getMessage() and "tf.keras.layers.Embedding" in record.getMessage()

@@ -521,6 +521,14 @@ def optimize(
     )
     skipped = steps.skipped_layers(skipped, plan)
     _warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
+    if not captured and not skipped and not dynamic.groups:
+        _log.warning(
+            "hybridtf.keras.optimize found no embedding layer in model %r (tf.keras.layers.Embedding, "
+            "hybridtf.layers.EmbeddingBag or DynamicEmbedding): nothing is packed and the model runs as written. "
+            "Tables held as raw variables (add_weight + tf.nn.embedding_lookup) are not seen: create them as "
+            "tf.keras.layers.Embedding layers to pack them.",
+            model.name,
+        )
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
         packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))

@@ -192,6 +192,38 @@ class TableView(tf.__internal__.tracking.Trackable):
         return []
 
 
+class DirectTableReadError(HybridTFError, TypeError):
+    """The model's own code reads a packed table's variable as a tensor, not through its layer's lookup."""
+
+
+def _table_view_to_tensor(view: TableView, dtype=None, name=None, as_ref=False):
+    """``tf.convert_to_tensor(layer.embeddings)`` of a packed table.
+
+    Outside the optimized model's forward pass (eager inspection, a user's own
+    function) this is the table's current rows. Inside it (the record and
+    replay passes of a training or inference step) a read of the whole table
+    would bypass the packed lookup and its sparse update, so it is refused with
+    the fix.
+    """
+    from hybridtf._src.capture import context
+
+    if context.active() is not None and not tf.executing_eagerly():
+        raise DirectTableReadError(
+            f"embedding table {view.table!r} is read directly by the model's code: its variable "
+            "(`layer.embeddings`) is used as a tensor (e.g. passed to tf.nn.embedding_lookup / "
+            "safe_embedding_lookup_sparse, a matmul or tied output weights) instead of through the layer's "
+            "call. A packed table serves lookups through its layer only. Leave this table unpacked: "
+            f"hybridtf.keras.optimize(model, exclude=[{view.table!r}]), or look it up by calling the layer."
+        )
+    value = view.read_value()
+    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(value.dtype):
+        raise ValueError(f"table {view.table!r} has dtype {value.dtype.name}, not {tf.as_dtype(dtype).name}")
+    return value
+
+
+tf.register_tensor_conversion_function(TableView, _table_view_to_tensor)
+
+
 class PackedTables(tf.Module):
     """The variables of all packed tables of a plan, created from initial values.
 
