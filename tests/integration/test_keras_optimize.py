@@ -178,3 +178,12 @@ def test_model_without_embedding_layers_warns_that_nothing_is_packed(caplog):
     assert model.hybridtf_plan.packed_tables == () and model.hybridtf_skipped == []
     [record] = [r for r in caplog.records if r.name == "hybridtf" and r.levelno == logging.WARNING]
     assert "found no embedding layer" in record.getMessage() and "tf.keras.layers.Embedding" in record.getMessage()
+
+
+def test_jit_compile_falls_back_to_the_plain_step_with_a_warning(caplog):
+    model = htf.keras.optimize(_model())
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy", jit_compile=True)
+    assert not model.jit_compile
+    assert any("cannot be compiled by XLA" in r.getMessage() for r in caplog.records if r.name == "hybridtf")
+    model.fit(_batch(), tf.ones([16, 1]), verbose=0)  # would fail in XLA: no XLA kernel for the packed ops

@@ -84,6 +84,14 @@ class _HybridModelMixin:
 
     def compile(self, *args, **kwargs):
         super().compile(*args, **kwargs)
+        if self.jit_compile:
+            _log.warning(
+                "hybridtf: model %r was compiled with jit_compile=True, but its packed embedding ops "
+                "(custom TensorFlow kernels) cannot be compiled by XLA; its train/test/predict steps run "
+                "without XLA (same math). Pass jit_compile=False to silence this.",
+                self.name,
+            )
+            self.jit_compile = False
         hybridize_optimizer(
             self.optimizer, self._htf_runtime.storage, self._htf_fused_updates, self._htf_plain_trainable
         )
