@@ -15,6 +15,8 @@ update (``HybridTF>RegularizedApply*``), or added to the gradient Keras applies.
 
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
@@ -114,6 +116,51 @@ def _user_class(optimizer, skip: tuple = ()) -> type:
             continue
         return cls
     return type(optimizer)
+
+
+_log = logging.getLogger("hybridtf")
+
+
+def inexact_settings(optimizer) -> list[str]:
+    """The settings of ``optimizer`` whose math differs on packed tables, each with the reason and the fix.
+
+    Keras hands an embedding table's gradient to the optimizer as one row per
+    lookup position (a repeated id's rows separately); a packed table's
+    gradient has one summed row per distinct id and spans several tables. So
+    gradient clipping, once it clips, and optimizers whose update couples a
+    variable's rows or counts the model's variables, compute something else.
+    """
+    found = []
+    base = _user_class(optimizer)
+    clip_fix = "clip the dense layers' gradients yourself in a custom step, or train without clipping"
+    if getattr(optimizer, "clipnorm", None) is not None:
+        found.append(
+            "clipnorm: Keras clips each variable's gradient by its own norm, taken over the per-lookup rows; a "
+            f"packed variable's gradient spans several tables and has one summed row per distinct id ({clip_fix})"
+        )
+    if getattr(optimizer, "global_clipnorm", None) is not None:
+        found.append(
+            "global_clipnorm: Keras's global norm counts an embedding gradient's per-lookup rows (a repeated id's "
+            f"rows separately); a packed table's gradient has one summed row per distinct id ({clip_fix})"
+        )
+    if getattr(optimizer, "clipvalue", None) is not None:
+        found.append(
+            "clipvalue: Keras clips each lookup's gradient row before repeated ids are summed; a packed table "
+            f"clips the summed row ({clip_fix})"
+        )
+    if base is getattr(tf.keras.optimizers, "Nadam", None):
+        found.append(
+            "Nadam: Keras's Nadam multiplies its shared u_product once per variable and step, so its updates "
+            "depend on how many variables the model has, and a packed model has fewer; "
+            "tf.keras.optimizers.legacy.Nadam has no such dependence and trains packed tables exactly"
+        )
+    if base is getattr(tf.keras.optimizers, "Adafactor", None):
+        found.append(
+            "Adafactor: its factored second moments and relative step average over a whole variable's rows "
+            "and columns, and a packed variable holds several tables (use Adagrad, Adam or RMSprop, or leave "
+            "the tables unpacked with optimize(model, exclude=[...]))"
+        )
+    return found
 
 
 def fusable(optimizer, skip: tuple = ()) -> str | None:
@@ -328,6 +375,13 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
                 "keep the shards' gradients out of the allreduce."
             )
         return
+    if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:
+        inexact = inexact_settings(optimizer)
+        if inexact:
+            _log.warning(
+                "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
+                "\n".join(f"  - {reason}" for reason in inexact),
+            )
     pending = None
     if not isinstance(optimizer, _HybridOptimizerMixin) and getattr(optimizer, "_built", False):
         pending = _take_plain_state(optimizer)

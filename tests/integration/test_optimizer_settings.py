@@ -1,0 +1,101 @@
+"""Optimizer settings on packed tables: the exact ones train like the plain model, the others are named.
+
+Keras optimizers other than the fused ones update the packed variables through Keras itself, which is
+exact when the update is elementwise per row. Gradient clipping (per-lookup rows in Keras, summed
+distinct rows in a packed table), Keras's Nadam (its ``u_product`` counts the model's variables) and
+Adafactor (factored over a whole variable) are not: ``compile`` warns once, naming each.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+
+VOCABS = (30, 50, 70)
+K = tf.keras.optimizers
+
+
+def _model():
+    tf.keras.utils.set_random_seed(1)
+    inputs = [tf.keras.Input((1,), dtype="int64", name=f"f{i}") for i in range(len(VOCABS))]
+    rows = [
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(v, 4, name=f"e{i}")(x))
+        for i, (v, x) in enumerate(zip(VOCABS, inputs))
+    ]
+    h = tf.keras.layers.Dense(8, activation="relu")(tf.keras.layers.Concatenate()(rows))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+
+
+def _batches(steps=12):
+    rng = np.random.default_rng(0)
+    return [
+        (
+            {f"f{i}": rng.integers(0, v, (16, 1)) for i, v in enumerate(VOCABS)},
+            rng.integers(0, 2, (16, 1)).astype(np.float32),
+        )
+        for _ in range(steps)
+    ]
+
+
+def _warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "hybridtf" and r.levelno == logging.WARNING]
+
+
+EXACT = {
+    "sgd_nesterov": lambda: K.SGD(0.1, momentum=0.9, nesterov=True),
+    "rmsprop_centered": lambda: K.RMSprop(0.01, momentum=0.5, centered=True),
+    "adamw": lambda: K.AdamW(0.01, weight_decay=0.01),
+    "ftrl": lambda: K.Ftrl(0.05, l1_regularization_strength=0.001),
+    "legacy_nadam": lambda: K.legacy.Nadam(0.01),
+}
+
+
+@pytest.mark.parametrize("name", list(EXACT))
+def test_keras_updated_optimizers_train_packed_tables_exactly_without_a_warning(name, caplog):
+    batches = _batches()
+    plain = _model()
+    plain.compile(optimizer=EXACT[name](), loss="binary_crossentropy")
+    packed = htf.keras.optimize(_model())
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        packed.compile(optimizer=EXACT[name](), loss="binary_crossentropy")
+    assert _warnings(caplog) == []
+    expected = [plain.train_on_batch(x, y) for x, y in batches]
+    np.testing.assert_allclose([packed.train_on_batch(x, y) for x, y in batches], expected, rtol=1e-5)
+
+
+INEXACT = {
+    "clipnorm": (lambda: K.Adam(0.01, clipnorm=0.01), "clipnorm: Keras clips each variable's gradient"),
+    "global_clipnorm": (lambda: K.Adam(0.01, global_clipnorm=0.01), "global_clipnorm: Keras's global norm"),
+    "clipvalue": (lambda: K.Adagrad(0.05, clipvalue=0.001), "clipvalue: Keras clips each lookup's gradient row"),
+    "nadam": (lambda: K.Nadam(0.01), "legacy.Nadam has no such dependence"),
+    "adafactor": (lambda: K.Adafactor(0.01), "Adafactor: its factored second moments"),
+}
+
+
+@pytest.mark.parametrize("name", list(INEXACT))
+def test_settings_that_differ_on_packed_tables_are_named_in_one_warning(name, caplog):
+    make, text = INEXACT[name]
+    packed = htf.keras.optimize(_model())
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        packed.compile(optimizer=make(), loss="binary_crossentropy")
+        packed.compile(optimizer=packed.optimizer, loss="binary_crossentropy")  # compiled again: no second warning
+    [message] = _warnings(caplog)
+    assert "will NOT equal the plain model's" in message and text in message
+    x, y = _batches(1)[0]
+    packed.train_on_batch(x, y)  # still trains
+
+
+def test_the_named_difference_is_real():
+    """Clipping that clips changes the packed model's losses: the warning is not a false alarm."""
+    batches = _batches()
+    losses = []
+    for wrap in (False, True):
+        model = htf.keras.optimize(_model()) if wrap else _model()
+        model.compile(optimizer=K.Adagrad(0.05, clipvalue=0.001), loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in batches])
+    assert np.max(np.abs(np.subtract(*losses)) / np.abs(losses[0])) > 1e-5
