@@ -162,14 +162,22 @@ def full_export(table, world: World):
 
 
 def sharded_tables(model) -> list:
-    """The HybridHash tables of ``model``'s layers that are sharded by id, in layer order (the same on every rank)."""
+    """The HybridHash tables sharded by id of ``model``'s layers and ``Tables`` (model order, the same on every rank).
+
+    ``DynamicEmbedding`` layers (their ``table``: a store, or a packed member's
+    view) and the dynamic tables of ``hybridtf.embedding.Tables`` the model tracks.
+    """
     out, seen = [], set()
-    for layer in model._flatten_layers(include_self=False):
-        table = getattr(layer, "table", None)
-        world = getattr(table, "world", None)
-        if world is not None and world.distributed and id(table) not in seen:
-            seen.add(id(table))
-            out.append(table)
+    for module in model._flatten_modules(include_self=False):  # layers and tf.Modules (Tables), in order
+        candidates = [getattr(module, "table", None)]
+        dynamic = getattr(module, "dynamic_tables", None)
+        if isinstance(dynamic, dict):  # a Tables set: its DynamicTable entries
+            candidates.extend(t.table for t in dynamic.values())
+        for table in candidates:
+            world = getattr(table, "world", None)
+            if isinstance(world, World) and world.distributed and id(table) not in seen:
+                seen.add(id(table))
+                out.append(table)
     return out
 
 
