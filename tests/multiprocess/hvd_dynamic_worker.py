@@ -3,8 +3,9 @@
 Run by tests/multiprocess/test_horovod_dynamic_sharded.py as one process and
 under ``horovodrun -np 2 -H localhost:2 --gloo``. Every process sees the same
 global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)``.
-One process packs the two DynamicEmbedding tables into one store
-(``htf.keras.optimize``); two ranks shard each table by id.
+``htf.keras.optimize`` packs the two DynamicEmbedding tables into one store,
+in one process and on two ranks (there the store is sharded by id); the mixed
+model leaves them unpacked (``exclude``: each table sharded on its own).
 
     python hvd_dynamic_worker.py OUT train                   # exactness (Adagrad, Adam), save c1, train on
     python hvd_dynamic_worker.py OUT train+restore CKPT FIRST  # exactness, then restore CKPT (see restore)
@@ -55,7 +56,10 @@ def local(arrays, rank: int, size: int):
 
 
 def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
-    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``."""
+    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``.
+
+    Packed into one store, except in the mixed model (left unpacked: one sharded table per layer).
+    """
     bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
     one = tf.keras.Input((1,), dtype=tf.int64, name="one")
     dense = tf.keras.Input((2,), name="x")
@@ -71,7 +75,7 @@ def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
     h = tf.keras.layers.Concatenate()(parts)
     h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
-    model = htf.keras.optimize(tf.keras.Model(inputs, out))
+    model = htf.keras.optimize(tf.keras.Model(inputs, out), exclude=TABLES if mixed else ())
     inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
     optimizer = htf.keras.dynamic_optimizer(inner[kind]())
     if not compile:
@@ -113,8 +117,12 @@ def export(model, size: int) -> dict:
 
 
 def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
-    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores."""
+    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores.
+
+    Also a ``tf.train.Checkpoint``: every rank writes one (a collective gather), each to its own path.
+    """
     model.save_weights(os.path.join(out_dir, tag, "ckpt"))
+    tf.train.Checkpoint(model=model).write(os.path.join(out_dir, tag, f"tf_rank{rank}", "ckpt"))
     content = export(model, size)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
@@ -127,7 +135,11 @@ def restore(out_dir: str, ckpt: str, first: int, rank: int, size: int) -> dict:
     content = export(model, size)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
-    result = {"after_restore": train(model, first, 6, rank, size)}
+    other = build("adam", size)  # the tf.train.Checkpoint written beside it restores the same tables
+    tf.train.Checkpoint(model=other).read(os.path.join(os.path.dirname(ckpt), "tf_rank0", "ckpt")).expect_partial()
+    from_checkpoint = export(other, size)
+    result = {"checkpoint_identical": all(np.array_equal(content[k], from_checkpoint[k]) for k in content)}
+    result["after_restore"] = train(model, first, 6, rank, size)
     save(model, out_dir, "c2", rank, size)
     result["after_c2"] = train(model, first + 6, 6, rank, size)
     return result
