@@ -75,6 +75,8 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     assert len(one[f"{kind}_losses"]) == STEPS
     for rank in (0, 1):
         _close(two[rank][f"{kind}_losses"], one[f"{kind}_losses"])
+        _close(two[rank][f"{kind}_eval"], one[f"{kind}_eval"])  # read-only lookups: nothing inserted
+        assert two[rank][f"{kind}_size_after_eval"] == two[rank][f"{kind}_local_sizes"][0]
         assert two[rank][f"{kind}_flushes"] >= 2  # Algorithm 1 refilled the hot tiers during the run
         assert not two[rank][f"{kind}_skipped"]  # packed on 2 ranks too: one sharded store for both tables
     assert one[f"{kind}_flushes"] >= 2 and not one[f"{kind}_skipped"]
@@ -85,17 +87,26 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     assert min(shares) > 0.3 * sum(shares)
 
 
-def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
-    """hybridtf's own averaging (a static table sharded too) and ``htf.horovod.DistributedGradientTape``."""
+@pytest.mark.parametrize("tag", ["mixed", "mixed_packed"])
+def test_mixed_static_and_dynamic(runs, tag):
+    """hybridtf's own averaging (a static table sharded too), dynamic tables packed into one store or not."""
     for rank in (0, 1):
-        _close(runs["two"][rank]["mixed_losses"], runs["one"]["mixed_losses"])
-        assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
+        _close(runs["two"][rank][f"{tag}_losses"], runs["one"][f"{tag}_losses"])
+        # the static shard and the tables' buffers (one per table unpacked, the store's one packed)
+        assert runs["two"][rank][f"{tag}_static_sharded"] >= (3 if tag == "mixed" else 2)
+        assert runs["two"][rank][f"{tag}_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
+        assert runs["two"][rank][f"{tag}_skipped"] == runs["one"][f"{tag}_skipped"]
+    assert runs["one"]["mixed_skipped"] == ["bag_emb", "one_emb"] and runs["one"]["mixed_packed_skipped"] == []
+    assert runs["one"]["mixed_reload_identical"] and runs["one"]["mixed_packed_reload_identical"]
+
+
+def test_custom_loop_and_refusals(runs):
+    """``htf.horovod.DistributedGradientTape`` over a packed store; what is refused, with the fix."""
+    for rank in (0, 1):
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
-        assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
         assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
     assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
-    assert runs["one"]["mixed_reload_identical"]
 
 
 def test_checkpoint_one_to_two_ranks(runs):
