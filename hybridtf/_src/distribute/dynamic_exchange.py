@@ -28,6 +28,13 @@ Horovod optimizer with ``hybridtf.horovod.local_variables(model)``
 registered. A new id's initial row depends on (seed, id, initializer) only,
 so N ranks train exactly what one process trains on the global batch.
 
+A packed store (``rewrite/packed_dynamic.py``) keyed by (member, id) takes
+the same route with the pair owned by its id alone: ``sharded_packed_lookup``
+sends (id, member, count) triples in one alltoall for the whole group, the
+owner uniques the pairs and finds-or-inserts once; ``owner_packed_gradients``
+brings the gradient rows back to it for one fused update. ``DynamicEmbedding``
+layers and ``hybridtf.embedding.Tables`` dynamic tables use ``sharded_lookup``.
+
 Checkpoints hold the whole table, the same tensors as one process writes
 (ids ascending): ``full_export`` gathers every rank's shard (a collective:
 every rank saves), ``own_part`` keeps the rows this rank owns at restore.
