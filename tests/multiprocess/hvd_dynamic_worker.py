@@ -166,6 +166,10 @@ def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
     early = htf.layers.DynamicEmbedding(DIM, name="early")  # built before hvd.init(): not sharded
     early.build(None)
+    early_ids = tf.keras.Input((2,), dtype=tf.int64)
+    early_model = tf.keras.Model(  # two layers that would share a store, built before hvd.init()
+        early_ids, [htf.layers.DynamicEmbedding(DIM, name=f"early_{k}", **TABLE)(early_ids) for k in range(2)]
+    )
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     result = {"rank": rank, "size": size, "early_error": None}
@@ -173,6 +177,7 @@ def main():
         early(tf.constant([1, 2], tf.int64), training=True)
     except ValueError as err:
         result["early_error"] = str(err)
+    result["early_skipped"] = [s.reason for s in htf.keras.optimize(early_model).hybridtf_skipped]
     if mode == "diverge":  # rank 1 has fewer batches, then saves while rank 0 is still in a training step
         model = build("adagrad", size)
         train(model, 0, 4 - 2 * rank, rank, size)

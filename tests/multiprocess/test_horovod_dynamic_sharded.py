@@ -107,6 +107,10 @@ def test_custom_loop_and_refusals(runs):
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
         assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
     assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
+    assert runs["one"]["early_skipped"] == []  # packed in one process
+    for rank in (0, 1):  # built before hvd.init(): not sharded, so not packed into a sharded store
+        skipped = runs["two"][rank]["early_skipped"]
+        assert len(skipped) == 2 and all("built before hvd.init()" in r for r in skipped)
 
 
 def test_checkpoint_one_to_two_ranks(runs):
