@@ -11,7 +11,8 @@ A ``hybridtf.embedding.Tables`` set with a dynamic table (created after
 * in a custom loop (``hybridtf.function`` step, ``GradientTape`` +
   ``hybridtf.horovod.DistributedGradientTape``, Adam), checkpointed with
   ``tf.train.Checkpoint`` (one process: c1; 2 ranks restore c1 and continue),
-* in an Estimator model_fn (``hybridtf.horovod.DistributedOptimizer``).
+* in an Estimator model_fn (``hybridtf.horovod.DistributedOptimizer``),
+* as two ``Tables`` sets that both hold a table "users" (``average_gradients``, SGD).
 
     python hvd_dynamic_tables_worker.py OUT            # one process: also writes c1
     horovodrun -np 2 ... hvd_dynamic_tables_worker.py OUT   # 2 ranks: also restores OUT/c1
@@ -151,6 +152,33 @@ def custom_loop(rank: int, size: int, out_dir: str) -> dict:
     return result
 
 
+def twin_sets(rank: int, size: int) -> dict:
+    """Two ``Tables`` sets that both hold a dynamic table "users", looked up in one step: no collective clash."""
+    sets = [
+        htf.embedding.Tables([htf.embedding.DynamicTableConfig("users", DIM, seed=s, **TABLE)], name=f"set{s}")
+        for s in (31, 32)
+    ]
+    optimizer = htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.5))
+
+    @tf.function
+    def step(ids, y):
+        with tf.GradientTape() as tape:
+            emb = sets[0].lookup("users", ids, "sum") * sets[1].lookup("users", ids, "mean")
+            loss = tf.reduce_mean(tf.square(tf.reduce_sum(emb, 1, keepdims=True) - y))
+        variables = [v for t in sets for v in t.trainable_variables]
+        grads = tape.gradient(loss, variables)
+        if size > 1:
+            grads = htf.horovod.average_gradients(grads, variables, *sets)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
+
+    losses = []
+    for s in range(STEPS):
+        x, y = batch(s)
+        losses.append(float(step(local(x, rank, size)["ids"], local(y, rank, size))))
+    return {"twin_losses": allreduce_mean(losses, size, "twin_losses")}
+
+
 def model_fn(features, labels, mode):
     train = mode == tf.estimator.ModeKeys.TRAIN
     tables = make_tables()
@@ -224,6 +252,7 @@ def main():
     result.update(keras_fit(rank, size))
     result.update(custom_loop(rank, size, out_dir))
     result.update(estimator(rank, size, out_dir))
+    result.update(twin_sets(rank, size))
     with open(os.path.join(out_dir, f"tables_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 
