@@ -6,8 +6,9 @@ global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n
 A ``hybridtf.embedding.Tables`` set with a dynamic table (created after
 ``hvd.init()``: sharded by id over the ranks) is trained
 
-* in a subclassed Keras model (``train_on_batch``, ``hvd.DistributedOptimizer``
-  around the hooked Adagrad),
+* in a subclassed Keras model through ``htf.keras.optimize`` (``train_on_batch``,
+  ``hvd.DistributedOptimizer`` around the hooked Adagrad; ``save_weights`` ->
+  ``load_weights``),
 * in a custom loop (``hybridtf.function`` step, ``GradientTape`` +
   ``hybridtf.horovod.DistributedGradientTape``, Adam), checkpointed with
   ``tf.train.Checkpoint`` (one process: c1; 2 ranks restore c1 and continue),
@@ -90,8 +91,16 @@ def export(tables, size: int) -> dict:
     return {k: np.asarray(v) for k, v in zip(FIELDS, parts)}
 
 
-def keras_fit(rank: int, size: int) -> dict:
+def optimized_model(rank: int, size: int):
+    """A ``TablesModel`` through ``htf.keras.optimize`` (nothing static to pack: its save_weights gathers)."""
     model = TablesModel()
+    x, _ = batch(0)
+    model(local(x, rank, size))  # built (read-only lookups: nothing inserted)
+    return htf.keras.optimize(model)
+
+
+def keras_fit(rank: int, size: int, out_dir: str) -> dict:
+    model = optimized_model(rank, size)
     optimizer = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1))
     if size > 1:
         optimizer = hvdk.DistributedOptimizer(optimizer)
@@ -104,7 +113,13 @@ def keras_fit(rank: int, size: int) -> dict:
     x, y = batch(100)
     predicted = model(local(x, rank, size), training=False)  # inference: a read-only sharded lookup
     evaluation = float(tf.reduce_mean(tf.square(predicted - local(y, rank, size))))
+    before = export(model.tables, size)
+    model.save_weights(os.path.join(out_dir, f"keras_{size}", "ckpt"))  # every rank calls it, rank 0 writes
+    reloaded = optimized_model(rank, size)
+    reloaded.load_weights(os.path.join(out_dir, f"keras_{size}", "ckpt"))
+    after = export(reloaded.tables, size)
     return {
+        "keras_reload_identical": all(np.array_equal(before[k], after[k]) for k in before),
         "keras_losses": allreduce_mean(losses, size, "keras_losses"),
         "keras_eval": allreduce_mean([evaluation], size, "keras_eval")[0],
         "keras_flushes": stats["flushes"],
@@ -249,7 +264,7 @@ def main():
         early.lookup("users", tf.constant([1, 2], tf.int64), training=True)
     except ValueError as err:
         result["early_error"] = str(err)
-    result.update(keras_fit(rank, size))
+    result.update(keras_fit(rank, size, out_dir))
     result.update(custom_loop(rank, size, out_dir))
     result.update(estimator(rank, size, out_dir))
     result.update(twin_sets(rank, size))

@@ -72,6 +72,8 @@ def test_the_table_is_sharded_not_copied(runs):
     for rank in (0, 1):
         assert two[rank]["keras_sharded_tables"] == 1  # save_weights of the model gathers it
         assert two[rank]["keras_flushes"] == one["keras_flushes"]
+        assert two[rank]["keras_reload_identical"]  # save_weights (gathered, rank 0 writes) -> load_weights
+    assert one["keras_reload_identical"]
 
 
 def test_a_table_built_before_hvd_init_raises(runs):
