@@ -3,8 +3,9 @@
 Run by tests/multiprocess/test_horovod_dynamic_sharded.py as one process and
 under ``horovodrun -np 2 -H localhost:2 --gloo``. Every process sees the same
 global batches; rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)``.
-One process packs the two DynamicEmbedding tables into one store
-(``htf.keras.optimize``); two ranks shard each table by id.
+``htf.keras.optimize`` packs the two DynamicEmbedding tables into one store,
+in one process and on two ranks (there the store is sharded by id); the mixed
+model runs both ways: packed, and unpacked (``exclude``: each table sharded on its own).
 
     python hvd_dynamic_worker.py OUT train                   # exactness (Adagrad, Adam), save c1, train on
     python hvd_dynamic_worker.py OUT train+restore CKPT FIRST  # exactness, then restore CKPT (see restore)
@@ -54,8 +55,11 @@ def local(arrays, rank: int, size: int):
     return arrays[rank * n : (rank + 1) * n]
 
 
-def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
-    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``."""
+def build(kind: str, size: int, mixed: bool = False, compile: bool = True, pack: bool = True):
+    """Two DynamicEmbeddings (+ a static Embedding when ``mixed``) and a dense head, through ``optimize``.
+
+    ``pack``: the DynamicEmbeddings share one store (else ``exclude``: one store, or shard, per layer).
+    """
     bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
     one = tf.keras.Input((1,), dtype=tf.int64, name="one")
     dense = tf.keras.Input((2,), name="x")
@@ -71,7 +75,7 @@ def build(kind: str, size: int, mixed: bool = False, compile: bool = True):
     h = tf.keras.layers.Concatenate()(parts)
     h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
-    model = htf.keras.optimize(tf.keras.Model(inputs, out))
+    model = htf.keras.optimize(tf.keras.Model(inputs, out), exclude=() if pack else TABLES)
     inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
     optimizer = htf.keras.dynamic_optimizer(inner[kind]())
     if not compile:
@@ -113,8 +117,12 @@ def export(model, size: int) -> dict:
 
 
 def save(model, out_dir: str, tag: str, rank: int, size: int) -> None:
-    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores."""
+    """Every rank saves (the tables are gathered); rank 0 writes the checkpoint any number of ranks restores.
+
+    Also a ``tf.train.Checkpoint``: every rank writes one (a collective gather), each to its own path.
+    """
     model.save_weights(os.path.join(out_dir, tag, "ckpt"))
+    tf.train.Checkpoint(model=model).write(os.path.join(out_dir, tag, f"tf_rank{rank}", "ckpt"))
     content = export(model, size)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"{tag}_{size}.npz"), **content)
@@ -127,7 +135,11 @@ def restore(out_dir: str, ckpt: str, first: int, rank: int, size: int) -> dict:
     content = export(model, size)
     if rank == 0:
         np.savez(os.path.join(out_dir, f"restored_{size}.npz"), **content)
-    result = {"after_restore": train(model, first, 6, rank, size)}
+    other = build("adam", size)  # the tf.train.Checkpoint written beside it restores the same tables
+    tf.train.Checkpoint(model=other).read(os.path.join(os.path.dirname(ckpt), "tf_rank0", "ckpt")).expect_partial()
+    from_checkpoint = export(other, size)
+    result = {"checkpoint_identical": all(np.array_equal(content[k], from_checkpoint[k]) for k in content)}
+    result["after_restore"] = train(model, first, 6, rank, size)
     save(model, out_dir, "c2", rank, size)
     result["after_c2"] = train(model, first + 6, 6, rank, size)
     return result
@@ -154,6 +166,10 @@ def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
     early = htf.layers.DynamicEmbedding(DIM, name="early")  # built before hvd.init(): not sharded
     early.build(None)
+    early_ids = tf.keras.Input((2,), dtype=tf.int64)
+    early_model = tf.keras.Model(  # two layers that would share a store, built before hvd.init()
+        early_ids, [htf.layers.DynamicEmbedding(DIM, name=f"early_{k}", **TABLE)(early_ids) for k in range(2)]
+    )
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     result = {"rank": rank, "size": size, "early_error": None}
@@ -161,6 +177,7 @@ def main():
         early(tf.constant([1, 2], tf.int64), training=True)
     except ValueError as err:
         result["early_error"] = str(err)
+    result["early_skipped"] = [s.reason for s in htf.keras.optimize(early_model).hybridtf_skipped]
     if mode == "diverge":  # rank 1 has fewer batches, then saves while rank 0 is still in a training step
         model = build("adagrad", size)
         train(model, 0, 4 - 2 * rank, rank, size)
@@ -175,21 +192,29 @@ def main():
             result[f"{kind}_flushes"] = min(s["flushes"] for s in stats)
             result[f"{kind}_local_sizes"] = [s["size"] for s in stats]
             result[f"{kind}_skipped"] = [s.reason for s in model.hybridtf_skipped]
+            x, y = batch(100)  # evaluation: read-only lookups (on 2 ranks a collective, nothing inserted)
+            evaluation = model.test_on_batch(local(x, rank, size), local(y, rank, size))
+            if size > 1:
+                evaluation = hvd.allreduce(tf.constant(evaluation, tf.float64), op=hvd.Average, name=f"eval_{kind}")
+            result[f"{kind}_eval"] = float(evaluation)
+            result[f"{kind}_size_after_eval"] = model.get_layer(TABLES[0]).stats()["size"]
         result["save_error"] = None
         if size > 1:  # a SavedModel's functions would exchange rows between ranks: refused, with the fix
             try:
                 adam.save(os.path.join(out_dir, f"saved_model_{rank}"))
             except NotImplementedError as err:
                 result["save_error"] = str(err)
-        model = build("adagrad", size, mixed=True)
-        result["mixed_losses"] = train(model, 0, STEPS, rank, size)
-        result["mixed_static_sharded"] = len(htf.horovod.local_variables(model)) if size > 1 else 0
-        before = export(model, size)  # save_weights of a model with static shards and dynamic tables
-        model.save_weights(os.path.join(out_dir, "mixed", "ckpt"))
-        reloaded = build("adagrad", size, mixed=True)
-        reloaded.load_weights(os.path.join(out_dir, "mixed", "ckpt"))
-        after = export(reloaded, size)
-        result["mixed_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
+        for tag, pack in (("mixed", False), ("mixed_packed", True)):
+            model = build("adagrad", size, mixed=True, pack=pack)
+            result[f"{tag}_losses"] = train(model, 0, STEPS, rank, size)
+            result[f"{tag}_static_sharded"] = len(htf.horovod.local_variables(model)) if size > 1 else 0
+            result[f"{tag}_skipped"] = sorted(s.name for s in model.hybridtf_skipped)
+            before = export(model, size)  # save_weights of a model with static shards and dynamic tables
+            model.save_weights(os.path.join(out_dir, tag, "ckpt"))
+            reloaded = build("adagrad", size, mixed=True, pack=pack)
+            reloaded.load_weights(os.path.join(out_dir, tag, "ckpt"))
+            after = export(reloaded, size)
+            result[f"{tag}_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
         if mode == "train":

@@ -3,14 +3,17 @@
 Three launches of ``hvd_dynamic_worker.py`` (one process, ``horovodrun -np 2
 --gloo``, one process again) on the same global batches of raw 64-bit ids:
 
-* exactness: per-step losses of 2 ranks (each table sharded by id) and of one
-  process (both tables packed into one store by ``optimize``) agree within
-  1e-5 relative, with Adagrad and with Adam (``hvd.DistributedOptimizer``),
-  with a static table beside them (hybridtf averages), and in a custom loop
-  (``htf.horovod.DistributedGradientTape``), flushes during the runs;
-* checkpoints 1 -> 2 ranks: the 2 ranks' restored tables, gathered, are the
-  one process's checkpoint bit for bit (ids, rows, slots, counts, step), and
-  the later training agrees with the one process's own continuation;
+* exactness: per-step losses of 2 ranks and of one process agree within 1e-5
+  relative, both tables packed into one store by ``optimize`` (on 2 ranks the
+  store is sharded by id: one alltoall per step for the group), with Adagrad
+  and with Adam (``hvd.DistributedOptimizer``), and in a custom loop
+  (``htf.horovod.DistributedGradientTape``); left unpacked (each table sharded
+  on its own) with a static table beside them (hybridtf averages); flushes
+  during the runs;
+* checkpoints 1 -> 2 ranks of the packed model: the 2 ranks' restored tables,
+  gathered, are the one process's checkpoint bit for bit (ids, rows, slots,
+  counts, step), through ``save_weights`` and ``tf.train.Checkpoint`` alike,
+  and the later training agrees with the one process's own continuation;
 * checkpoints 2 -> 1: the same, the other way.
 """
 
@@ -72,39 +75,56 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     assert len(one[f"{kind}_losses"]) == STEPS
     for rank in (0, 1):
         _close(two[rank][f"{kind}_losses"], one[f"{kind}_losses"])
+        _close(two[rank][f"{kind}_eval"], one[f"{kind}_eval"])  # read-only lookups: nothing inserted
+        assert two[rank][f"{kind}_size_after_eval"] == two[rank][f"{kind}_local_sizes"][0]
         assert two[rank][f"{kind}_flushes"] >= 2  # Algorithm 1 refilled the hot tiers during the run
-        assert two[rank][f"{kind}_skipped"] and all("sharded by id" in r for r in two[rank][f"{kind}_skipped"])
-    assert one[f"{kind}_flushes"] >= 2 and not one[f"{kind}_skipped"]  # one process packs both tables
-    # each rank holds its share of the ids only: the shards partition the rows of the one process's store
-    # (which holds both tables: its size is their sum)
-    shares = [sum(two[rank][f"{kind}_local_sizes"]) for rank in (0, 1)]
+        assert not two[rank][f"{kind}_skipped"]  # packed on 2 ranks too: one sharded store for both tables
+    assert one[f"{kind}_flushes"] >= 2 and not one[f"{kind}_skipped"]
+    # each rank holds its share of the pairs only: the shards partition the rows of the one process's store
+    # (which holds both tables: its size is their sum; every member layer reports its store)
+    shares = [two[rank][f"{kind}_local_sizes"][0] for rank in (0, 1)]
     assert sum(shares) == one[f"{kind}_local_sizes"][0]
     assert min(shares) > 0.3 * sum(shares)
 
 
-def test_mixed_static_and_dynamic_and_a_custom_loop(runs):
-    """hybridtf's own averaging (a static table sharded too) and ``htf.horovod.DistributedGradientTape``."""
+@pytest.mark.parametrize("tag", ["mixed", "mixed_packed"])
+def test_mixed_static_and_dynamic(runs, tag):
+    """hybridtf's own averaging (a static table sharded too), dynamic tables packed into one store or not."""
     for rank in (0, 1):
-        _close(runs["two"][rank]["mixed_losses"], runs["one"]["mixed_losses"])
-        assert runs["two"][rank]["mixed_static_sharded"] >= 3  # the static shard and the two tables' buffers
+        _close(runs["two"][rank][f"{tag}_losses"], runs["one"][f"{tag}_losses"])
+        # the static shard and the tables' buffers (one per table unpacked, the store's one packed)
+        assert runs["two"][rank][f"{tag}_static_sharded"] >= (3 if tag == "mixed" else 2)
+        assert runs["two"][rank][f"{tag}_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
+        assert runs["two"][rank][f"{tag}_skipped"] == runs["one"][f"{tag}_skipped"]
+    assert runs["one"]["mixed_skipped"] == ["bag_emb", "one_emb"] and runs["one"]["mixed_packed_skipped"] == []
+    assert runs["one"]["mixed_reload_identical"] and runs["one"]["mixed_packed_reload_identical"]
+
+
+def test_custom_loop_and_refusals(runs):
+    """``htf.horovod.DistributedGradientTape`` over a packed store; what is refused, with the fix."""
+    for rank in (0, 1):
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
-        assert runs["two"][rank]["mixed_reload_identical"]  # save_weights (rank 0 writes) -> load_weights
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
         assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
     assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
-    assert runs["one"]["mixed_reload_identical"]
+    assert runs["one"]["early_skipped"] == []  # packed in one process
+    for rank in (0, 1):  # built before hvd.init(): not sharded, so not packed into a sharded store
+        skipped = runs["two"][rank]["early_skipped"]
+        assert len(skipped) == 2 and all("built before hvd.init()" in r for r in skipped)
 
 
 def test_checkpoint_one_to_two_ranks(runs):
     one_dir, two_dir, _ = runs["dirs"]
     _same_tables(one_dir / "c1_1.npz", two_dir / "restored_2.npz")
     for rank in (0, 1):
+        assert runs["two"][rank]["checkpoint_identical"]
         _close(runs["two"][rank]["after_restore"], runs["one"]["after_c1"])
 
 
 def test_checkpoint_two_to_one_rank(runs):
     _, two_dir, back_dir = runs["dirs"]
     _same_tables(two_dir / "c2_2.npz", back_dir / "restored_1.npz")
+    assert runs["back"]["checkpoint_identical"]
     _close(runs["back"]["after_restore"], runs["two"][0]["after_c2"])
 
 

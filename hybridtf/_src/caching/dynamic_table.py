@@ -16,6 +16,14 @@ Dynamic lookups run on their own (one HybridHash chain per lookup), also
 inside ``hybridtf.function`` and Estimator model_fns: there is nothing to
 pack across tables yet (one store per table). One training lookup per
 dynamic table per step (graph mode): the buffer holds one lookup's rows.
+
+Under Horovod (``hvd.init()`` before the ``Tables`` are built) each dynamic
+table is this rank's shard, exactly as a ``DynamicEmbedding``'s: lookups and
+gradients go to the ids' owners through
+``hybridtf/_src/distribute/dynamic_exchange.py``, checkpoints hold the whole
+table, so N ranks train what one process trains on the global batch. A table
+built before ``hvd.init()`` and looked up in a job raises (it would train a
+copy per rank).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
 from hybridtf._src.caching.table import HybridHashTable
 from hybridtf._src.caching.table import TableConfig as HashConfig
 from hybridtf._src.capture.ids import prepare_ids
+from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute.world import World, current_world
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,10 +138,24 @@ class DynamicTable(tf.Module):
             ids = tf.Variable(
                 tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name=f"{config.name}_ids"
             )
+            # Sharded: the ids this rank's shard received from every rank in the step's lookup.
+            received = tf.Variable(
+                tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name=f"{config.name}_received"
+            )
+        world = current_world()
+        if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
+            table.shard_over(world)
+            if not tf.executing_eagerly():
+                # A TF1 graph (Estimator model_fn): hybridtf.horovod.DistributedOptimizer registers the buffer as
+                # a Horovod local variable (its owners receive every rank's rows: scaled by 1 / size).
+                from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+                tf.compat.v1.add_to_collection(LOCAL_VARIABLES, rows)
         rows._htf_dynamic_embedding = self  # the optimizer hooks find the table through it
         self.table = table
         self._rows_buffer = rows
         self._ids_buffer = ids
+        self._received_ids = received
         self._training_graph = None
 
     # The fused update of the buffer's gradient with a Keras optimizer: the same as the layer's.
@@ -141,11 +165,32 @@ class DynamicTable(tf.Module):
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def _shard_world(self) -> World:
+        return self.table.world
+
+    @property
+    def _exchange_name(self) -> str:
+        return f"hybridtf_dynamic_tables_{self.name}"
+
+    def _check_sharding(self) -> None:
+        """A table built in one process must not train on its own in each rank of a later Horovod job."""
+        world = current_world()
+        if world.distributed and not self.table.world.distributed:
+            raise ValueError(
+                f"dynamic table {self.name!r} was built before hvd.init(), so it is not sharded over the "
+                f"{world.size} Horovod ranks and each rank would train its own copy. Call hvd.init() before creating "
+                "the hybridtf.embedding.Tables (its dynamic tables are then sharded by id); to continue a "
+                "one-process table, checkpoint it there and restore it into the Tables built after hvd.init()."
+            )
+
     def lookup(self, ids, combiner: str, training: bool):
         """Embeddings of ``ids`` (see ``Tables.lookup``); training: find-or-insert, count, fill the buffers."""
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             ids = tf.convert_to_tensor(ids)
         self.table.check_ids(ids)
+        self._check_sharding()
+        world = self._shard_world
         ids = prepare_ids(ids, combiner, self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         unique, inverse, counts = tf.unique_with_counts(tf.cast(flat, tf.int64), out_idx=tf.int32)
@@ -159,11 +204,19 @@ class DynamicTable(tf.Module):
                         "the output), or declare one dynamic table per feature."
                     )
                 self._training_graph = graph
-            rows = self.table.lookup(unique, counts, insert=True)
-            assign_rows = self._rows_buffer.assign(rows)
-            assign_ids = self._ids_buffer.assign(unique)
-            with tf.control_dependencies([assign_rows, assign_ids]):
+            assigns = [self._ids_buffer.assign(unique)]
+            if world.distributed:
+                routed = dynamic_exchange.sharded_lookup(self.table, unique, counts, world, self._exchange_name, True)
+                rows = routed.rows
+                assigns.append(self._received_ids.assign(routed.received_ids))
+            else:
+                rows = self.table.lookup(unique, counts, insert=True)
+            assigns.append(self._rows_buffer.assign(rows))
+            with tf.control_dependencies(assigns):
                 embedded = tf.gather(self._rows_buffer, inverse)
+        elif world.distributed:  # every rank looks up (a collective), nothing inserted
+            rows = dynamic_exchange.sharded_lookup(self.table, unique, None, world, self._exchange_name, False).rows
+            embedded = tf.gather(rows, inverse)
         else:
             embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
         return _combine(ids, embedded, combiner, self.output_dim)

@@ -28,6 +28,13 @@ Horovod optimizer with ``hybridtf.horovod.local_variables(model)``
 registered. A new id's initial row depends on (seed, id, initializer) only,
 so N ranks train exactly what one process trains on the global batch.
 
+A packed store (``rewrite/packed_dynamic.py``) keyed by (member, id) takes
+the same route with the pair owned by its id alone: ``sharded_packed_lookup``
+sends (id, member, count) triples in one alltoall for the whole group, the
+owner uniques the pairs and finds-or-inserts once; ``owner_packed_gradients``
+brings the gradient rows back to it for one fused update. ``DynamicEmbedding``
+layers and ``hybridtf.embedding.Tables`` dynamic tables use ``sharded_lookup``.
+
 Checkpoints hold the whole table, the same tensors as one process writes
 (ids ascending): ``full_export`` gathers every rank's shard (a collective:
 every rank saves), ``own_part`` keeps the rows this rank owns at restore.
@@ -146,6 +153,85 @@ def owner_gradients(ids: tf.Tensor, grad: tf.Tensor, received_ids: tf.Tensor, wo
         return owned, tf.math.unsorted_segment_sum(received, inverse, tf.size(owned))
 
 
+@dataclasses.dataclass
+class RoutedPacked:
+    """A sharded lookup of a packed store: the rows, and what its backward needs on the owner side.
+
+    ``owned_ids`` / ``owned_members``: the distinct (member, id) pairs this rank
+    received (first-seen order, ranks in rank order); ``owned_inverse``: each
+    received pair's position among them; ``records``: the store's record hints
+    of the owned pairs (training), or None.
+    """
+
+    rows: tf.Tensor
+    owned_ids: tf.Tensor
+    owned_members: tf.Tensor
+    owned_inverse: tf.Tensor
+    records: tf.Tensor | None
+
+
+def sharded_packed_lookup(table, ids, members, counts, world: World, name: str, insert: bool) -> RoutedPacked:
+    """``sharded_lookup`` for a packed store keyed by (member, id): one alltoall for the whole group.
+
+    Each pair goes to the owner of its id alone (``owner_of(id, n)``), so a
+    member's rows live on the rank that owns them in the unpacked sharded
+    layer (checkpoints stay per table and move N -> M). The owner makes the
+    received pairs distinct, sums their counts, finds-or-inserts once
+    (``lookup_records``: hints for the step's fused update) and returns the
+    rows by the reverse alltoall.
+
+    Args:
+        table: this rank's shard of the packed store (a ``HybridHashTable`` with members).
+        ids: int64 ``[n]`` ids of this rank's distinct (member, id) pairs.
+        members: int64 ``[n]`` their members.
+        counts: int64 ``[n]`` their occurrences, or None (inference).
+        world: the job (``size > 1``).
+        name: unique per store (Horovod matches collectives by name).
+        insert: training (find-or-insert, count) or read-only.
+
+    Returns:
+        ``RoutedPacked``: ``rows`` ``[n, dim]`` in the order of ``ids``.
+    """
+    hvd = world.hvd
+    with tf.name_scope("dynamic_exchange_packed"):
+        order, splits = _route(ids, world.size)
+        counts = tf.zeros_like(ids) if counts is None else tf.cast(counts, tf.int64)
+        payload = tf.stack([tf.gather(t, order) for t in (ids, tf.cast(members, tf.int64), counts)], axis=1)
+        received, received_splits = hvd.alltoall(payload, splits=splits, name=f"{name}_ids")
+        # distinct (id, member) rows, first occurrence first
+        pairs, inverse = tf.raw_ops.UniqueV2(x=received[:, :2], axis=[0], out_idx=tf.int32)
+        owned_ids, owned_members = pairs[:, 0], pairs[:, 1]
+        records = None
+        if insert:
+            owned_counts = tf.math.unsorted_segment_sum(received[:, 2], inverse, tf.shape(pairs)[0])
+            rows, records = table.lookup_records(owned_ids, owned_counts, members=owned_members)
+        else:
+            rows = table.lookup(owned_ids, insert=False, members=owned_members)
+        back, _ = hvd.alltoall(tf.gather(rows, inverse), splits=received_splits, name=f"{name}_rows")
+        rows = tf.gather(back, tf.math.invert_permutation(order))
+    return RoutedPacked(rows, owned_ids, owned_members, inverse, records)
+
+
+def owner_packed_gradients(ids, grad, owned_inverse, num_owned, world: World, name: str):
+    """Sends the gradient rows of a packed store's distinct pairs to their owners; sums them there per pair.
+
+    Args:
+        ids: the ids of the rank's distinct pairs (the ``ids`` of ``sharded_packed_lookup``).
+        grad: float32 ``[n, dim]``, their gradient rows.
+        owned_inverse: ``RoutedPacked.owned_inverse`` of that lookup.
+        num_owned: how many distinct pairs this rank owns (``RoutedPacked.owned_ids``' size).
+        world: the job.
+        name: the store's exchange name.
+
+    Returns:
+        float32 ``[num_owned, dim]``: the sum over ranks of each owned pair's gradient.
+    """
+    with tf.name_scope("dynamic_exchange_packed_grad"):
+        order, splits = _route(ids, world.size)
+        received, _ = world.hvd.alltoall(tf.gather(grad, order), splits=splits, name=f"{name}_grads")
+        return tf.math.unsorted_segment_sum(received, owned_inverse, num_owned)
+
+
 def full_export(table, world: World):
     """The whole sharded table as one process exports it: ``(ids, rows, slots, counts, slot_init, step)``.
 
@@ -162,14 +248,22 @@ def full_export(table, world: World):
 
 
 def sharded_tables(model) -> list:
-    """The HybridHash tables of ``model``'s layers that are sharded by id, in layer order (the same on every rank)."""
+    """The HybridHash tables sharded by id of ``model``'s layers and ``Tables`` (model order, the same on every rank).
+
+    ``DynamicEmbedding`` layers (their ``table``: a store, or a packed member's
+    view) and the dynamic tables of ``hybridtf.embedding.Tables`` the model tracks.
+    """
     out, seen = [], set()
-    for layer in model._flatten_layers(include_self=False):
-        table = getattr(layer, "table", None)
-        world = getattr(table, "world", None)
-        if world is not None and world.distributed and id(table) not in seen:
-            seen.add(id(table))
-            out.append(table)
+    for module in model._flatten_modules(include_self=False):  # layers and tf.Modules (Tables), in order
+        candidates = [getattr(module, "table", None)]
+        dynamic = getattr(module, "dynamic_tables", None)
+        if isinstance(dynamic, dict):  # a Tables set: its DynamicTable entries
+            candidates.extend(t.table for t in dynamic.values())
+        for table in candidates:
+            world = getattr(table, "world", None)
+            if isinstance(world, World) and world.distributed and id(table) not in seen:
+                seen.add(id(table))
+                out.append(table)
     return out
 
 

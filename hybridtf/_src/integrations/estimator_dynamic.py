@@ -22,8 +22,9 @@ rows). After the model_fn's real pass, ``finish_graph``:
   sharded by id (``distribute/dynamic_exchange.py``): every rank saves the
   whole table (gathered, so every rank must save at the same steps, e.g.
   each with its own model_dir as for sharded static tables) and a restore
-  or warm start keeps the ids the rank owns. ``hybridtf.embedding.Tables``
-  dynamic tables are not sharded: refused above one rank, by name;
+  or warm start keeps the ids the rank owns; so are ``hybridtf.embedding.Tables``
+  dynamic tables created by the model_fn. A table that is not sharded (built
+  before ``hvd.init()``) is refused above one rank, by name;
 * in TRAIN mode, checks that every trainable dynamic table is looked up
   for training and has a fused update in the graph: a table read for
   inference (Keras leaves ``training`` unset in a model_fn) or whose buffer
@@ -150,9 +151,9 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
     if world.size > 1 and unsharded:
         raise CaptureError(
             f"hybridtf.estimator: dynamic table(s) {unsharded} under Horovod with {world.size} ranks: "
-            "hybridtf.embedding.Tables dynamic tables are not sharded over ranks, so each rank would train its "
-            "own copy. Use htf.layers.DynamicEmbedding in the model_fn (sharded by id over the ranks), train them "
-            "in one process, or use fixed-vocabulary tables here."
+            "they were built before hvd.init(), so they are not sharded over the ranks and each rank would train "
+            "its own copy. Call hvd.init() before the Estimator builds its graph (tables created by the model_fn "
+            "are then sharded by id over the ranks), or train them in one process."
         )
     updated = _updated_handles(graph) if mode == tf.estimator.ModeKeys.TRAIN else set()
     with graph.as_default():

@@ -521,7 +521,7 @@ def optimize(
         specs,
         plan,
         stats=stats,
-        exclude=exclude,
+        exclude=[name for name in exclude if name not in dynamic.layer_names],  # the planner knows static tables
         force_groups=force_groups,
         max_shards=max_shards,
         shard_strategy=shard_strategy,

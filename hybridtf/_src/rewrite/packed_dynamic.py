@@ -34,9 +34,21 @@ unpacked ``HybridHashTable``, so packed and plain checkpoints load into each
 other. Statistics (hit ratio, size, inserts, evictions) are per store: every
 member layer reports its group's store.
 
+Under Horovod (``hvd.init()`` before the model is built) each store is this
+rank's shard: a (member, id) pair lives on the owner of its id alone
+(``dynamic_exchange.owner_of``), as in the unpacked sharded layer. Per step
+ONE alltoall carries the group's (id, member, count) triples to their owners,
+which unique the pairs, sum the counts and find-or-insert once; the rows come
+back by the reverse alltoall (``dynamic_exchange.sharded_packed_lookup``).
+Backward, the buffer's gradient rows take the same route and the owner runs
+ONE fused update on the pairs it owns. A ``MemberTable`` checkpoint then
+holds the member's whole table (gathered; a restore keeps this rank's ids),
+so checkpoints move between packed / unpacked models and N / M ranks.
+
 Not packed (``model.hybridtf_skipped`` says why): layers with a ``capacity``
 (eviction chooses victims per table; over a shared store it would choose
-others), non-trainable or unbuilt layers, and excluded ones.
+others), non-trainable or unbuilt layers, excluded ones, and, under Horovod,
+layers built before ``hvd.init()`` (not sharded: their call raises).
 """
 
 from __future__ import annotations
@@ -55,8 +67,10 @@ from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.lookup_api import prepare_ids
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.rewrite import dataflow_fusion
+from hybridtf._src.rewrite.dynamic_member_table import MemberTable
 from hybridtf._src.rewrite.lookup_chain import _reshape
 from hybridtf._src.run.stitch_combine import stitch_combine
 
@@ -94,6 +108,11 @@ class DynamicPacking:
     def plan(self) -> list[DynamicGroupPlan]:
         return [g.plan for g in self.groups]
 
+    @property
+    def layer_names(self) -> set[str]:
+        """The names of every DynamicEmbedding layer of the model, packed or not."""
+        return {m for g in self.groups for m in g.plan.members} | {s.name for s in self.skipped}
+
     def to_json(self) -> str:
         return json.dumps([p.to_dict() for p in self.plan], indent=1)
 
@@ -108,103 +127,6 @@ def _training_flag() -> bool:
     if isinstance(training, (tf.Tensor, tf.Variable)):
         training = tf.get_static_value(training)
     return bool(training)
-
-
-class MemberTable(tf.__internal__.tracking.Trackable):
-    """One member's part of a packed store, where the layer's own ``HybridHashTable`` was.
-
-    Reads (``lookup(insert=False)``, ``export``) see this member's rows only;
-    checkpoints save and restore them with the tensors of an unpacked table
-    (ids ascending, rows, slots, counts, slot_init, step, table_name).
-    ``stats()`` are the store's (all members).
-    """
-
-    def __init__(self, group: DynamicGroup, member: int, config: TableConfig):
-        self._group = group
-        self._member = int(member)
-        self._config = config
-
-    @property
-    def config(self) -> TableConfig:
-        return self._config
-
-    @property
-    def name(self) -> str:
-        return self._config.name
-
-    @property
-    def store(self) -> HybridHashTable:
-        return self._group.table
-
-    def check_ids(self, ids):
-        return self.store.check_ids(ids)
-
-    def _members(self, ids):
-        return tf.fill(tf.shape(ids, out_type=tf.int64), tf.constant(self._member, tf.int64))
-
-    def lookup(self, ids, counts=None, insert: bool = True):
-        if insert:
-            raise ValueError(
-                f"DynamicEmbedding {self.name!r} is packed into store {self._group.plan.name!r}: training lookups "
-                "run through the optimized model's call (one chain per store). Call the model, not the layer."
-            )
-        ids = self.check_ids(tf.convert_to_tensor(ids))
-        return self.store.lookup(ids, insert=False, members=self._members(ids))
-
-    def export(self):
-        ids, rows, slots, counts, slot_init, step, members = self.store.export_with_members()
-        mine = tf.equal(members, self._member)
-        return (
-            tf.boolean_mask(ids, mine),
-            tf.boolean_mask(rows, mine),
-            tf.boolean_mask(slots, mine),
-            tf.boolean_mask(counts, mine),
-            slot_init,
-            step,
-        )
-
-    def import_(self, ids, rows, slots, counts, slot_init, step):
-        return self.store.import_(ids, rows, slots, counts, slot_init, step, self._members(ids), member=self._member)
-
-    def stats(self) -> dict:
-        return self.store.stats()
-
-    def stats_tensor(self):
-        return self.store.stats_tensor()
-
-    def flush(self):
-        return self.store.flush()
-
-    def _serialize_to_tensors(self):
-        ids, rows, slots, counts, slot_init, step = self.export()
-        return {
-            "ids": ids,
-            "rows": rows,
-            "slots": slots,
-            "counts": counts,
-            "slot_init": slot_init,
-            "step": step,
-            "table_name": tf.constant(self.name),
-        }
-
-    def _restore_from_tensors(self, restored_tensors):
-        t = restored_tensors
-        if tf.executing_eagerly():
-            saved = t["table_name"].numpy().decode()
-            if saved != self.name:
-                raise ValueError(
-                    f"HybridHash table {self.name!r}: the checkpoint entry holds table {saved!r}. Restore a "
-                    f"checkpoint of this model (same layers and names), or rename the layer to {saved!r}."
-                )
-            check = tf.no_op()
-        else:
-            check = tf.debugging.assert_equal(
-                t["table_name"],
-                tf.constant(self.name),
-                message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table",
-            )
-        with tf.control_dependencies([check]):
-            return self.import_(t["ids"], t["rows"], t["slots"], t["counts"], t["slot_init"], t["step"])
 
 
 class DynamicGroup:
@@ -235,6 +157,9 @@ class DynamicGroup:
             ),
         )
         self.table = HybridHashTable(config)
+        self.world = current_world()
+        if self.world.distributed:  # this rank's shard of the store (pairs owned by their id's hash)
+            self.table.shard_over(self.world)
         with tf.init_scope():
             self.rows_buffer = tf.Variable(
                 tf.zeros([0, plan.dim]),
@@ -246,6 +171,10 @@ class DynamicGroup:
             self.members_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
             # each distinct row's record index in the store: the update's hints (no second probe)
             self.records_buffer = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            # Sharded: the distinct pairs this rank owns in the step and each received pair's position among them
+            self.owned_ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            self.owned_members = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
+            self.owned_inverse = tf.Variable(tf.zeros([0], tf.int32), shape=tf.TensorShape([None]), trainable=False)
         self.rows_buffer._htf_dynamic_embedding = self
 
     def lookup(self, requests) -> list:
@@ -254,7 +183,22 @@ class DynamicGroup:
         with tf.name_scope(self.plan.name):
             parts = _DynamicParts(requests, self)
             unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
-            if training:
+            if training and self.world.distributed:
+                routed = dynamic_exchange.sharded_packed_lookup(
+                    self.table, unique_ids, unique_members, counts, self.world, self._exchange_name, True
+                )
+                deps = [
+                    self.rows_buffer.assign(routed.rows),
+                    self.ids_buffer.assign(unique_ids),
+                    self.members_buffer.assign(unique_members),
+                    self.records_buffer.assign(routed.records),
+                    self.owned_ids.assign(routed.owned_ids),
+                    self.owned_members.assign(routed.owned_members),
+                    self.owned_inverse.assign(routed.owned_inverse),
+                ]
+                with tf.control_dependencies(deps):
+                    rows = self.rows_buffer.read_value()
+            elif training:
                 rows, records = self.table.lookup_records(unique_ids, counts, members=unique_members)
                 deps = [
                     self.rows_buffer.assign(rows),
@@ -264,6 +208,10 @@ class DynamicGroup:
                 ]
                 with tf.control_dependencies(deps):
                     rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)
+            elif self.world.distributed:  # every rank looks up (a collective), nothing inserted
+                rows = dynamic_exchange.sharded_packed_lookup(
+                    self.table, unique_ids, unique_members, None, self.world, self._exchange_name, False
+                ).rows
             else:
                 rows = self.table.lookup(unique_ids, insert=False, members=unique_members)
             outs = stitch_combine(
@@ -278,6 +226,10 @@ class DynamicGroup:
                 _output(req.owner, ids, out, self.plan.dim) for req, ids, out in zip(requests, parts.prepared, outs)
             ]
 
+    @property
+    def _exchange_name(self) -> str:
+        return f"hybridtf_dynamic_{self.plan.name}"
+
     def apply_gradient(self, grad, optimizer, kind: str):
         """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
         from hybridtf._src.run import sparse_apply
@@ -289,6 +241,12 @@ class DynamicGroup:
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
+        if self.world.distributed:  # the owners sum every rank's rows and update the pairs they own, once
+            owned = self.owned_ids.read_value()
+            grad = dynamic_exchange.owner_packed_gradients(
+                ids, grad, self.owned_inverse.read_value(), tf.shape(owned)[0], self.world, self._exchange_name
+            )
+            ids, members = owned, self.owned_members.read_value()
         lr = tf.cast(optimizer.learning_rate, tf.float32)
         if kind == "sgd":
             return self.table.apply_sgd(ids, grad, lr, members=members, records=records)
@@ -459,16 +417,16 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
         c = layer._table_config
         if layer.name in exclude:
             skipped.append(SkippedLayer(layer.name, "excluded by user (optimize(exclude=...))"))
-        elif current_world().distributed:  # the hook for Horovod: each layer's table is sharded by id on its own
+        elif layer.table is None:
+            skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
+        elif current_world().distributed and not layer.table.world.distributed:
             skipped.append(
                 SkippedLayer(
                     layer.name,
-                    f"DynamicEmbedding under Horovod ({current_world().size} ranks): its table is sharded by id over "
-                    "the ranks on its own (distribute/dynamic_exchange.py); packed HybridHash stores are one-process",
+                    f"DynamicEmbedding built before hvd.init(): its table is not sharded over the "
+                    f"{current_world().size} ranks (its call raises); build the model after hvd.init()",
                 )
             )
-        elif layer.table is None:
-            skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
         elif not layer.trainable:
             skipped.append(SkippedLayer(layer.name, "non-trainable DynamicEmbedding: left as its own store"))
         elif c.capacity:
