@@ -187,3 +187,31 @@ def test_jit_compile_falls_back_to_the_plain_step_with_a_warning(caplog):
     assert not model.jit_compile
     assert any("cannot be compiled by XLA" in r.getMessage() for r in caplog.records if r.name == "hybridtf")
     model.fit(_batch(), tf.ones([16, 1]), verbose=0)  # would fail in XLA: no XLA kernel for the packed ops
+
+
+def _serializable_model():
+    ids = {name: tf.keras.Input(shape=(), dtype=tf.int64, name=name) for name in "abc"}
+    embs = [tf.keras.layers.Embedding(50 + 10 * i, 4, name=f"emb_{k}")(ids[k]) for i, k in enumerate(ids)]
+    return tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(embs)))
+
+
+def test_layer_weights_clone_and_freezing_of_an_optimized_model():
+    model = htf.keras.optimize(_serializable_model())
+    layer = model.get_layer("emb_b")
+    [rows] = layer.get_weights()  # the plain layer's weights, as Keras gives them
+    assert rows.shape == (60, 4)
+    layer.set_weights([rows + 1.0])
+    np.testing.assert_array_equal(layer.get_weights()[0], rows + 1.0)
+    with pytest.raises(ValueError, match=r"'emb_b' has 1 weight"):
+        layer.set_weights([rows, rows])
+    # Keras's clone_model builds new layers and a new model from the classes: they come out plain
+    clone = tf.keras.models.clone_model(model)
+    assert not htf.keras.is_optimized(clone) and not any(is_captured(x) for x in clone.layers)
+    clone.set_weights(model.get_weights())
+    x = {k: v for k, v in _batch().items() if k in "abc"}
+    np.testing.assert_allclose(clone.predict_on_batch(x), model.predict_on_batch(x), rtol=1e-5)  # fused: rounding
+    assert htf.keras.is_optimized(htf.keras.optimize(clone))
+    # a packed table frozen after optimize() cannot be frozen alone: compile says so instead of training it
+    layer.trainable = False
+    with pytest.raises(ValueError, match=r"\['emb_b'\] were packed while trainable and frozen afterwards"):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")

@@ -17,7 +17,7 @@ from tensorflow.python.saved_model import save_context
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.regularizers import RegularizerSpec, find_penalty, regularizer_spec
-from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +97,7 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
     return captured, skipped
 
 
-class _HybridEmbeddingMixin:
+class _HybridEmbeddingMixin(PlainConstruction):
     """Per-instance overrides of a captured Embedding layer."""
 
     @tf.autograph.experimental.do_not_convert
@@ -137,6 +137,20 @@ class _HybridEmbeddingMixin:
     def _htf_own_weights(self) -> list:
         # The plain layer's order: ``embeddings`` is created first in build().
         return [self.embeddings, *self._trainable_weights, *self._non_trainable_weights]
+
+    def get_weights(self):
+        """The plain layer's weights as NumPy arrays (the table's rows first), as Keras gives them."""
+        return [v.numpy() for v in self._htf_own_weights()]
+
+    def set_weights(self, weights):
+        """Sets the table's rows (and any other weight of the layer) in the plain layer's order and shapes."""
+        own = self._htf_own_weights()
+        if len(weights) != len(own):
+            raise ValueError(
+                f"layer {self.name!r} has {len(own)} weight(s) ({[v.name for v in own]}), got {len(weights)} values"
+            )
+        for v, w in zip(own, weights):
+            v.assign(w)
 
     def save_own_variables(self, store):
         """Keras v3 format (``.keras``): the plain layer's variables, in its order and shapes."""

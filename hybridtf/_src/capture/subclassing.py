@@ -12,6 +12,34 @@ from __future__ import annotations
 _CACHE: dict[tuple[type, type], type] = {}
 
 
+def plain_class(cls: type) -> type:
+    """The class under ``cls``'s run-time subclasses and their mixins (e.g. ``Functional``, ``Embedding``)."""
+    made = set(_CACHE.values())
+    mixins = {base for mixin, _ in _CACHE for base in mixin.__mro__ if base is not object}
+    return next(c for c in cls.__mro__ if c not in made and c not in mixins)
+
+
+class PlainConstruction:
+    """Mixin base: constructing a run-time subclass builds an instance of the plain class.
+
+    hybridtf's changes belong to one instance. Code that makes a new object
+    from an existing one's class (Keras ``clone_model`` calls
+    ``model.__class__(inputs, outputs)``, ``Layer.from_config`` calls
+    ``cls(**config)``) gets a plain object, which ``optimize`` can pack
+    again. A call without arguments (``copy``'s ``cls.__new__(cls)``) and
+    classes derived from a run-time subclass (Horovod's optimizer wrapper)
+    are constructed as usual.
+    """
+
+    def __new__(cls, *args, **kwargs):
+        if (args or kwargs) and cls in _CACHE.values():
+            return plain_class(cls)(*args, **kwargs)
+        following = super().__new__
+        if following is object.__new__:
+            return object.__new__(cls)
+        return following(cls, *args, **kwargs)
+
+
 def runtime_subclass(mixin: type, cls: type) -> type:
     """The (cached) subclass ``(mixin, cls)`` that presents itself as ``cls``.
 

@@ -13,7 +13,7 @@ instead of waiting forever.
 
 from __future__ import annotations
 
-from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
 
@@ -82,7 +82,7 @@ def _guard(model, function, phase: str, kind: str):
     return guarded
 
 
-class _CollectiveGuardMixin:
+class _CollectiveGuardMixin(PlainConstruction):
     """Per-instance override of a distributed model: Keras step functions run as armed collective phases.
 
     Tracing a step (``*_step`` runs only then) does not count against the timeout.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.plan.interleaving import (
     ChainCost,
     InterleavingPlan,
@@ -33,7 +33,7 @@ from hybridtf._src.rewrite import interleave, micro_batch, warmup
 from hybridtf._src.rewrite.micro_batch import MicroBatchError
 
 
-class _InterleaveModelMixin:
+class _InterleaveModelMixin(PlainConstruction):
     """Per-instance overrides: micro-batched ``train_step`` and the ``"auto"`` warm-up."""
 
     def train_step(self, data):

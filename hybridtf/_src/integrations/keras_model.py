@@ -25,8 +25,8 @@ import os
 import tensorflow as tf
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.keras_capture import SkippedLayer
-from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
@@ -39,7 +39,7 @@ from hybridtf._src.rewrite.runtime import lookup_all
 _log = logging.getLogger("hybridtf")
 
 
-class _HybridModelMixin:
+class _HybridModelMixin(PlainConstruction):
     """Per-instance overrides of an optimized Keras model."""
 
     @tf.autograph.experimental.do_not_convert
@@ -83,6 +83,18 @@ class _HybridModelMixin:
             self._htf_fused_dice_names[:] = scope.log.dice
 
     def compile(self, *args, **kwargs):
+        frozen = [
+            layer.name
+            for layer in self._flatten_layers(include_self=False)
+            if is_captured(layer) and not layer.trainable and self.trainable
+        ]
+        if frozen:
+            raise ValueError(
+                f"embedding layer(s) {frozen} were packed while trainable and frozen afterwards (trainable=False): "
+                "their rows share a packed variable with other tables, so hybridtf cannot freeze them alone. Set "
+                "trainable=False before htf.keras.optimize() (a frozen table stays unpacked): build the plain model "
+                "again, freeze the layers, optimize it and load the weights (model.save_weights / load_weights)."
+            )
         super().compile(*args, **kwargs)
         if self.jit_compile:
             _log.warning(
@@ -263,7 +275,7 @@ def _sharded_save_error(size: int) -> NotImplementedError:
     )
 
 
-class _UnpackedModelMixin:
+class _UnpackedModelMixin(PlainConstruction):
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
 
     def save(self, filepath, *args, **kwargs):

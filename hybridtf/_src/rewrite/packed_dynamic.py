@@ -66,7 +66,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.lookup_api import prepare_ids
-from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.rewrite import dataflow_fusion
@@ -321,7 +321,7 @@ def _output(layer, ids, out, dim: int):
     return out
 
 
-class _PackedMemberMixin:
+class _PackedMemberMixin(PlainConstruction):
     """Per-instance overrides of a packed DynamicEmbedding: lookups go through the capture context."""
 
     @tf.autograph.experimental.do_not_convert
@@ -353,7 +353,7 @@ class _PackedMemberMixin:
         return [self._htf_runtime.rows_buffer] if self.trainable else []
 
 
-class _DynamicModelMixin:
+class _DynamicModelMixin(PlainConstruction):
     """A model whose only packed tables are dynamic: its call records the lookups, then replays them."""
 
     @tf.autograph.experimental.do_not_convert
