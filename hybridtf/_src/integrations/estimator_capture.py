@@ -173,7 +173,8 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
     return rows
 
 
-tf.register_tensor_conversion_function(CapturedTable, _to_tensor)
+# Before TableView's own conversion (priority 100), which refuses reads inside a recording.
+tf.register_tensor_conversion_function(CapturedTable, _to_tensor, priority=90)
 
 
 @tf.experimental.dispatch_for_api(tf.nn.embedding_lookup, {"params": CapturedTable})

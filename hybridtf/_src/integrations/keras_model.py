@@ -25,10 +25,10 @@ import os
 import tensorflow as tf
 
 from hybridtf._src.capture import context
-from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
+from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_record
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_notices, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan
@@ -83,27 +83,9 @@ class _HybridModelMixin(PlainConstruction):
             self._htf_fused_dice_names[:] = scope.log.dice
 
     def compile(self, *args, **kwargs):
-        frozen = [
-            layer.name
-            for layer in self._flatten_layers(include_self=False)
-            if is_captured(layer) and not layer.trainable and self.trainable
-        ]
-        if frozen:
-            raise ValueError(
-                f"embedding layer(s) {frozen} were packed while trainable and frozen afterwards (trainable=False): "
-                "their rows share a packed variable with other tables, so hybridtf cannot freeze them alone. Set "
-                "trainable=False before htf.keras.optimize() (a frozen table stays unpacked): build the plain model "
-                "again, freeze the layers, optimize it and load the weights (model.save_weights / load_weights)."
-            )
+        keras_notices.refuse_frozen_packed_layers(self)
         super().compile(*args, **kwargs)
-        if self.jit_compile:
-            _log.warning(
-                "hybridtf: model %r was compiled with jit_compile=True, but its packed embedding ops "
-                "(custom TensorFlow kernels) cannot be compiled by XLA; its train/test/predict steps run "
-                "without XLA (same math). Pass jit_compile=False to silence this.",
-                self.name,
-            )
-            self.jit_compile = False
+        keras_notices.run_without_xla(self)
         hybridize_optimizer(
             self.optimizer, self._htf_runtime.storage, self._htf_fused_updates, self._htf_plain_trainable
         )
@@ -333,20 +315,6 @@ class _UnpackedModelMixin(PlainConstruction):
         return []
 
 
-def _warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
-    """One warning naming every embedding table left unpacked, with the reason and the fix."""
-    if not skipped:
-        return
-    lines = "\n".join(f"  - {s.name}: {s.reason}" for s in skipped)
-    _log.warning(
-        "hybridtf.keras.optimize packed %d embedding table(s) and left %d unpacked (they run as plain Keras, "
-        "with their own lookup and update ops; model.hybridtf_skipped lists them):\n%s",
-        packed,
-        len(skipped),
-        lines,
-    )
-
-
 @contextlib.contextmanager
 def _crash_safe(filepath, overwrite):
     """The path to write ``filepath`` at so that a kill never leaves the newest complete save unreadable."""
@@ -540,15 +508,9 @@ def optimize(
         replicate_below_rows=replicate_below_rows,
     )
     skipped = steps.skipped_layers(skipped, plan)
-    _warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
+    keras_notices.warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
     if not captured and not skipped and not dynamic.groups:
-        _log.warning(
-            "hybridtf.keras.optimize found no embedding layer in model %r (tf.keras.layers.Embedding, "
-            "hybridtf.layers.EmbeddingBag or DynamicEmbedding): nothing is packed and the model runs as written. "
-            "Tables held as raw variables (add_weight + tf.nn.embedding_lookup) are not seen: create them as "
-            "tf.keras.layers.Embedding layers to pack them.",
-            model.name,
-        )
+        keras_notices.warn_nothing_found(model)
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
         packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))

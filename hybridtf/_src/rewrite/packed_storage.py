@@ -221,6 +221,7 @@ def _table_view_to_tensor(view: TableView, dtype=None, name=None, as_ref=False):
     return value
 
 
+# TableView subclasses register theirs with a smaller priority (the Estimator record pass marks its tables there).
 tf.register_tensor_conversion_function(TableView, _table_view_to_tensor)
 
 

@@ -1,0 +1,73 @@
+"""What ``optimize`` and an optimized model's ``compile`` tell the user: warnings and refusals with the fix.
+
+* ``warn_skipped``: one warning naming every embedding table left unpacked, with the reason and the fix;
+* ``warn_nothing_found``: a model without any embedding layer (raw-variable tables are not seen);
+* ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone;
+* ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
+
+_log = logging.getLogger("hybridtf")
+
+
+def warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
+    """One warning naming every embedding table left unpacked, with the reason and the fix."""
+    if not skipped:
+        return
+    lines = "\n".join(f"  - {s.name}: {s.reason}" for s in skipped)
+    _log.warning(
+        "hybridtf.keras.optimize packed %d embedding table(s) and left %d unpacked (they run as plain Keras, "
+        "with their own lookup and update ops; model.hybridtf_skipped lists them):\n%s",
+        packed,
+        len(skipped),
+        lines,
+    )
+
+
+def warn_nothing_found(model) -> None:
+    """``model`` has no embedding layer hybridtf knows: say so (and why raw-variable tables are not seen)."""
+    _log.warning(
+        "hybridtf.keras.optimize found no embedding layer in model %r (tf.keras.layers.Embedding, "
+        "hybridtf.layers.EmbeddingBag or DynamicEmbedding): nothing is packed and the model runs as written. "
+        "Tables held as raw variables (add_weight + tf.nn.embedding_lookup) are not seen: create them as "
+        "tf.keras.layers.Embedding layers to pack them.",
+        model.name,
+    )
+
+
+def refuse_frozen_packed_layers(model) -> None:
+    """Raises when a packed layer was frozen (``trainable=False``) after ``optimize``: it shares a variable.
+
+    Raises:
+        ValueError: naming the layers and the fix.
+    """
+    if not model.trainable:  # the whole model frozen: nothing trains, as in Keras
+        return
+    frozen = [
+        layer.name for layer in model._flatten_layers(include_self=False) if is_captured(layer) and not layer.trainable
+    ]
+    if frozen:
+        raise ValueError(
+            f"embedding layer(s) {frozen} were packed while trainable and frozen afterwards (trainable=False): "
+            "their rows share a packed variable with other tables, so hybridtf cannot freeze them alone. Set "
+            "trainable=False before htf.keras.optimize() (a frozen table stays unpacked): build the plain model "
+            "again, freeze the layers, optimize it and load the weights (model.save_weights / load_weights)."
+        )
+
+
+def run_without_xla(model) -> None:
+    """After ``compile``: ``jit_compile=True`` is turned off with a warning (no XLA kernels for hybridtf's ops)."""
+    if not model.jit_compile:
+        return
+    _log.warning(
+        "hybridtf: model %r was compiled with jit_compile=True, but its packed embedding ops (custom TensorFlow "
+        "kernels) cannot be compiled by XLA; its train/test/predict steps run without XLA (same math). Pass "
+        "jit_compile=False to silence this.",
+        model.name,
+    )
+    model.jit_compile = False
