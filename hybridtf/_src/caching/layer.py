@@ -238,13 +238,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 )
             object.__setattr__(self, "_training_graph", graph)
             world = self._shard_world
-            assigns = [self._ids_buffer.assign(unique)]
-            if world.distributed:
-                routed = dynamic_exchange.sharded_lookup(self.table, unique, counts, world, self._exchange_name, True)
-                rows = routed.rows
-                assigns.append(self._received_ids.assign(routed.received_ids))
-            else:
-                rows = self.table.lookup(unique, counts, insert=True)
+            received, name = getattr(self, "_received_ids", None), self._exchange_name
+            rows, assigns = dynamic_exchange.training_rows(self.table, unique, counts, world, name, received)
+            assigns.insert(0, self._ids_buffer.assign(unique))
             assigns.append(self._rows_buffer.assign(rows))
             with tf.control_dependencies(assigns):
                 embedded = tf.gather(self._rows_buffer, inverse)

@@ -299,22 +299,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
     # --- checkpoints -----------------------------------------------------------------------------
     def _serialize_to_tensors(self):
-        gathered = getattr(self, "_htf_gathered", None)  # dynamic_exchange.gathered_exports (save_weights)
-        if gathered is not None:
-            ids, rows, slots, counts, slot_init, step = gathered
-        elif self._world.distributed:
-            ids, rows, slots, counts, slot_init, step = dynamic_exchange.full_export(self, self._world)
-        else:
-            ids, rows, slots, counts, slot_init, step = self.export()
-        return {
-            "ids": ids,
-            "rows": rows,
-            "slots": slots,
-            "counts": counts,
-            "slot_init": slot_init,
-            "step": step,
-            "table_name": tf.constant(self.name),
-        }
+        return dynamic_exchange.checkpoint_tensors(self, self._world)
 
     def _restore_from_tensors(self, restored_tensors):
         t = restored_tensors

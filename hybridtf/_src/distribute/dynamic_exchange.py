@@ -302,3 +302,42 @@ def is_sharded_dynamic_buffer(variable) -> bool:
 def sharded_dynamic_buffers(model) -> list:
     """The distinct-rows buffers of ``model``'s dynamic tables sharded by id (its local variables)."""
     return [v for v in getattr(model, "trainable_variables", []) if is_sharded_dynamic_buffer(v)]
+
+
+def checkpoint_tensors(table, world: World) -> dict:
+    """A dynamic table's checkpoint entries: its whole table as one process writes it.
+
+    ``save_weights``' gathered exports when set (``gathered_exports``), else under
+    Horovod every shard's export gathered (``full_export``, a collective), else
+    the local store's export. ``table`` is a ``HybridHashTable`` or a packed
+    store's member view.
+    """
+    gathered = getattr(table, "_htf_gathered", None)
+    if gathered is not None:
+        ids, rows, slots, counts, slot_init, step = gathered
+    elif world.distributed:
+        ids, rows, slots, counts, slot_init, step = full_export(table, world)
+    else:
+        ids, rows, slots, counts, slot_init, step = table.export()
+    return {
+        "ids": ids,
+        "rows": rows,
+        "slots": slots,
+        "counts": counts,
+        "slot_init": slot_init,
+        "step": step,
+        "table_name": tf.constant(table.name),
+    }
+
+
+def training_rows(table, unique: tf.Tensor, counts: tf.Tensor, world: World, name: str, received_ids):
+    """The rows of a training step's distinct ids, found or inserted: (rows, assign ops to run first).
+
+    Under Horovod they come from their owners' shards (``sharded_lookup``) and the
+    ids this rank received are kept in ``received_ids`` for the owner-side
+    update; in one process from the local store.
+    """
+    if world.distributed:
+        routed = sharded_lookup(table, unique, counts, world, name, True)
+        return routed.rows, [received_ids.assign(routed.received_ids)]
+    return table.lookup(unique, counts, insert=True), []

@@ -92,22 +92,7 @@ class MemberTable(tf.__internal__.tracking.Trackable):
         return self.store.flush()
 
     def _serialize_to_tensors(self):
-        gathered = getattr(self, "_htf_gathered", None)  # dynamic_exchange.gathered_exports (save_weights)
-        if gathered is not None:
-            ids, rows, slots, counts, slot_init, step = gathered
-        elif self.world.distributed:  # the member's whole table, as one process writes it (a collective)
-            ids, rows, slots, counts, slot_init, step = dynamic_exchange.full_export(self, self.world)
-        else:
-            ids, rows, slots, counts, slot_init, step = self.export()
-        return {
-            "ids": ids,
-            "rows": rows,
-            "slots": slots,
-            "counts": counts,
-            "slot_init": slot_init,
-            "step": step,
-            "table_name": tf.constant(self.name),
-        }
+        return dynamic_exchange.checkpoint_tensors(self, self.world)
 
     def _restore_from_tensors(self, restored_tensors):
         t = restored_tensors
