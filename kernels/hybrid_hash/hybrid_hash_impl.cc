@@ -62,18 +62,20 @@ uint32_t Store::Find(uint32_t member, int64_t id) const {
   return FindFrom(Slot(member, id), member, id);
 }
 
-uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id) const {
+uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id, uint64_t* end) const {
   const uint64_t mask = map_.size() - 1;
   for (uint64_t s = slot;; s = (s + 1) & mask) {
     const uint32_t index = map_[s];
-    if (index == kEmpty) return index;
-    const Header* h = Record(index);
-    if (h->id == id && MemberOf(h) == member) return index;
+    const Header* h = index == kEmpty ? nullptr : Record(index);
+    if (h == nullptr || (h->id == id && MemberOf(h) == member)) {
+      if (end) *end = s;
+      return index;
+    }
   }
 }
 
 void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
-                      uint32_t* out) const {
+                      uint32_t* out, uint64_t* ends) const {
   uint64_t slots[kBlock];
   const int64_t n = end - begin;
   for (int64_t k = 0; k < n; ++k) {
@@ -85,7 +87,7 @@ void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin,
     if (index != kEmpty) __builtin_prefetch(Record(index));
   }
   for (int64_t k = 0; k < n; ++k) {
-    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k]);
+    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k], ends ? ends + k : nullptr);
   }
 }
 
@@ -100,6 +102,7 @@ void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
   uint64_t s = Slot(member, id);
   while (map_[s] != kEmpty) s = (s + 1) & mask;
   map_[s] = index;
+  ++map_epoch_;
 }
 
 void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
@@ -109,6 +112,7 @@ void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
     i = (i + 1) & mask;
   }
   if (map_[i] == kEmpty) return;
+  ++map_epoch_;
   uint64_t j = i;
   for (;;) {
     j = (j + 1) & mask;
@@ -130,6 +134,7 @@ ImplStatus Store::GrowMap() {
                                        std::to_string(kMaxRows) + " rows.");
   }
   map_.assign(size, kEmpty);
+  ++map_epoch_;
   for (uint32_t r = 0; r < next_record_; ++r) {
     Header* h = Record(r);
     if (h->mark != kDead) MapInsert(MemberOf(h), h->id, r);

@@ -253,13 +253,16 @@ class Store {
   float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
   uint64_t Slot(uint32_t member, int64_t id) const;
   uint32_t Find(uint32_t member, int64_t id) const;  // record index or kEmpty
-  // Find from the map slot Slot(member, id) already computed.
-  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id) const;
+  // Find from the map slot Slot(member, id) already computed; *end (if not
+  // null) gets the map slot where the probe stopped (for a miss: the first
+  // empty slot of the key's probe sequence).
+  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id, uint64_t* end = nullptr) const;
   // Find of ids[begin, end) (at most kBlock) into out[0, end - begin): the map
   // slots, then the records they name, are prefetched for the whole block
   // before any is probed, so the block's cache misses overlap.
+  // ends (optional): each id's FindFrom end slot, at ends[0, end - begin).
   void FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
-                 uint32_t* out) const;
+                 uint32_t* out, uint64_t* ends = nullptr) const;
   // FindBlock guided by record hints (see ApplySgd): a hint naming a live
   // record with the key (member, id) is taken as is, the others are probed.
   void FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
@@ -280,6 +283,10 @@ class Store {
     const int64_t* members;  // nullptr: member 0
     float* out;              // the missing ids' rows hold their initial rows on entry
     int64_t* records;        // nullptr: not wanted
+    // The shared pass's probe end of each missing id (by batch position), valid
+    // while map_epoch_ == epoch (see InsertParallel); nullptr: none.
+    const uint64_t* probe_ends;
+    uint64_t epoch;
   };
   // The exclusive pass of a training lookup over batch positions `todo` (the
   // ids the shared pass did not find, ascending): InsertSerial one by one
@@ -317,6 +324,9 @@ class Store {
   uint32_t next_record_ = 0;    // records [0, next_record_) were handed out
   std::vector<uint32_t> free_;  // dead records to reuse
   std::vector<uint32_t> map_;   // open addressing, kEmpty or record index
+  // Bumped (exclusive lock held) by every change of map_: an insert, erase,
+  // growth or clear. Equal epochs: no slot was filled or emptied in between.
+  uint64_t map_epoch_ = 0;
   int64_t size_ = 0;
   std::vector<float> hot_;  // hot_rows * RowFloats()
   std::vector<uint32_t> hot_owner_;

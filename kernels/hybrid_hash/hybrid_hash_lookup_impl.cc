@@ -22,6 +22,10 @@
 // record ranges depend on the batch only, not on the thread count, and the
 // free hot entries (everything fits) are handed out afterwards in batch order
 // as one by one, so the store's content is the same however many threads run.
+// The shared pass keeps each missing id's probe end (the empty map slot where
+// its probe stopped); if no other writer changed the map in between (map_epoch_
+// unchanged), InsertParallel resumes each probe there instead of walking the
+// occupied slots from the home slot again (each one a record read).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -61,16 +65,19 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   if (!valid.ok()) return valid;
   const int64_t dim = config_.dim;
   std::vector<char> missing(static_cast<size_t>(n), 0);
+  std::vector<uint64_t> ends(insert ? static_cast<size_t>(n) : 0);
   std::atomic<int64_t> num_missing{0};
+  uint64_t epoch = 0;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     const uint32_t step = step_;
+    epoch = map_epoch_;
     pf(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
       int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
       uint32_t block[kBlock];
       for (int64_t b = begin; b < end; b += kBlock) {
         const int64_t e = std::min(end, b + kBlock);
-        FindBlock(ids, members, b, e, block);
+        FindBlock(ids, members, b, e, block, insert ? ends.data() + b : nullptr);
         for (int64_t i = b; i < e; ++i) {
           if (block[i - b] != kEmpty) PrefetchFloats(block[i - b]);
         }
@@ -131,7 +138,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   for (int64_t i = 0; i < n; ++i) {
     if (missing[i]) todo.push_back(i);
   }
-  const LookupBatch batch{ids, counts, members, out, records};
+  const LookupBatch batch{ids, counts, members, out, records, ends.data(), epoch};
   std::unique_lock<std::shared_mutex> lock(mu_);
   if (config_.capacity > 0) return InsertSerial(todo, batch);
   return InsertParallel(todo, batch, pf);
@@ -205,6 +212,14 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
       return status;
     }
   }
+  // The map unchanged since the shared pass (no other insert, erase or growth
+  // in between): a missing key's probe resumes at the empty slot where the
+  // shared pass stopped. The slots before it were occupied by other keys and
+  // stay so (nothing is erased here); the ones from it on are empty or were
+  // filled by this batch (compared as usual). Else from the home slot.
+  const uint64_t* resume =
+      b.probe_ends != nullptr && map_epoch_ == b.epoch ? b.probe_ends : nullptr;
+  auto first_slot = [&](int64_t j) { return resume ? resume[todo[j]] : slot[j]; };
   std::vector<uint32_t> inserted(static_cast<size_t>(m), kEmpty);  // by j: the new record
   std::atomic<int64_t> total_new{0}, total_occ{0};
   const uint64_t mask = map_.size() - 1;
@@ -212,13 +227,13 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   pf(parts, (m / parts + 1) * (400 + 8 * dim), [&](int64_t p0, int64_t p1) {
     int64_t news = 0, occ = 0;
     for (int64_t k = start[p0]; k < start[p1]; ++k) {
-      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[slot[order[k + kBlock]]]);
+      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[first_slot(order[k + kBlock])]);
       const int64_t j = order[k];
       const int64_t i = todo[j];
       const uint32_t member = M(b.members, i);
       const int64_t id = b.ids[i];
       uint32_t r = kEmpty;
-      uint64_t s = slot[j];
+      uint64_t s = first_slot(j);
       for (;; s = (s + 1) & mask) {
         const uint32_t index = __atomic_load_n(&map_[s], __ATOMIC_ACQUIRE);
         if (index == kEmpty) break;
@@ -259,6 +274,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
       if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
     }
   }
+  if (total_new.load() > 0) ++map_epoch_;
   size_ += total_new.load();
   inserts_.fetch_add(total_new.load(), std::memory_order_relaxed);
   occurrences_.fetch_add(total_occ.load(), std::memory_order_relaxed);
