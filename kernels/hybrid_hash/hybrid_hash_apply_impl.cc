@@ -107,8 +107,9 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, const in
         __builtin_prefetch(ahead, 1);
         __builtin_prefetch(ahead + row_bytes - 1, 1);
       }
-      std::lock_guard<std::mutex> row_lock(Stripe(records[i]));
+      const uint32_t even = LockStripe(records[i]);
       fn(rows[i], i);
+      UnlockStripe(records[i], even);
     }
   });
   return ImplStatus::Ok();

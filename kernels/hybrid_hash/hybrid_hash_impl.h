@@ -50,10 +50,16 @@
 // row updates (SGD, Adagrad, LazyAdam), stats. Exclusive: inserts,
 // evictions, flushes, EndStep, dense Adam, slot layout changes, export
 // (which writes the hot tier back first) and import. Under the shared lock
-// the location of every row is fixed; the floats of one record, its count
-// and its last step are guarded by one of kStripes striped mutexes (record
-// index % kStripes), so a lookup never copies a row that an update is
-// half-way through; statistics are atomic. The inserts of one training
+// the location of every row is fixed; the floats of one record are guarded
+// by one of kStripes striped sequence locks (record index % kStripes, one
+// cache line each): an update makes the stripe's sequence odd (a
+// compare-and-swap from even: writers exclude each other), writes the row
+// and makes it even again; a lookup copies the row between two reads of the
+// sequence and copies again if it was odd or changed, so it never returns a
+// row an update is half-way through, and it writes nothing shared to read
+// (no lock line moves between readers). Counts and last steps, written
+// under the shared lock by lookups only, are atomic (a saturating
+// compare-and-swap, a relaxed store); statistics are atomic. The inserts of one training
 // lookup run in parallel under the exclusive lock (lock-free linear probing
 // within it, see hybrid_hash_lookup_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
@@ -65,6 +71,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/common/parallel_for.h"
@@ -309,7 +316,40 @@ class Store {
   void FlushLocked();
   void RelayoutLocked(int num_slots, const float* slot_init);
   void ClearLocked();
-  std::mutex& Stripe(uint32_t index) const { return stripes_[index % kStripes]; }
+  // The stripe sequence lock of record index (see Locking).
+  struct alignas(64) StripeSeq {
+    std::atomic<uint32_t> seq{0};
+  };
+  // Writer side: spins until the stripe is even, makes it odd; returns the even value.
+  uint32_t LockStripe(uint32_t index) const {
+    std::atomic<uint32_t>& seq = stripes_[index % kStripes].seq;
+    for (int spins = 0;; ++spins) {
+      uint32_t s = seq.load(std::memory_order_relaxed);
+      if ((s & 1u) == 0 && seq.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
+                                                     std::memory_order_relaxed)) {
+        std::atomic_thread_fence(std::memory_order_release);  // the odd value before any row write
+        return s;
+      }
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
+  void UnlockStripe(uint32_t index, uint32_t even) const {
+    stripes_[index % kStripes].seq.store(even + 2, std::memory_order_release);
+  }
+  // Reader side: runs copy() until it ran while no writer held the stripe.
+  template <typename Copy>
+  void ReadStripe(uint32_t index, Copy&& copy) const {
+    const std::atomic<uint32_t>& seq = stripes_[index % kStripes].seq;
+    for (int spins = 0;; ++spins) {
+      const uint32_t before = seq.load(std::memory_order_acquire);
+      if ((before & 1u) == 0) {
+        copy();
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (seq.load(std::memory_order_relaxed) == before) return;
+      }
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
   template <typename RowFn>
   ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
                        const char* what, const ParallelFor& pf, RowFn&& fn);
@@ -336,7 +376,7 @@ class Store {
   uint32_t update_serial_ = 0;
 
   mutable std::shared_mutex mu_;
-  mutable std::mutex stripes_[kStripes];
+  mutable StripeSeq stripes_[kStripes];
   std::atomic<int64_t> inserts_{0}, evictions_{0}, lookups_{0}, hits_{0}, occurrences_{0},
       occurrence_hits_{0}, flushes_{0}, step_lookups_{0}, step_hits_{0}, last_step_lookups_{0},
       last_step_hits_{0};

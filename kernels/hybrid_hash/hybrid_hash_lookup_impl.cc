@@ -2,8 +2,8 @@
 // the store and its locking.
 //
 // A training lookup has three passes:
-//   1. shared lock, parallel over blocks of ids: probe, copy present rows,
-//      count them (under the row's stripe mutex, so counts need no atomics);
+//   1. shared lock, parallel over blocks of ids: probe, copy present rows
+//      (under their stripe's sequence lock), count them (atomics);
 //   2. no lock, parallel: the initial rows of the ids not found, straight
 //      into the output (they depend only on (member seed, id, initializer));
 //   3. exclusive lock: insert the ids not found. In a store without a
@@ -42,6 +42,18 @@ inline void AddSaturating(uint32_t* counter, int64_t add) {
   const int64_t sum =
       std::min<int64_t>(int64_t{*counter} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
   *counter = static_cast<uint32_t>(sum);
+}
+
+// The same for a counter other threads may add to at the same time.
+inline void AddSaturatingAtomic(uint32_t* counter, int64_t add) {
+  uint32_t cur = __atomic_load_n(counter, __ATOMIC_RELAXED);
+  for (;;) {
+    const int64_t sum = std::min<int64_t>(int64_t{cur} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
+    if (__atomic_compare_exchange_n(counter, &cur, static_cast<uint32_t>(sum), true,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      return;
+    }
+  }
 }
 
 // Batch position i read record r (header h) at `step`: its record index (when the
@@ -91,17 +103,14 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
           }
           Header* h = Record(r);
           const int64_t c = counts ? counts[i] : 1;
-          {
-            // Under the shared lock every writer of a row, its count and its
-            // last step holds the row's stripe: plain reads and writes.
-            std::lock_guard<std::mutex> row_lock(Stripe(r));
-            std::memcpy(out + i * dim, Floats(h), 4 * dim);
-            if (insert) {
-              AddSaturating(&h->count, c);
-              h->last_step = step;
-            }
-          }
+          // Under the shared lock no row moves and only updates write one
+          // (under its stripe's sequence lock); counts and last steps only
+          // lookups, which may run concurrently: atomics.
+          float* row = Floats(h);
+          ReadStripe(r, [&] { std::memcpy(out + i * dim, row, 4 * dim); });
           if (insert) {
+            AddSaturatingAtomic(&h->count, c);
+            __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
             occ += c;
             if (h->hot >= 0) {
               ++hits;
