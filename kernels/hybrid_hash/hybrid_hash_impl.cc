@@ -158,7 +158,7 @@ ImplStatus Store::AllocRecord(uint32_t* index) {
     if (__builtin_mul_overflow(kChunkRows, record_bytes_, &bytes)) {
       return ImplStatus::InvalidArgument(Quoted(config_) + ": row size overflows.");
     }
-    chunks_.emplace_back(new (std::nothrow) char[bytes]);
+    chunks_.emplace_back(static_cast<char*>(AllocLines(static_cast<size_t>(bytes))));
     if (!chunks_.back()) {
       chunks_.pop_back();
       return ImplStatus::Internal(Quoted(config_) + ": out of memory growing the row arena.");
@@ -260,13 +260,14 @@ void Store::RelayoutLocked(int num_slots, const float* slot_init) {
   WriteBackLocked();
   const int64_t dim = config_.dim;
   const int64_t old_bytes = record_bytes_;
-  std::vector<std::unique_ptr<char[]>> old = std::move(chunks_);
+  std::vector<LineChunk> old = std::move(chunks_);
   chunks_.clear();
   num_slots_ = num_slots;
   slot_init_.assign(slot_init, slot_init + num_slots);
   record_bytes_ = RecordBytes();
   for (size_t c = 0; c < old.size(); ++c) {
-    chunks_.emplace_back(new char[kChunkRows * record_bytes_]);
+    chunks_.emplace_back(static_cast<char*>(AllocLines(kChunkRows * record_bytes_)));
+    if (!chunks_.back()) throw std::bad_alloc();  // as new char[] did
     for (int64_t i = 0; i < kChunkRows; ++i) {
       const char* src = old[c].get() + i * old_bytes;
       char* dst = chunks_[c].get() + i * record_bytes_;

@@ -67,8 +67,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -79,6 +81,39 @@
 
 namespace hybridtf {
 namespace hybrid_hash {
+
+// Cache-line (64-byte) aligned memory: the row arena's chunks and the hot
+// tier start on a line, so a record header (24-32 bytes at a multiple of 8)
+// and a hot entry of 64 bytes (dim 8 + one slot) span one line, not two.
+constexpr size_t kLineBytes = 64;
+inline void* AllocLines(size_t bytes) {
+  return std::aligned_alloc(kLineBytes, (bytes + kLineBytes - 1) / kLineBytes * kLineBytes);
+}
+struct FreeLines {
+  void operator()(char* p) const { std::free(p); }
+};
+using LineChunk = std::unique_ptr<char[], FreeLines>;
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: rebinding is implicit
+  T* allocate(size_t n) {
+    void* p = n ? AllocLines(n * sizeof(T)) : nullptr;
+    if (n && p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const LineAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const LineAllocator<U>&) const {
+    return false;
+  }
+};
 
 enum class Initializer { kZeros, kConstant, kUniform, kNormal };
 enum class EvictPolicy { kLfu, kLru };
@@ -360,7 +395,7 @@ class Store {
   int num_slots_ = 0;
   std::vector<float> slot_init_;
   int64_t record_bytes_ = 0;
-  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<LineChunk> chunks_;
   uint32_t next_record_ = 0;    // records [0, next_record_) were handed out
   std::vector<uint32_t> free_;  // dead records to reuse
   std::vector<uint32_t> map_;   // open addressing, kEmpty or record index
@@ -368,7 +403,7 @@ class Store {
   // growth or clear. Equal epochs: no slot was filled or emptied in between.
   uint64_t map_epoch_ = 0;
   int64_t size_ = 0;
-  std::vector<float> hot_;  // hot_rows * RowFloats()
+  std::vector<float, LineAllocator<float>> hot_;  // hot_rows * RowFloats()
   std::vector<uint32_t> hot_owner_;
   int64_t hot_used_ = 0;
   bool hot_phase_ = false;  // a flush happened: free hot entries take new rows
