@@ -82,9 +82,16 @@ void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin,
     slots[k] = Slot(M(members, begin + k), ids[begin + k]);
     __builtin_prefetch(&map_[slots[k]]);
   }
+  // The records of the first kProbeAhead occupied slots of each probe: a probe
+  // compares the key of every record it passes, so a collision or a miss at a
+  // high load would otherwise wait for those records one after the other.
+  const uint64_t mask = map_.size() - 1;
   for (int64_t k = 0; k < n; ++k) {
-    const uint32_t index = map_[slots[k]];
-    if (index != kEmpty) __builtin_prefetch(Record(index));
+    for (uint64_t s = slots[k], j = 0; j < kProbeAhead; ++j, s = (s + 1) & mask) {
+      const uint32_t index = map_[s];
+      if (index == kEmpty) break;
+      __builtin_prefetch(Record(index));
+    }
   }
   for (int64_t k = 0; k < n; ++k) {
     out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k], ends ? ends + k : nullptr);
