@@ -278,7 +278,7 @@ class Store {
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
   static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
   static constexpr int kStripes = 64;
-  static constexpr int64_t kBlock = 16;       // ids probed together (FindBlock)
+  static constexpr int64_t kBlock = 32;       // ids probed together (FindBlock)
   static constexpr uint64_t kProbeAhead = 3;  // records prefetched per probe (FindBlock)
 
   explicit Store(const Config& config);
