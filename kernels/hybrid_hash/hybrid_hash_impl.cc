@@ -62,30 +62,39 @@ uint32_t Store::Find(uint32_t member, int64_t id) const {
   return FindFrom(Slot(member, id), member, id);
 }
 
-uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id) const {
+uint32_t Store::FindFrom(uint64_t slot, uint32_t member, int64_t id, uint64_t* end) const {
   const uint64_t mask = map_.size() - 1;
   for (uint64_t s = slot;; s = (s + 1) & mask) {
     const uint32_t index = map_[s];
-    if (index == kEmpty) return index;
-    const Header* h = Record(index);
-    if (h->id == id && MemberOf(h) == member) return index;
+    const Header* h = index == kEmpty ? nullptr : Record(index);
+    if (h == nullptr || (h->id == id && MemberOf(h) == member)) {
+      if (end) *end = s;
+      return index;
+    }
   }
 }
 
 void Store::FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
-                      uint32_t* out) const {
+                      uint32_t* out, uint64_t* ends) const {
   uint64_t slots[kBlock];
   const int64_t n = end - begin;
   for (int64_t k = 0; k < n; ++k) {
     slots[k] = Slot(M(members, begin + k), ids[begin + k]);
     __builtin_prefetch(&map_[slots[k]]);
   }
+  // The records of the first kProbeAhead occupied slots of each probe: a probe
+  // compares the key of every record it passes, so a collision or a miss at a
+  // high load would otherwise wait for those records one after the other.
+  const uint64_t mask = map_.size() - 1;
   for (int64_t k = 0; k < n; ++k) {
-    const uint32_t index = map_[slots[k]];
-    if (index != kEmpty) __builtin_prefetch(Record(index));
+    for (uint64_t s = slots[k], j = 0; j < kProbeAhead; ++j, s = (s + 1) & mask) {
+      const uint32_t index = map_[s];
+      if (index == kEmpty) break;
+      __builtin_prefetch(Record(index));
+    }
   }
   for (int64_t k = 0; k < n; ++k) {
-    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k]);
+    out[k] = FindFrom(slots[k], M(members, begin + k), ids[begin + k], ends ? ends + k : nullptr);
   }
 }
 
@@ -100,6 +109,7 @@ void Store::MapInsert(uint32_t member, int64_t id, uint32_t index) {
   uint64_t s = Slot(member, id);
   while (map_[s] != kEmpty) s = (s + 1) & mask;
   map_[s] = index;
+  ++map_epoch_;
 }
 
 void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
@@ -109,6 +119,7 @@ void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
     i = (i + 1) & mask;
   }
   if (map_[i] == kEmpty) return;
+  ++map_epoch_;
   uint64_t j = i;
   for (;;) {
     j = (j + 1) & mask;
@@ -130,6 +141,7 @@ ImplStatus Store::GrowMap() {
                                        std::to_string(kMaxRows) + " rows.");
   }
   map_.assign(size, kEmpty);
+  ++map_epoch_;
   for (uint32_t r = 0; r < next_record_; ++r) {
     Header* h = Record(r);
     if (h->mark != kDead) MapInsert(MemberOf(h), h->id, r);
@@ -153,7 +165,7 @@ ImplStatus Store::AllocRecord(uint32_t* index) {
     if (__builtin_mul_overflow(kChunkRows, record_bytes_, &bytes)) {
       return ImplStatus::InvalidArgument(Quoted(config_) + ": row size overflows.");
     }
-    chunks_.emplace_back(new (std::nothrow) char[bytes]);
+    chunks_.emplace_back(static_cast<char*>(AllocLines(static_cast<size_t>(bytes))));
     if (!chunks_.back()) {
       chunks_.pop_back();
       return ImplStatus::Internal(Quoted(config_) + ": out of memory growing the row arena.");
@@ -255,13 +267,14 @@ void Store::RelayoutLocked(int num_slots, const float* slot_init) {
   WriteBackLocked();
   const int64_t dim = config_.dim;
   const int64_t old_bytes = record_bytes_;
-  std::vector<std::unique_ptr<char[]>> old = std::move(chunks_);
+  std::vector<LineChunk> old = std::move(chunks_);
   chunks_.clear();
   num_slots_ = num_slots;
   slot_init_.assign(slot_init, slot_init + num_slots);
   record_bytes_ = RecordBytes();
   for (size_t c = 0; c < old.size(); ++c) {
-    chunks_.emplace_back(new char[kChunkRows * record_bytes_]);
+    chunks_.emplace_back(static_cast<char*>(AllocLines(kChunkRows * record_bytes_)));
+    if (!chunks_.back()) throw std::bad_alloc();  // as new char[] did
     for (int64_t i = 0; i < kChunkRows; ++i) {
       const char* src = old[c].get() + i * old_bytes;
       char* dst = chunks_[c].get() + i * record_bytes_;

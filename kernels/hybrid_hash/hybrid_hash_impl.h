@@ -50,10 +50,16 @@
 // row updates (SGD, Adagrad, LazyAdam), stats. Exclusive: inserts,
 // evictions, flushes, EndStep, dense Adam, slot layout changes, export
 // (which writes the hot tier back first) and import. Under the shared lock
-// the location of every row is fixed; the floats of one record, its count
-// and its last step are guarded by one of kStripes striped mutexes (record
-// index % kStripes), so a lookup never copies a row that an update is
-// half-way through; statistics are atomic. The inserts of one training
+// the location of every row is fixed; the floats of one record are guarded
+// by one of kStripes striped sequence locks (record index % kStripes, one
+// cache line each): an update makes the stripe's sequence odd (a
+// compare-and-swap from even: writers exclude each other), writes the row
+// and makes it even again; a lookup copies the row between two reads of the
+// sequence and copies again if it was odd or changed, so it never returns a
+// row an update is half-way through, and it writes nothing shared to read
+// (no lock line moves between readers). Counts and last steps, written
+// under the shared lock by lookups only, are atomic (a saturating
+// compare-and-swap, a relaxed store); statistics are atomic. The inserts of one training
 // lookup run in parallel under the exclusive lock (lock-free linear probing
 // within it, see hybrid_hash_lookup_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
@@ -61,10 +67,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/common/parallel_for.h"
@@ -72,6 +81,39 @@
 
 namespace hybridtf {
 namespace hybrid_hash {
+
+// Cache-line (64-byte) aligned memory: the row arena's chunks and the hot
+// tier start on a line, so a record header (24-32 bytes at a multiple of 8)
+// and a hot entry of 64 bytes (dim 8 + one slot) span one line, not two.
+constexpr size_t kLineBytes = 64;
+inline void* AllocLines(size_t bytes) {
+  return std::aligned_alloc(kLineBytes, (bytes + kLineBytes - 1) / kLineBytes * kLineBytes);
+}
+struct FreeLines {
+  void operator()(char* p) const { std::free(p); }
+};
+using LineChunk = std::unique_ptr<char[], FreeLines>;
+template <typename T>
+struct LineAllocator {
+  using value_type = T;
+  LineAllocator() = default;
+  template <typename U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: rebinding is implicit
+  T* allocate(size_t n) {
+    void* p = n ? AllocLines(n * sizeof(T)) : nullptr;
+    if (n && p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, size_t) { std::free(p); }
+  template <typename U>
+  bool operator==(const LineAllocator<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const LineAllocator<U>&) const {
+    return false;
+  }
+};
 
 enum class Initializer { kZeros, kConstant, kUniform, kNormal };
 enum class EvictPolicy { kLfu, kLru };
@@ -236,7 +278,8 @@ class Store {
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
   static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
   static constexpr int kStripes = 64;
-  static constexpr int64_t kBlock = 16;  // ids probed together (FindBlock)
+  static constexpr int64_t kBlock = 32;       // ids probed together (FindBlock)
+  static constexpr uint64_t kProbeAhead = 3;  // records prefetched per probe (FindBlock)
 
   explicit Store(const Config& config);
   int64_t RowFloats() const { return (1 + num_slots_) * config_.dim; }
@@ -253,13 +296,16 @@ class Store {
   float* Floats(Header* h) const;  // the authoritative copy (hot or cold)
   uint64_t Slot(uint32_t member, int64_t id) const;
   uint32_t Find(uint32_t member, int64_t id) const;  // record index or kEmpty
-  // Find from the map slot Slot(member, id) already computed.
-  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id) const;
+  // Find from the map slot Slot(member, id) already computed; *end (if not
+  // null) gets the map slot where the probe stopped (for a miss: the first
+  // empty slot of the key's probe sequence).
+  uint32_t FindFrom(uint64_t slot, uint32_t member, int64_t id, uint64_t* end = nullptr) const;
   // Find of ids[begin, end) (at most kBlock) into out[0, end - begin): the map
   // slots, then the records they name, are prefetched for the whole block
   // before any is probed, so the block's cache misses overlap.
+  // ends (optional): each id's FindFrom end slot, at ends[0, end - begin).
   void FindBlock(const int64_t* ids, const int64_t* members, int64_t begin, int64_t end,
-                 uint32_t* out) const;
+                 uint32_t* out, uint64_t* ends = nullptr) const;
   // FindBlock guided by record hints (see ApplySgd): a hint naming a live
   // record with the key (member, id) is taken as is, the others are probed.
   void FindBlockHinted(const int64_t* ids, const int64_t* members, const int64_t* hints,
@@ -280,6 +326,10 @@ class Store {
     const int64_t* members;  // nullptr: member 0
     float* out;              // the missing ids' rows hold their initial rows on entry
     int64_t* records;        // nullptr: not wanted
+    // The shared pass's probe end of each missing id (by batch position), valid
+    // while map_epoch_ == epoch (see InsertParallel); nullptr: none.
+    const uint64_t* probe_ends;
+    uint64_t epoch;
   };
   // The exclusive pass of a training lookup over batch positions `todo` (the
   // ids the shared pass did not find, ascending): InsertSerial one by one
@@ -302,7 +352,40 @@ class Store {
   void FlushLocked();
   void RelayoutLocked(int num_slots, const float* slot_init);
   void ClearLocked();
-  std::mutex& Stripe(uint32_t index) const { return stripes_[index % kStripes]; }
+  // The stripe sequence lock of record index (see Locking).
+  struct alignas(64) StripeSeq {
+    std::atomic<uint32_t> seq{0};
+  };
+  // Writer side: spins until the stripe is even, makes it odd; returns the even value.
+  uint32_t LockStripe(uint32_t index) const {
+    std::atomic<uint32_t>& seq = stripes_[index % kStripes].seq;
+    for (int spins = 0;; ++spins) {
+      uint32_t s = seq.load(std::memory_order_relaxed);
+      if ((s & 1u) == 0 && seq.compare_exchange_weak(s, s + 1, std::memory_order_acquire,
+                                                     std::memory_order_relaxed)) {
+        std::atomic_thread_fence(std::memory_order_release);  // the odd value before any row write
+        return s;
+      }
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
+  void UnlockStripe(uint32_t index, uint32_t even) const {
+    stripes_[index % kStripes].seq.store(even + 2, std::memory_order_release);
+  }
+  // Reader side: runs copy() until it ran while no writer held the stripe.
+  template <typename Copy>
+  void ReadStripe(uint32_t index, Copy&& copy) const {
+    const std::atomic<uint32_t>& seq = stripes_[index % kStripes].seq;
+    for (int spins = 0;; ++spins) {
+      const uint32_t before = seq.load(std::memory_order_acquire);
+      if ((before & 1u) == 0) {
+        copy();
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (seq.load(std::memory_order_relaxed) == before) return;
+      }
+      if (spins > 64) std::this_thread::yield();
+    }
+  }
   template <typename RowFn>
   ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
                        const char* what, const ParallelFor& pf, RowFn&& fn);
@@ -313,12 +396,15 @@ class Store {
   int num_slots_ = 0;
   std::vector<float> slot_init_;
   int64_t record_bytes_ = 0;
-  std::vector<std::unique_ptr<char[]>> chunks_;
+  std::vector<LineChunk> chunks_;
   uint32_t next_record_ = 0;    // records [0, next_record_) were handed out
   std::vector<uint32_t> free_;  // dead records to reuse
   std::vector<uint32_t> map_;   // open addressing, kEmpty or record index
+  // Bumped (exclusive lock held) by every change of map_: an insert, erase,
+  // growth or clear. Equal epochs: no slot was filled or emptied in between.
+  uint64_t map_epoch_ = 0;
   int64_t size_ = 0;
-  std::vector<float> hot_;  // hot_rows * RowFloats()
+  std::vector<float, LineAllocator<float>> hot_;  // hot_rows * RowFloats()
   std::vector<uint32_t> hot_owner_;
   int64_t hot_used_ = 0;
   bool hot_phase_ = false;  // a flush happened: free hot entries take new rows
@@ -326,7 +412,7 @@ class Store {
   uint32_t update_serial_ = 0;
 
   mutable std::shared_mutex mu_;
-  mutable std::mutex stripes_[kStripes];
+  mutable StripeSeq stripes_[kStripes];
   std::atomic<int64_t> inserts_{0}, evictions_{0}, lookups_{0}, hits_{0}, occurrences_{0},
       occurrence_hits_{0}, flushes_{0}, step_lookups_{0}, step_hits_{0}, last_step_lookups_{0},
       last_step_hits_{0};

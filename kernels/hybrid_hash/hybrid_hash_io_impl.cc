@@ -49,6 +49,7 @@ void Store::ClearLocked() {
   next_record_ = 0;
   free_.clear();
   map_.assign(16, kEmpty);
+  ++map_epoch_;
   size_ = 0;
   hot_.clear();
   hot_owner_.clear();

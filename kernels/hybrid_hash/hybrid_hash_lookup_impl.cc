@@ -2,8 +2,8 @@
 // the store and its locking.
 //
 // A training lookup has three passes:
-//   1. shared lock, parallel over blocks of ids: probe, copy present rows,
-//      count them (under the row's stripe mutex, so counts need no atomics);
+//   1. shared lock, parallel over blocks of ids: probe, copy present rows
+//      (under their stripe's sequence lock), count them (atomics);
 //   2. no lock, parallel: the initial rows of the ids not found, straight
 //      into the output (they depend only on (member seed, id, initializer));
 //   3. exclusive lock: insert the ids not found. In a store without a
@@ -22,6 +22,10 @@
 // record ranges depend on the batch only, not on the thread count, and the
 // free hot entries (everything fits) are handed out afterwards in batch order
 // as one by one, so the store's content is the same however many threads run.
+// The shared pass keeps each missing id's probe end (the empty map slot where
+// its probe stopped); if no other writer changed the map in between (map_epoch_
+// unchanged), InsertParallel resumes each probe there instead of walking the
+// occupied slots from the home slot again (each one a record read).
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -38,6 +42,18 @@ inline void AddSaturating(uint32_t* counter, int64_t add) {
   const int64_t sum =
       std::min<int64_t>(int64_t{*counter} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
   *counter = static_cast<uint32_t>(sum);
+}
+
+// The same for a counter other threads may add to at the same time.
+inline void AddSaturatingAtomic(uint32_t* counter, int64_t add) {
+  uint32_t cur = __atomic_load_n(counter, __ATOMIC_RELAXED);
+  for (;;) {
+    const int64_t sum = std::min<int64_t>(int64_t{cur} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
+    if (__atomic_compare_exchange_n(counter, &cur, static_cast<uint32_t>(sum), true,
+                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+      return;
+    }
+  }
 }
 
 // Batch position i read record r (header h) at `step`: its record index (when the
@@ -61,16 +77,19 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   if (!valid.ok()) return valid;
   const int64_t dim = config_.dim;
   std::vector<char> missing(static_cast<size_t>(n), 0);
+  std::vector<uint64_t> ends(insert ? static_cast<size_t>(n) : 0);
   std::atomic<int64_t> num_missing{0};
+  uint64_t epoch = 0;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     const uint32_t step = step_;
+    epoch = map_epoch_;
     pf(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
       int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
       uint32_t block[kBlock];
       for (int64_t b = begin; b < end; b += kBlock) {
         const int64_t e = std::min(end, b + kBlock);
-        FindBlock(ids, members, b, e, block);
+        FindBlock(ids, members, b, e, block, insert ? ends.data() + b : nullptr);
         for (int64_t i = b; i < e; ++i) {
           if (block[i - b] != kEmpty) PrefetchFloats(block[i - b]);
         }
@@ -84,17 +103,14 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
           }
           Header* h = Record(r);
           const int64_t c = counts ? counts[i] : 1;
-          {
-            // Under the shared lock every writer of a row, its count and its
-            // last step holds the row's stripe: plain reads and writes.
-            std::lock_guard<std::mutex> row_lock(Stripe(r));
-            std::memcpy(out + i * dim, Floats(h), 4 * dim);
-            if (insert) {
-              AddSaturating(&h->count, c);
-              h->last_step = step;
-            }
-          }
+          // Under the shared lock no row moves and only updates write one
+          // (under its stripe's sequence lock); counts and last steps only
+          // lookups, which may run concurrently: atomics.
+          float* row = Floats(h);
+          ReadStripe(r, [&] { std::memcpy(out + i * dim, row, 4 * dim); });
           if (insert) {
+            AddSaturatingAtomic(&h->count, c);
+            __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
             occ += c;
             if (h->hot >= 0) {
               ++hits;
@@ -131,7 +147,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   for (int64_t i = 0; i < n; ++i) {
     if (missing[i]) todo.push_back(i);
   }
-  const LookupBatch batch{ids, counts, members, out, records};
+  const LookupBatch batch{ids, counts, members, out, records, ends.data(), epoch};
   std::unique_lock<std::shared_mutex> lock(mu_);
   if (config_.capacity > 0) return InsertSerial(todo, batch);
   return InsertParallel(todo, batch, pf);
@@ -205,6 +221,14 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
       return status;
     }
   }
+  // The map unchanged since the shared pass (no other insert, erase or growth
+  // in between): a missing key's probe resumes at the empty slot where the
+  // shared pass stopped. The slots before it were occupied by other keys and
+  // stay so (nothing is erased here); the ones from it on are empty or were
+  // filled by this batch (compared as usual). Else from the home slot.
+  const uint64_t* resume =
+      b.probe_ends != nullptr && map_epoch_ == b.epoch ? b.probe_ends : nullptr;
+  auto first_slot = [&](int64_t j) { return resume ? resume[todo[j]] : slot[j]; };
   std::vector<uint32_t> inserted(static_cast<size_t>(m), kEmpty);  // by j: the new record
   std::atomic<int64_t> total_new{0}, total_occ{0};
   const uint64_t mask = map_.size() - 1;
@@ -212,13 +236,13 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   pf(parts, (m / parts + 1) * (400 + 8 * dim), [&](int64_t p0, int64_t p1) {
     int64_t news = 0, occ = 0;
     for (int64_t k = start[p0]; k < start[p1]; ++k) {
-      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[slot[order[k + kBlock]]]);
+      if (k + kBlock < start[p1]) __builtin_prefetch(&map_[first_slot(order[k + kBlock])]);
       const int64_t j = order[k];
       const int64_t i = todo[j];
       const uint32_t member = M(b.members, i);
       const int64_t id = b.ids[i];
       uint32_t r = kEmpty;
-      uint64_t s = slot[j];
+      uint64_t s = first_slot(j);
       for (;; s = (s + 1) & mask) {
         const uint32_t index = __atomic_load_n(&map_[s], __ATOMIC_ACQUIRE);
         if (index == kEmpty) break;
@@ -259,6 +283,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
       if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
     }
   }
+  if (total_new.load() > 0) ++map_epoch_;
   size_ += total_new.load();
   inserts_.fetch_add(total_new.load(), std::memory_order_relaxed);
   occurrences_.fetch_add(total_occ.load(), std::memory_order_relaxed);
