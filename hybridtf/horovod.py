@@ -47,7 +47,7 @@ def _storage(obj):
 
 
 def local_variables(*objs) -> list:
-    """This rank's shards of the packed tables of ``objs`` (optimized models or ``Tables``).
+    """This rank's shards of the packed tables of ``objs`` (optimized models, ``Tables``, or models holding them).
 
     Also the distinct-rows buffers of their ``DynamicEmbedding`` tables
     sharded by id over the ranks (their owners sum every rank's rows).
@@ -65,12 +65,16 @@ def local_variables(*objs) -> list:
     out = []
     for obj in objs:
         buffers = sharded_dynamic_buffers(obj)
-        if buffers and getattr(obj, "_htf_runtime", None) is None:  # only dynamic tables (nothing packed)
-            out.extend(buffers)
-            continue
-        out.extend(_storage(obj).sharded_variables())
+        modules = getattr(obj, "_flatten_modules", lambda **_: [])(include_self=False)
+        # the object itself when optimized or a Tables, and every Tables set (or packed layer) it holds
+        owners = [m for m in [obj, *modules] if getattr(getattr(m, "_htf_runtime", None), "storage", None) is not None]
+        if not owners and not buffers:
+            _storage(obj)  # raises: names what is expected
+        for owner in owners:
+            out.extend(_storage(owner).sharded_variables())
         out.extend(buffers)
-    return out
+    unique = {id(v): v for v in out}
+    return list(unique.values())
 
 
 def DistributedGradientTape(tape, *objs, **kwargs):

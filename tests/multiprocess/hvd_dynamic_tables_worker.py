@@ -10,7 +10,8 @@ A ``hybridtf.embedding.Tables`` set with a dynamic table (created after
   ``hvd.DistributedOptimizer`` around the hooked Adagrad; ``save_weights`` ->
   ``load_weights``),
 * in a custom loop (``hybridtf.function`` step, ``GradientTape`` +
-  ``hybridtf.horovod.DistributedGradientTape``, Adam), checkpointed with
+  ``hybridtf.horovod.DistributedGradientTape`` given the model, Adam; the set also holds a static
+  table, sharded by rows, whose shards must stay local too), checkpointed with
   ``tf.train.Checkpoint`` (one process: c1; 2 ranks restore c1 and continue),
 * in an Estimator model_fn (``hybridtf.horovod.DistributedOptimizer``),
 * as two ``Tables`` sets that both hold a table "users" (``average_gradients``, SGD).
@@ -42,6 +43,7 @@ FIELDS = ("ids", "rows", "slots", "counts", "slot_init", "step")
 # Small hot tier, a flush every 3 steps after 2 warm-up steps: flushes happen during every run.
 TABLE = {"hot_rows": 8, "warmup_steps": 2, "flush_every": 3}
 LOSS_KEY = "hvd_dynamic_tables_loss"
+STATIC_VOCAB = 40
 
 
 def batch(step: int):
@@ -61,22 +63,29 @@ def local(arrays, rank: int, size: int):
     return arrays[rank * n : (rank + 1) * n]
 
 
-def make_tables():
-    return htf.embedding.Tables([htf.embedding.DynamicTableConfig("users", DIM, seed=21, **TABLE)])
+def make_tables(with_static: bool = False):
+    configs = [htf.embedding.DynamicTableConfig("users", DIM, seed=21, **TABLE)]
+    if with_static:  # a static table in the same set: sharded by rows over the ranks
+        init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=5)
+        configs.append(htf.embedding.TableConfig("items", STATIC_VOCAB, DIM, initializer=init))
+    return htf.embedding.Tables(configs)
 
 
 class TablesModel(tf.keras.Model):
-    """A subclassed Keras model whose embeddings come from a ``Tables`` dynamic table."""
+    """A subclassed Keras model whose embeddings come from a ``Tables`` dynamic table (and a static one)."""
 
-    def __init__(self):
+    def __init__(self, with_static: bool = False):
         super().__init__()
-        self.tables = make_tables()
+        self.with_static = with_static
+        self.tables = make_tables(with_static)
         self.hidden = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))
         self.out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))
 
     def call(self, inputs, training=None):
-        emb = self.tables.lookup("users", inputs["ids"], "sum", training=bool(training))
-        return self.out(self.hidden(tf.concat([emb, inputs["x"]], 1)))
+        parts = [self.tables.lookup("users", inputs["ids"], "sum", training=bool(training))]
+        if self.with_static:
+            parts.append(self.tables.lookup("items", tf.math.floormod(inputs["ids"][:, 0], STATIC_VOCAB)))
+        return self.out(self.hidden(tf.concat([*parts, inputs["x"]], 1)))
 
 
 def allreduce_mean(values, size: int, name: str):
@@ -129,7 +138,8 @@ def keras_fit(rank: int, size: int, out_dir: str) -> dict:
 
 
 def custom_loop(rank: int, size: int, out_dir: str) -> dict:
-    model = TablesModel()
+    # the set also holds a static table: DistributedGradientTape(tape, model) must keep its shards local too
+    model = TablesModel(with_static=True)
     optimizer = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adam(0.01))
 
     @htf.function
@@ -155,7 +165,7 @@ def custom_loop(rank: int, size: int, out_dir: str) -> dict:
         checkpoint.write(os.path.join(out_dir, "c1", "ckpt"))
         np.savez(os.path.join(out_dir, "c1_1.npz"), **export(model.tables, size))
     else:  # 1 -> 2 ranks: restore the one process's c1 into fresh tables, gathered they are c1 bit for bit
-        restored = make_tables()
+        restored = make_tables(with_static=True)
         tf.train.Checkpoint(tables=restored).read(os.path.join(out_dir, "c1", "ckpt")).assert_consumed()
         if rank == 0:
             np.savez(os.path.join(out_dir, "restored_2.npz"), **export(restored, size))
