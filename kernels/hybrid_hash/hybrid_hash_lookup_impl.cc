@@ -37,20 +37,23 @@ namespace hybrid_hash {
 
 namespace {
 
-// counter += add, saturating at 2^32 - 1 (the caller excludes other writers).
+// count + add (add < 0 counts as 0), saturating at 2^32 - 1.
+inline uint32_t SaturatedSum(uint32_t count, int64_t add) {
+  return static_cast<uint32_t>(
+      std::min<int64_t>(int64_t{count} + std::max<int64_t>(add, 0), 0xFFFFFFFFll));
+}
+
+// counter += add, saturating (the caller excludes other writers).
 inline void AddSaturating(uint32_t* counter, int64_t add) {
-  const int64_t sum =
-      std::min<int64_t>(int64_t{*counter} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
-  *counter = static_cast<uint32_t>(sum);
+  *counter = SaturatedSum(*counter, add);
 }
 
 // The same for a counter other threads may add to at the same time.
 inline void AddSaturatingAtomic(uint32_t* counter, int64_t add) {
   uint32_t cur = __atomic_load_n(counter, __ATOMIC_RELAXED);
   for (;;) {
-    const int64_t sum = std::min<int64_t>(int64_t{cur} + std::max<int64_t>(add, 0), 0xFFFFFFFFll);
-    if (__atomic_compare_exchange_n(counter, &cur, static_cast<uint32_t>(sum), true,
-                                    __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    const uint32_t sum = SaturatedSum(cur, add);
+    if (__atomic_compare_exchange_n(counter, &cur, sum, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
       return;
     }
   }

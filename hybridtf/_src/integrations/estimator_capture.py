@@ -167,10 +167,7 @@ class CapturedTable(TableView):
 def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
     if value.dense_use is None:
         value.dense_use = "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, ...)"
-    rows = value.read_value()
-    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
-        raise ValueError(f"embedding table {value.table!r} is {rows.dtype.name}, not {tf.as_dtype(dtype).name}.")
-    return rows
+    return value.rows_as(dtype)
 
 
 # Before TableView's own conversion (priority 100), which refuses reads inside a recording.

@@ -183,28 +183,26 @@ class DynamicGroup:
         with tf.name_scope(self.plan.name):
             parts = _DynamicParts(requests, self)
             unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
-            if training and self.world.distributed:
-                routed = dynamic_exchange.sharded_packed_lookup(
-                    self.table, unique_ids, unique_members, counts, self.world, self._exchange_name, True
-                )
-                deps = [
-                    self.rows_buffer.assign(routed.rows),
-                    self.ids_buffer.assign(unique_ids),
-                    self.members_buffer.assign(unique_members),
-                    self.records_buffer.assign(routed.records),
-                    self.owned_ids.assign(routed.owned_ids),
-                    self.owned_members.assign(routed.owned_members),
-                    self.owned_inverse.assign(routed.owned_inverse),
-                ]
-                with tf.control_dependencies(deps):
-                    rows = self.rows_buffer.read_value()
-            elif training:
-                rows, records = self.table.lookup_records(unique_ids, counts, members=unique_members)
+            if training:
+                owned = []
+                if self.world.distributed:  # the pairs' owners find-or-insert them (one alltoall each way)
+                    routed = dynamic_exchange.sharded_packed_lookup(
+                        self.table, unique_ids, unique_members, counts, self.world, self._exchange_name, True
+                    )
+                    rows, records = routed.rows, routed.records
+                    owned = [
+                        self.owned_ids.assign(routed.owned_ids),
+                        self.owned_members.assign(routed.owned_members),
+                        self.owned_inverse.assign(routed.owned_inverse),
+                    ]
+                else:
+                    rows, records = self.table.lookup_records(unique_ids, counts, members=unique_members)
                 deps = [
                     self.rows_buffer.assign(rows),
                     self.ids_buffer.assign(unique_ids),
                     self.members_buffer.assign(unique_members),
                     self.records_buffer.assign(records),
+                    *owned,
                 ]
                 with tf.control_dependencies(deps):
                     rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)

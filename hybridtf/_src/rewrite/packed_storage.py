@@ -93,6 +93,13 @@ class TableView(tf.__internal__.tracking.Trackable):
             return self._gathered
         return self._gather()
 
+    def rows_as(self, dtype=None) -> tf.Tensor:
+        """``read_value()`` for a tensor conversion that may ask for a dtype (checked)."""
+        rows = self.read_value()
+        if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(rows.dtype):
+            raise ValueError(f"embedding table {self.table!r} is {rows.dtype.name}, not {tf.as_dtype(dtype).name}.")
+        return rows
+
     def _gather(self) -> tf.Tensor:
         name = f"hybridtf_gather_{self.table}_every_rank_must_call"
         with watchdog.collective_phase(self._world, watchdog.CHECKPOINT_GATHER, f"table {self.table!r}"):
@@ -215,10 +222,7 @@ def _table_view_to_tensor(view: TableView, dtype=None, name=None, as_ref=False):
             "call. A packed table serves lookups through its layer only. Leave this table unpacked: "
             f"hybridtf.keras.optimize(model, exclude=[{view.table!r}]), or look it up by calling the layer."
         )
-    value = view.read_value()
-    if dtype is not None and not tf.as_dtype(dtype).is_compatible_with(value.dtype):
-        raise ValueError(f"table {view.table!r} has dtype {value.dtype.name}, not {tf.as_dtype(dtype).name}")
-    return value
+    return view.rows_as(dtype)
 
 
 # TableView subclasses register theirs with a smaller priority (the Estimator record pass marks its tables there).
