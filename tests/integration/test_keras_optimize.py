@@ -189,6 +189,24 @@ def test_jit_compile_falls_back_to_the_plain_step_with_a_warning(caplog):
     model.fit(_batch(), tf.ones([16, 1]), verbose=0)  # would fail in XLA: no XLA kernel for the packed ops
 
 
+def test_mirroring_strategies_are_refused_with_the_fix_and_one_device_strategy_trains():
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        mirrored = _model()
+        with pytest.raises(ValueError, match="under MirroredStrategy.*horovodrun"):
+            htf.keras.optimize(mirrored)
+    with pytest.raises(ValueError, match="distributed variables"):  # built under the scope, optimized outside
+        htf.keras.optimize(mirrored)
+    model = htf.keras.optimize(_model())
+    with strategy.scope(), pytest.raises(ValueError, match="compiled under MirroredStrategy"):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        model = htf.keras.optimize(_model())
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        model.fit(_batch(), tf.ones([16, 1]), verbose=0)
+    assert model.hybridtf_plan.packed_tables
+
+
 def _serializable_model():
     ids = {name: tf.keras.Input(shape=(), dtype=tf.int64, name=name) for name in "abc"}
     embs = [tf.keras.layers.Embedding(50 + 10 * i, 4, name=f"emb_{k}")(ids[k]) for i, k in enumerate(ids)]

@@ -83,6 +83,7 @@ class _HybridModelMixin(PlainConstruction):
             self._htf_fused_dice_names[:] = scope.log.dice
 
     def compile(self, *args, **kwargs):
+        keras_notices.refuse_distribution_strategy(self, "compiled")
         keras_notices.refuse_frozen_packed_layers(self)
         super().compile(*args, **kwargs)
         keras_notices.run_without_xla(self)
@@ -493,6 +494,7 @@ def optimize(
         return model
     if not model.built:
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
+    keras_notices.refuse_distribution_strategy(model, "optimized")
 
     captured, skipped, specs = steps.capture(model)
     dynamic = packed_dynamic.pack_dynamic(model, exclude=tuple(exclude))  # one HybridHash store per group

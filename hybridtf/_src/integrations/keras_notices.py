@@ -3,12 +3,15 @@
 * ``warn_skipped``: one warning naming every embedding table left unpacked, with the reason and the fix;
 * ``warn_nothing_found``: a model without any embedding layer (raw-variable tables are not seen);
 * ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone;
-* ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels).
+* ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels);
+* ``refuse_distribution_strategy``: a model built or compiled under a multi-replica ``tf.distribute`` strategy.
 """
 
 from __future__ import annotations
 
 import logging
+
+import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
 
@@ -71,3 +74,31 @@ def run_without_xla(model) -> None:
         model.name,
     )
     model.jit_compile = False
+
+
+def refuse_distribution_strategy(model, when: str) -> None:
+    """Raises when ``model`` is optimized or compiled under a ``tf.distribute`` strategy that mirrors variables.
+
+    Packed tables are one variable per process, updated by hybridtf's own fused ops, and the model-parallel
+    exchange is Horovod's: a ``MirroredStrategy`` (or multi-worker / parameter-server / TPU strategy) would
+    mirror the packed variables and replicate the step, which hybridtf does not implement. The default
+    strategy and ``OneDeviceStrategy`` (one replica, plain variables) are fine.
+
+    Raises:
+        ValueError: naming the strategy and the fix.
+    """
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        strategy = None
+    mirrored = [v.name for v in model.weights if isinstance(v, tf.distribute.DistributedValues)]
+    if strategy is None and not mirrored:
+        return
+    what = type(strategy).__name__ if strategy is not None else "a tf.distribute strategy"
+    raise ValueError(
+        f"hybridtf.keras.optimize: model {model.name!r} is {when} under {what}"
+        + (f" (its variables {mirrored[:3]} are distributed variables)" if mirrored else "")
+        + ", which hybridtf does not support: packed tables are one variable per process, updated by hybridtf's "
+        "fused ops, and data/model parallelism comes from Horovod. Build, optimize and compile the model "
+        "outside strategy.scope() and run one process per device with horovodrun (see docs/horovod_guide.md; "
+        "OneDeviceStrategy is fine)."
+    )
