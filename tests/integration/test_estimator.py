@@ -307,6 +307,24 @@ def test_unsupported_layers_are_reported_not_packed():
     assert "'with_reg'" in report.summary()
 
 
+def test_feature_column_lookups_are_named_in_one_warning(caplog):
+    def fn(features, labels, mode):
+        columns = [
+            tf.feature_column.embedding_column(tf.feature_column.categorical_column_with_identity(f"C{i}", VOCAB), DIM)
+            for i in range(2)
+        ]
+        ok = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(4), name="ok")
+        x = tf.concat([tf.compat.v1.feature_column.input_layer(features, columns), ok(features["C2"])], axis=1)
+        return _head(mode, labels, _mlp(x))
+
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        _, _, report = _graph_spec(htf_estimator.model_fn(fn))
+    assert [m.name for pt in report.plan.packed_tables for m in pt.members] == ["ok"]
+    assert len(report.unpacked_lookups) == 2
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hybridtf" and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "feature columns" in warnings[0] and "C0_embedding" in warnings[0]
+
+
 def test_tables_lookup_with_stateful_ids_is_an_error():
     def fn(features, labels, mode):
         tables = Tables([TableConfig("t", VOCAB, DIM)])

@@ -207,6 +207,21 @@ def test_mirroring_strategies_are_refused_with_the_fix_and_one_device_strategy_t
     assert model.hybridtf_plan.packed_tables
 
 
+def test_dense_features_embedding_columns_are_named_as_skipped(caplog):
+    columns = [
+        tf.feature_column.embedding_column(tf.feature_column.categorical_column_with_identity("a", 50), 4),
+        tf.feature_column.numeric_column("x"),
+    ]
+    inputs = {"a": tf.keras.Input((), dtype=tf.int64, name="a"), "x": tf.keras.Input((), name="x")}
+    h = tf.keras.layers.DenseFeatures(columns, name="columns")(inputs)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(h))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        model = htf.keras.optimize(model)
+    assert [s.name for s in model.hybridtf_skipped] == ["columns"]
+    assert "a_embedding" in model.hybridtf_skipped[0].reason
+    assert any("DenseFeatures" in r.getMessage() for r in caplog.records if r.name == "hybridtf")
+
+
 def _serializable_model():
     ids = {name: tf.keras.Input(shape=(), dtype=tf.int64, name=name) for name in "abc"}
     embs = [tf.keras.layers.Embedding(50 + 10 * i, 4, name=f"emb_{k}")(ids[k]) for i, k in enumerate(ids)]

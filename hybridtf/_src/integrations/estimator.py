@@ -448,6 +448,7 @@ def build(
         skipped=list(record.skipped),
         unpacked_lookups=record.unpacked_lookups(),
     )
+    report.warn_unpacked()
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
     if not report.packed:
         spec = user_fn(**kwargs)

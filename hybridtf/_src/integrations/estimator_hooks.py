@@ -86,12 +86,27 @@ class EstimatorReport:
             lines.append(f"hybridtf: table {name!r} not packed: {reason}.")
         if self.unpacked_lookups:
             shown = ", ".join(repr(v) for v in self.unpacked_lookups[:10])
+            columns = any(v.endswith("/embedding_weights") for v in self.unpacked_lookups)
             lines.append(
                 f"hybridtf: lookups on {len(self.unpacked_lookups)} variable(s) hybridtf does not manage are left as "
-                f"they are ({shown}); write them with hybridtf.embedding.Tables, tf.keras.layers.Embedding or "
+                f"they are ({shown}); "
+                + (
+                    "feature columns (tf.feature_column.embedding_column through input_layer / DenseFeatures) "
+                    "are not packed: "
+                    if columns
+                    else ""
+                )
+                + "write them with hybridtf.embedding.Tables, tf.keras.layers.Embedding or "
                 "hybridtf.layers.EmbeddingBag to pack them."
             )
         return "\n".join(lines)
+
+    def warn_unpacked(self) -> None:
+        """One warning (training graphs) when tables or lookups were left unpacked, with the reasons and fixes."""
+        if self.mode != tf.estimator.ModeKeys.TRAIN or not (self.skipped or self.unpacked_lookups):
+            return
+        lines = [line for line in self.summary().splitlines() if "not packed" in line or "does not manage" in line]
+        _log.warning("hybridtf.estimator.model_fn left embedding lookups unpacked:\n%s", "\n".join(lines))
 
 
 def attach_report(graph: tf.Graph, report: EstimatorReport) -> None:

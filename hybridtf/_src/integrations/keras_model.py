@@ -509,7 +509,7 @@ def optimize(
         shard_strategy=shard_strategy,
         replicate_below_rows=replicate_below_rows,
     )
-    skipped = steps.skipped_layers(skipped, plan)
+    skipped = steps.skipped_layers(skipped, plan) + keras_notices.feature_column_layers(model)
     keras_notices.warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
     if not captured and not skipped and not dynamic.groups:
         keras_notices.warn_nothing_found(model)

@@ -1,6 +1,7 @@
 """What ``optimize`` and an optimized model's ``compile`` tell the user: warnings and refusals with the fix.
 
 * ``warn_skipped``: one warning naming every embedding table left unpacked, with the reason and the fix;
+* ``feature_column_layers``: ``DenseFeatures`` layers with embedding columns (named as skipped);
 * ``warn_nothing_found``: a model without any embedding layer (raw-variable tables are not seen);
 * ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone;
 * ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels);
@@ -30,6 +31,25 @@ def warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
         len(skipped),
         lines,
     )
+
+
+def feature_column_layers(model) -> list[SkippedLayer]:
+    """``DenseFeatures`` layers of ``model`` whose feature columns hold embedding tables (never packed)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False):
+        columns = getattr(layer, "_feature_columns", None)
+        if columns is None or "DenseFeatures" not in type(layer).__name__:
+            continue
+        tables = [c.name for c in columns if "embedding" in type(c).__name__.lower()]
+        if tables:
+            found.append(
+                SkippedLayer(
+                    layer.name,
+                    f"feature columns {tables} are looked up by the DenseFeatures layer, which hybridtf does not "
+                    "pack; feed their ids to tf.keras.layers.Embedding layers instead to pack them",
+                )
+            )
+    return found
 
 
 def warn_nothing_found(model) -> None:
