@@ -227,6 +227,24 @@ def test_checkpoints_load_packed_to_unpacked_and_back_bit_identical(tmp_path):
     np.testing.assert_allclose(_fit(unpacked, rest_x, rest_y), l_packed, rtol=1e-5)
 
 
+def test_keras_file_holds_the_tables_and_resumes_exactly(tmp_path):
+    """``model.save("m.keras")`` keeps every table (ids, rows, slots, counts) and a hooked optimizer."""
+    x, y = _data(steps=30, big=True)
+    names = [f"field{f}" for f in range(FIELDS)]
+    packed = htf.keras.optimize(_dynamic_model(**TABLE))
+    packed.compile(optimizer=_optimizer("adam"), loss="mse")  # no dynamic_optimizer: compile hooks it
+    _fit(packed, x[: 20 * BATCH], y[: 20 * BATCH])
+    packed.save(str(tmp_path / "m.keras"))
+    loaded = tf.keras.models.load_model(str(tmp_path / "m.keras"))  # a plain model: one store per layer
+    saved = _exports(packed, names)
+    for n in names:
+        for a, b in zip(saved[n], _exports(loaded, names)[n]):
+            np.testing.assert_array_equal(a, b)
+    rest_x, rest_y = x[20 * BATCH :], y[20 * BATCH :]
+    l_packed = _fit(packed, rest_x, rest_y)
+    np.testing.assert_allclose(_fit(loaded, rest_x, rest_y), l_packed, rtol=1e-5)
+
+
 def test_optimize_keeps_a_trained_layers_rows_and_bad_members_are_errors():
     x, y = _data(steps=5)
     model = _dynamic_model(**TABLE)

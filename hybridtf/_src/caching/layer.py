@@ -13,7 +13,9 @@ distinct rows; an optimizer hooked by ``dynamic_optimizer`` (or
 ``hook_optimizer``) sums it per distinct id and sends it, with the ids, to the
 table's fused update (SGD, Adagrad, Adam, LazyAdam with the table's own
 slots), which then ends Algorithm 1's step (flush check). The buffer is not
-checkpointed; the table is (ids, rows, slots, counts).
+checkpointed; the table is (ids, rows, slots, counts): in TF checkpoints
+(``save_weights``, ``tf.train.Checkpoint``) as the table's own entries, in
+``.keras`` files through ``save_own_variables`` / ``load_own_variables``.
 
 Under Horovod (``hvd.init()`` before the layer is built) the table is this
 rank's shard: lookups and gradients go to the ids' owners through
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import zlib
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
@@ -35,6 +38,8 @@ from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World, current_world
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
+# A table's checkpoint entries (besides its name), as ``.keras`` files store them.
+_KERAS_ENTRIES = ("ids", "rows", "slots", "counts", "slot_init", "step")
 
 
 def _initializer_args(initializer, name: str) -> tuple[str, float, float]:
@@ -341,6 +346,31 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         elif save_type != "savedmodel" and self.table is not None:
             children["table"] = self.table
         return children
+
+    # --- .keras files (Keras' own saving): the table's checkpoint entries as arrays -------------------
+    def save_own_variables(self, store):
+        if self.table is None:  # never built: nothing learned
+            return
+        entries = self.table._serialize_to_tensors()
+        for key in _KERAS_ENTRIES:
+            store[f"hybridhash_{key}"] = entries[key].numpy()
+        store["hybridhash_table_name"] = np.frombuffer(self.table.name.encode(), np.uint8)
+
+    def load_own_variables(self, store):
+        keys = set(store.keys())
+        if not keys:  # the file holds no table (saved before it was built): the table stays as it is
+            return
+        missing = [f"hybridhash_{k}" for k in (*_KERAS_ENTRIES, "table_name") if f"hybridhash_{k}" not in keys]
+        if missing:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r}: the saved layer state lacks {missing}; it was not saved from a "
+                "DynamicEmbedding. Load a file saved from this model (same layers and names)."
+            )
+        if self.table is None:
+            self.build(None)
+        entries = {key: tf.constant(np.asarray(store[f"hybridhash_{key}"])) for key in _KERAS_ENTRIES}
+        entries["table_name"] = tf.constant(bytes(np.asarray(store["hybridhash_table_name"])).decode())
+        self.table._restore_from_tensors(entries)
 
     def compute_output_shape(self, input_shape):
         if self.combiner is not None:

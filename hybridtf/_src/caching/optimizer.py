@@ -20,7 +20,7 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations.keras_optimizers import fusable
+from hybridtf._src.integrations.keras_optimizers import LazyAdam, fusable
 
 
 def _layer_of(variable):
@@ -102,5 +102,41 @@ def dynamic_optimizer(optimizer):
             f"{type(optimizer).__name__}."
         )
     if not isinstance(optimizer, _DynamicOptimizerMixin):
-        optimizer.__class__ = runtime_subclass(_DynamicOptimizerMixin, type(optimizer))
+        optimizer.__class__ = _hooked_class(type(optimizer))
     return optimizer
+
+
+def _hooked_class(cls: type) -> type:
+    """The run-time subclass ``(_DynamicOptimizerMixin, cls)``, registered for Keras deserialization.
+
+    Saved in a ``.keras`` file (or a compile config) under ``hybridtf>Dynamic<Name>``, so that loading the
+    model gives back a hooked optimizer: a plain one would try to build Keras slots for the tables'
+    distinct-rows buffers (shape ``[None, dim]``) and fail.
+    """
+    sub = runtime_subclass(_DynamicOptimizerMixin, cls)
+    from keras.src.saving import object_registration
+
+    name = f"hybridtf>Dynamic{cls.__name__}"
+    if object_registration._GLOBAL_CUSTOM_OBJECTS.get(name, sub) is sub:  # another class of that name: not ours
+        object_registration._GLOBAL_CUSTOM_OBJECTS[name] = sub
+        object_registration._GLOBAL_CUSTOM_NAMES[sub] = name
+    return sub
+
+
+def hook_for_model(model, optimizer) -> None:
+    """Hooks ``optimizer`` (in place) when ``model`` trains DynamicEmbedding tables and it is not hooked yet.
+
+    ``compile`` of an optimized model calls this, so ``dynamic_optimizer`` is optional there. Optimizers
+    hybridtf cannot hook (neither Keras nor ``tf.compat.v1.train``) are left alone.
+    """
+    if isinstance(optimizer, (_DynamicOptimizerMixin, V1DynamicOptimizerMixin)):
+        return
+    if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.compat.v1.train.Optimizer)):
+        return
+    if any(_layer_of(v) is not None for v in model.trainable_variables):
+        dynamic_optimizer(optimizer)
+
+
+# The optimizers dynamic tables train with: registered at import, so a saved model loads in a new process.
+for _cls in (tf.keras.optimizers.SGD, tf.keras.optimizers.Adagrad, tf.keras.optimizers.Adam, LazyAdam):
+    _hooked_class(_cls)

@@ -24,6 +24,7 @@ import os
 
 import tensorflow as tf
 
+from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
@@ -87,6 +88,7 @@ class _HybridModelMixin(PlainConstruction):
         keras_notices.refuse_frozen_packed_layers(self)
         super().compile(*args, **kwargs)
         keras_notices.run_without_xla(self)
+        hook_dynamic_optimizer(self, self.optimizer)  # dynamic tables beside the packed ones
         hybridize_optimizer(
             self.optimizer, self._htf_runtime.storage, self._htf_fused_updates, self._htf_plain_trainable
         )
@@ -260,6 +262,11 @@ def _sharded_save_error(size: int) -> NotImplementedError:
 
 class _UnpackedModelMixin(PlainConstruction):
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    def compile(self, *args, **kwargs):
+        keras_notices.refuse_distribution_strategy(self, "compiled")
+        super().compile(*args, **kwargs)
+        hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
 
     def save(self, filepath, *args, **kwargs):
         dynamic = dynamic_exchange.sharded_tables(self)
