@@ -193,7 +193,7 @@ def test_mirroring_strategies_are_refused_with_the_fix_and_one_device_strategy_t
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
         mirrored = _model()
-        with pytest.raises(ValueError, match="under MirroredStrategy.*horovodrun"):
+        with pytest.raises(ValueError, match=r"under MirroredStrategy.*horovodrun"):
             htf.keras.optimize(mirrored)
     with pytest.raises(ValueError, match="distributed variables"):  # built under the scope, optimized outside
         htf.keras.optimize(mirrored)
