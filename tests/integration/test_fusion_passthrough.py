@@ -5,7 +5,9 @@ callback ``tuple(op.outputs)`` and the op's Python caller receives what the call
 callback that handed the tuple back turned ``tf.unstack``'s list into a tuple. Keras' unrolled
 backward RNN reverses that list in place (``inputs.reverse()``): DeepCTR's DSIN (a BiLSTM over
 session embeddings) failed to train once optimized. Here the same structure, written by hand, must
-train exactly like the plain model.
+train exactly like the plain model. So must a model whose layers add losses during the step
+(activity regularizers, ``add_loss`` in ``call``): the record pass that finds the lookups must not
+leave its scratch-graph losses in the layers (they failed the step as inaccessible tensors).
 """
 
 from __future__ import annotations
@@ -66,3 +68,30 @@ def test_callback_returns_the_ops_outputs_as_a_list():
             parts = tf.unstack(x)
             parts.reverse()  # a list, as without the callback
         assert isinstance(parts, list) and len(parts) == 3
+
+
+class _AuxLoss(tf.keras.layers.Layer):
+    def call(self, x):
+        self.add_loss(0.01 * tf.reduce_mean(tf.square(x)))
+        return x
+
+
+def _regularized_model():
+    tf.keras.utils.set_random_seed(4)
+    inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(len(VOCABS))]
+    rows = [
+        tf.keras.layers.Embedding(v, 4, activity_regularizer="l2" if i == 0 else None, name=f"emb{i}")(x)
+        for i, (v, x) in enumerate(zip(VOCABS, inputs))
+    ]
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(r) for r in rows])
+    h = tf.keras.layers.Dense(6, activation="relu", activity_regularizer="l1")(_AuxLoss()(h))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1, activation="sigmoid")(h))
+
+
+def test_activity_regularizers_and_add_loss_in_call_train_exactly():
+    batches = _batches(6)
+    plain, packed = _regularized_model(), _regularized_model()
+    packed.set_weights(plain.get_weights())
+    packed = htf.keras.optimize(packed)
+    assert len(packed.hybridtf_plan.packed_tables) == 1
+    np.testing.assert_allclose(_train(packed, batches), _train(plain, batches), rtol=1e-5, atol=0)

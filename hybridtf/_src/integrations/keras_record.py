@@ -27,14 +27,20 @@ from hybridtf._src.capture import context
 
 @contextlib.contextmanager
 def discarding_losses(model):
-    """Drops the losses layers add while the forward pass is only being recorded."""
+    """Drops the losses layers add while the forward pass is only being recorded.
+
+    Both kinds: symbolic ones (``_losses``) and those added inside a ``tf.function`` step
+    (``_eager_losses``: activity regularizers, ``add_loss`` in ``call``), which would otherwise
+    reach the step's loss from the scratch graph.
+    """
     layers = list(model._flatten_layers(include_self=True, recursive=True))
-    before = [len(layer._losses) for layer in layers]
+    before = [(len(layer._losses), len(layer._eager_losses)) for layer in layers]
     try:
         yield
     finally:
-        for layer, n in zip(layers, before):
+        for layer, (n, m) in zip(layers, before):
             del layer._losses[n:]
+            del layer._eager_losses[m:]
 
 
 @contextlib.contextmanager
