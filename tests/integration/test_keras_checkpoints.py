@@ -277,3 +277,34 @@ def test_failure_mid_training_leaves_last_checkpoint_usable(kind, batches, tmp_p
     plain = _build(kind, batches)
     plain.load_weights(last).assert_existing_objects_matched()
     _assert_same_model(plain, model, x)
+
+
+def _towers():
+    """Two towers built as functional sub-models, each an Embedding followed by a Dense."""
+    tf.keras.utils.set_random_seed(5)
+
+    def tower(name, vocab):
+        ids = tf.keras.Input((1,), dtype=tf.int64)
+        rows = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(vocab, 8, name=f"{name}_emb")(ids))
+        return tf.keras.Model(ids, tf.keras.layers.Dense(4, name=f"{name}_proj")(rows), name=name)
+
+    user, item = tf.keras.Input((1,), dtype=tf.int64, name="u"), tf.keras.Input((1,), dtype=tf.int64, name="i")
+    score = tf.keras.layers.Dot(axes=1)([tower("user", 50)(user), tower("item", 80)(item)])
+    return tf.keras.Model([user, item], tf.keras.layers.Activation("sigmoid")(score))
+
+
+def test_nested_functional_towers_keep_their_checkpoint_keys(tmp_path):
+    rng = np.random.default_rng(0)
+    x = {"u": rng.integers(0, 50, (32, 1)), "i": rng.integers(0, 80, (32, 1))}
+    y = rng.integers(0, 2, (32, 1)).astype(np.float32)
+    keys = {}
+    for wrapped in (False, True):
+        model = htf.keras.optimize(_towers()) if wrapped else _towers()
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        model.train_on_batch(x, y)
+        model.save_weights(str(tmp_path / f"w{wrapped}"))
+        keys[wrapped] = {k for k, _ in tf.train.list_variables(str(tmp_path / f"w{wrapped}"))}
+        other = _towers() if wrapped else htf.keras.optimize(_towers())  # the other layout loads it
+        other.load_weights(str(tmp_path / f"w{wrapped}"))
+        np.testing.assert_array_equal(other.predict(x, verbose=0), model.predict(x, verbose=0))
+    assert keys[True] == keys[False]

@@ -440,10 +440,9 @@ def build(
             plan = None
     else:
         plan = None
-    has_tables = any(lk.kind == "tables" for lk in record.lookups)
     report = EstimatorReport(
         _mode_name(mode),
-        packed=plan is not None or has_tables,
+        packed=plan is not None or any(lk.kind == "tables" for lk in record.lookups),
         plan=plan,
         skipped=list(record.skipped),
         unpacked_lookups=record.unpacked_lookups(),

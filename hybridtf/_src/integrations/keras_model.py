@@ -16,7 +16,6 @@ The model instance is changed in place, per instance (no global patching):
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -40,7 +39,7 @@ from hybridtf._src.rewrite.runtime import lookup_all
 _log = logging.getLogger("hybridtf")
 
 
-class _HybridModelMixin(PlainConstruction):
+class _HybridModelMixin(steps.CheckpointIndexMixin):
     """Per-instance overrides of an optimized Keras model."""
 
     @tf.autograph.experimental.do_not_convert
@@ -113,19 +112,6 @@ class _HybridModelMixin(PlainConstruction):
         if self.trainable:
             return weights
         return weights + list(self._htf_runtime.storage.packed.values())
-
-    @property
-    def _layer_checkpoint_dependencies(self):
-        # Functional models name layers "layer_with_weights-<i>" by whether they
-        # have weights; packed Embedding layers keep the index they had.
-        deps = collections.OrderedDict()
-        weighted = 0
-        for index, layer in enumerate(self.layers):
-            if id(layer) in self._htf_weighted_layers or layer.weights:
-                deps[f"layer_with_weights-{weighted}"] = layer
-                weighted += 1
-            deps[f"layer-{index}"] = layer
-        return deps
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)

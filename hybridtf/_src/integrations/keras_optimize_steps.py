@@ -19,11 +19,13 @@ Example:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import CapturedTable, SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.integrations import horovod_hooks, keras_interleave
@@ -114,6 +116,43 @@ class PackedState:
     plain_trainable: list
 
 
+class CheckpointIndexMixin(PlainConstruction):
+    """A functional model's checkpoint names as before packing.
+
+    Functional models name their layers ``layer_with_weights-<i>`` in TensorFlow checkpoints, counting
+    the layers that have weights. A packed Embedding layer has none of its own (its rows live in the
+    packed variable), which would shift the index of every later layer: each packed layer keeps the
+    index it had (``_htf_weighted_layers``: ids of the layers that had weights before packing), so
+    checkpoints load between the plain and the optimized model, nested sub-models included.
+    """
+
+    @property
+    def _layer_checkpoint_dependencies(self):
+        deps = collections.OrderedDict()
+        weighted = 0
+        for index, layer in enumerate(self.layers):
+            if id(layer) in self._htf_weighted_layers or layer.weights:
+                deps[f"layer_with_weights-{weighted}"] = layer
+                weighted += 1
+            deps[f"layer-{index}"] = layer
+        return deps
+
+
+def keep_checkpoint_indices(model: tf.keras.Model) -> set:
+    """Before packing: the ids of ``model``'s layers with weights; nested functional models keep theirs.
+
+    Each functional model nested in ``model`` (towers built as sub-models) becomes a
+    ``CheckpointIndexMixin`` of its own; ``model``'s class does that for itself with the returned set.
+    """
+    from keras.src.engine import functional
+
+    for sub in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(sub, functional.Functional) and not isinstance(sub, CheckpointIndexMixin):
+            object.__setattr__(sub, "_htf_weighted_layers", {id(layer) for layer in sub.layers if layer.weights})
+            sub.__class__ = runtime_subclass(CheckpointIndexMixin, type(sub))
+    return {id(layer) for layer in model.layers if layer.weights}
+
+
 def pack_storage(
     model: tf.keras.Model, plan: PackingPlan, captured: list[CapturedTable], *, share_unique: bool = True
 ) -> PackedState:
@@ -131,7 +170,7 @@ def pack_storage(
         raise ValueError("pack_storage needs a plan with packed tables.")
     packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
     tables = {t.name: t for t in captured if t.name in packed_names}
-    weighted_layers = {id(layer) for layer in model.layers if layer.weights}
+    weighted_layers = keep_checkpoint_indices(model)
     table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
     plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
     plain_trainable = [table_of_var.get(id(w), w) for w in model.trainable_weights]  # the optimizer's order
