@@ -279,32 +279,38 @@ def test_failure_mid_training_leaves_last_checkpoint_usable(kind, batches, tmp_p
     _assert_same_model(plain, model, x)
 
 
-def _towers():
-    """Two towers built as functional sub-models, each an Embedding followed by a Dense."""
+def _towers(same_names):
+    """Two towers built as functional sub-models, each an Embedding followed by a Dense (with
+    ``same_names``, built by one function that names its layers: Keras allows that in sub-models)."""
     tf.keras.utils.set_random_seed(5)
 
     def tower(name, vocab):
+        prefix = "tower" if same_names else name
         ids = tf.keras.Input((1,), dtype=tf.int64)
-        rows = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(vocab, 8, name=f"{name}_emb")(ids))
-        return tf.keras.Model(ids, tf.keras.layers.Dense(4, name=f"{name}_proj")(rows), name=name)
+        rows = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(vocab, 8, name=f"{prefix}_emb")(ids))
+        return tf.keras.Model(ids, tf.keras.layers.Dense(4, name=f"{prefix}_proj")(rows), name=name)
 
     user, item = tf.keras.Input((1,), dtype=tf.int64, name="u"), tf.keras.Input((1,), dtype=tf.int64, name="i")
     score = tf.keras.layers.Dot(axes=1)([tower("user", 50)(user), tower("item", 80)(item)])
     return tf.keras.Model([user, item], tf.keras.layers.Activation("sigmoid")(score))
 
 
-def test_nested_functional_towers_keep_their_checkpoint_keys(tmp_path):
+@pytest.mark.parametrize("same_names", [False, True])
+def test_nested_functional_towers_pack_and_keep_their_checkpoint_keys(same_names, tmp_path):
     rng = np.random.default_rng(0)
     x = {"u": rng.integers(0, 50, (32, 1)), "i": rng.integers(0, 80, (32, 1))}
     y = rng.integers(0, 2, (32, 1)).astype(np.float32)
-    keys = {}
+    keys, losses = {}, {}
     for wrapped in (False, True):
-        model = htf.keras.optimize(_towers()) if wrapped else _towers()
+        model = htf.keras.optimize(_towers(same_names)) if wrapped else _towers(same_names)
         model.compile(optimizer="adam", loss="binary_crossentropy")
-        model.train_on_batch(x, y)
+        losses[wrapped] = [model.train_on_batch(x, y) for _ in range(3)]
         model.save_weights(str(tmp_path / f"w{wrapped}"))
         keys[wrapped] = {k for k, _ in tf.train.list_variables(str(tmp_path / f"w{wrapped}"))}
-        other = _towers() if wrapped else htf.keras.optimize(_towers())  # the other layout loads it
+        other = _towers(same_names) if wrapped else htf.keras.optimize(_towers(same_names))  # the other layout
         other.load_weights(str(tmp_path / f"w{wrapped}"))
         np.testing.assert_array_equal(other.predict(x, verbose=0), model.predict(x, verbose=0))
     assert keys[True] == keys[False]
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+    tables = [m.name for pt in model.hybridtf_plan.packed_tables for m in pt.members]
+    assert model.hybridtf_skipped == [] and len(tables) == 2  # one repeated name: "item.tower_emb"

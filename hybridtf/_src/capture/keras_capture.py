@@ -79,14 +79,15 @@ def is_embedding_layer(layer) -> bool:
 def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
     """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
     captured, skipped, seen, names = [], [], set(), set()
+    layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if not is_embedding_layer(layer) or id(layer) in seen:
             continue
         seen.add(id(layer))
         reason = unsupported_reason(layer)
         name = layer.name
-        if reason is None and name in names:
-            reason = f"another embedding layer is also named {name!r}; give layers unique names"
+        if reason is None and name in names:  # e.g. towers built by one function, in sub-models
+            name = _unique_table_name(model, layer, names | layer_names)
         if reason is not None:
             skipped.append(SkippedLayer(name, reason))
             continue
@@ -95,6 +96,25 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
         spec, _ = regularizer_spec(getattr(layer, "embeddings_regularizer", None))
         captured.append(CapturedTable(name, layer, rows, dim, layer.embeddings.dtype.name, spec))
     return captured, skipped
+
+
+def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:
+    """A table name for ``layer`` when another embedding layer has its name: ``<sub-model>.<layer>``.
+
+    Keras only keeps names unique within one model; layers of nested sub-models may repeat them.
+    """
+    parent = next(
+        (
+            sub.name
+            for sub in model._flatten_layers(include_self=True, recursive=True)
+            if isinstance(sub, tf.keras.Model) and any(inner is layer for inner in sub.layers)
+        ),
+        model.name,
+    )
+    name, k = f"{parent}.{layer.name}", 1
+    while name in taken:
+        name, k = f"{parent}.{layer.name}_{k}", k + 1
+    return name
 
 
 class _HybridEmbeddingMixin(PlainConstruction):
