@@ -65,7 +65,12 @@ def _plain_model(dynamic_model, ids_seen, fields=FIELDS):
 
 
 def _optimizer(kind):
-    return {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}[kind]()
+    schedule = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)  # a new rate every step
+    return {
+        "adagrad": lambda: tf.keras.optimizers.Adagrad(0.1),
+        "adam": lambda: tf.keras.optimizers.Adam(0.01),
+        "adagrad_schedule": lambda: tf.keras.optimizers.Adagrad(schedule),
+    }[kind]()
 
 
 class _Losses(tf.keras.callbacks.Callback):
@@ -86,7 +91,7 @@ def _fit(model, x, y):
 TABLE = dict(hot_rows=12, warmup_steps=10, flush_every=7)
 
 
-@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+@pytest.mark.parametrize("kind", ["adagrad", "adam", "adagrad_schedule"])
 def test_packed_equals_unpacked_and_plain_keras(kind):
     x, y = _data(big=True)
     packed = htf.keras.optimize(_dynamic_model(**TABLE))

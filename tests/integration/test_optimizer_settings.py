@@ -3,7 +3,9 @@
 Keras optimizers other than the fused ones update the packed variables through Keras itself, which is
 exact when the update is elementwise per row. Gradient clipping (per-lookup rows in Keras, summed
 distinct rows in a packed table), Keras's Nadam (its ``u_product`` counts the model's variables) and
-Adafactor (factored over a whole variable) are not: ``compile`` warns once, naming each.
+Adafactor (factored over a whole variable) are not: ``compile`` warns once, naming each. The fused
+updates take a ``LearningRateSchedule``'s rate of the current step, as Keras does (they run before
+Keras's ``apply_gradients`` computes it: they used the previous step's).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ EXACT = {
     "adamw": lambda: K.AdamW(0.01, weight_decay=0.01),
     "ftrl": lambda: K.Ftrl(0.05, l1_regularization_strength=0.001),
     "legacy_nadam": lambda: K.legacy.Nadam(0.01),
+    # fused updates with a learning-rate schedule
+    "sgd_schedule": lambda: K.SGD(K.schedules.ExponentialDecay(0.5, 2, 0.5)),
+    "adagrad_schedule": lambda: K.Adagrad(K.schedules.ExponentialDecay(0.2, 2, 0.5)),
+    "adam_schedule": lambda: K.Adam(K.schedules.PiecewiseConstantDecay([3, 6], [0.05, 0.01, 0.001])),
+    "lazy_adam_schedule": lambda: htf.keras.LazyAdam(K.schedules.InverseTimeDecay(0.05, 1, 0.5)),
 }
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations.keras_optimizers import LazyAdam, fusable
+from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable
 
 
 def _layer_of(variable):
@@ -60,6 +60,7 @@ class _DynamicOptimizerMixin:
                 "with other settings. Use one of those optimizers."
             )
         rest = [(g, v) for g, v in grads_and_vars if _layer_of(v) is None]
+        current_learning_rate(self)  # this step's rate of a LearningRateSchedule, before the tables' updates
         updates = []
         with tf.name_scope("hybridtf_dynamic_update"):
             for g, v in dynamic:

@@ -186,10 +186,22 @@ def fusable(optimizer, skip: tuple = ()) -> str | None:
     return None
 
 
+def current_learning_rate(optimizer) -> None:
+    """Sets a Keras optimizer's learning rate for this step (a ``LearningRateSchedule`` at ``iterations``).
+
+    Keras does it at the start of its ``apply_gradients``; hybridtf's fused updates read
+    ``optimizer.learning_rate`` before calling it, and would otherwise use the previous step's rate.
+    """
+    compute = getattr(optimizer, "_compute_current_learning_rate", None)
+    if compute is not None:
+        compute()
+
+
 class _HybridOptimizerMixin:
     """Per-instance override: fused updates for packed tables, Keras for the rest."""
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        current_learning_rate(self)  # the fused updates run before Keras's apply_gradients would set it
         grads_and_vars = list(grads_and_vars)
         storage = self._htf_storage
         if storage is not None and storage.world.distributed and not is_horovod_distributed(self):
