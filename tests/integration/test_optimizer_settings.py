@@ -106,3 +106,46 @@ def test_the_named_difference_is_real():
         model.compile(optimizer=K.Adagrad(0.05, clipvalue=0.001), loss="binary_crossentropy")
         losses.append([model.train_on_batch(x, y) for x, y in batches])
     assert np.max(np.abs(np.subtract(*losses)) / np.abs(losses[0])) > 1e-5
+
+
+def _exclude_by_name(model):
+    optimizer = K.AdamW(0.01, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_names=["embeddings"])
+    return model, optimizer
+
+
+def _exclude_views(model):  # the tables' variables as the model holds them when compiled
+    optimizer = K.AdamW(0.01, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_list=[model.get_layer(f"e{i}").embeddings for i in range(3)])
+    return model, optimizer
+
+
+def _exclude_before_optimize(model):  # the plain variables, before packing released them
+    optimizer = K.AdamW(0.01, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_list=[model.get_layer(f"e{i}").embeddings for i in range(3)])
+    return model, optimizer
+
+
+@pytest.mark.parametrize("setup", [_exclude_by_name, _exclude_views, _exclude_before_optimize])
+def test_weight_decay_exclusions_of_packed_tables_train_like_the_plain_model(setup):
+    batches = _batches(8)
+    plain, plain_opt = setup(_model())
+    plain.compile(optimizer=plain_opt, loss="binary_crossentropy")
+    if setup is _exclude_before_optimize:
+        packed, packed_opt = setup(_model())
+        packed = htf.keras.optimize(packed)
+    else:
+        packed, packed_opt = setup(htf.keras.optimize(_model()))
+    packed.compile(optimizer=packed_opt, loss="binary_crossentropy")
+    expected = [plain.train_on_batch(x, y) for x, y in batches]
+    np.testing.assert_allclose([packed.train_on_batch(x, y) for x, y in batches], expected, rtol=1e-5)
+
+
+def test_weight_decay_excluding_only_some_tables_of_a_packed_variable_names_them_and_the_fix():
+    packed = htf.keras.optimize(_model())
+    optimizer = K.AdamW(0.01, weight_decay=0.1)
+    optimizer.exclude_from_weight_decay(var_names=["e0/"])
+    packed.compile(optimizer=optimizer, loss="binary_crossentropy")
+    x, y = _batches(1)[0]
+    with pytest.raises(ValueError, match=r"excludes tables \['e0'\].*exclude=\['e0'\]"):
+        packed.train_on_batch(x, y)

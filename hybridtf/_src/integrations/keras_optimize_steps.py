@@ -189,6 +189,7 @@ def pack_storage(
             layer.__dict__.pop("call", None)  # a Keras SavedModel save may leave an instance-level call
             layer.__class__ = hybrid_class(type(layer))
             layer.embeddings = storage.view(name)
+            layer.embeddings._htf_plain_key = old._unique_id  # optimizers' exclusions made before packing
             if tables[name].regularizer is not None:
                 storage.regularizers[name] = tables[name].regularizer
             if getattr(layer, "embeddings_regularizer", None) is not None:

@@ -16,6 +16,7 @@ update (``HybridTF>RegularizedApply*``), or added to the gradient Keras applies.
 from __future__ import annotations
 
 import logging
+import re
 
 import tensorflow as tf
 
@@ -231,6 +232,28 @@ class _HybridOptimizerMixin:
             return super().apply_gradients(rest, *args, **kwargs)
         return self.iterations.assign_add(1)
 
+    def _use_weight_decay(self, variable):
+        # Weight decay is per variable: a packed variable is decayed when every member table would be, and
+        # kept when none would be (excluded by name, e.g. "embeddings", or by variable: the table's view or
+        # the variable it replaced).
+        views = self._htf_members.get(id(variable))
+        if not views:
+            return super()._use_weight_decay(variable)
+        names = getattr(self, "_exclude_from_weight_decay_names", None) or []
+        keys = set(getattr(self, "_exclude_from_weight_decay", None) or [])
+        excluded = [
+            v.table for v in views if self._var_key(v) in keys or any(re.search(p, v.name) for p in names)
+        ]
+        if not excluded:
+            return super()._use_weight_decay(variable)
+        if len(excluded) == len(views):
+            return False
+        raise ValueError(
+            f"weight decay excludes tables {excluded} but not the other tables packed with them in one variable "
+            f"({[v.table for v in views if v.table not in excluded]}); it is applied per variable. Exclude all of "
+            f"them, or keep the excluded ones out of packing: htf.keras.optimize(model, exclude={excluded})."
+        )
+
     def add_variable_from_reference(self, model_variable, variable_name, shape=None, initial_value=None):
         slot = super().add_variable_from_reference(model_variable, variable_name, shape, initial_value)
         self._htf_slot_of[id(slot)] = (model_variable, variable_name)
@@ -407,6 +430,11 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
     object.__setattr__(optimizer, "_htf_packed", {id(v) for v in fused})
     object.__setattr__(optimizer, "_htf_sharded", {id(v) for v in storage.sharded_variables()})
     object.__setattr__(optimizer, "_htf_storage", storage)
+    members = {}  # packed variable -> its member tables' views (weight-decay exclusions name those)
+    for pt in storage.plan.packed_tables:
+        if pt.name in storage.packed:
+            members[id(storage.packed[pt.name])] = [storage.view(m.name) for m in pt.members]
+    object.__setattr__(optimizer, "_htf_members", members)
     if "_htf_plain" not in optimizer.__dict__:
         object.__setattr__(optimizer, "_htf_plain", keras_slots.PlainSlots())
         object.__setattr__(optimizer, "_htf_slot_of", {})

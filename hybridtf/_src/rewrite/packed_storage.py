@@ -43,6 +43,15 @@ class TableView(tf.__internal__.tracking.Trackable):
     the whole table, whatever the number of ranks that wrote or read them.
     """
 
+    # Keras optimizers key variables by ``_unique_id`` (``exclude_from_weight_decay(var_list=...)``): a view
+    # answers with the key of the variable it replaced (set by ``optimize``), so exclusions made before
+    # packing still name the table.
+    _htf_plain_key: str | None = None
+
+    @property
+    def _unique_id(self) -> str:
+        return self._htf_plain_key or f"hybridtf_table:{self.table}"
+
     def __init__(
         self,
         variable: tf.Variable,
