@@ -241,9 +241,7 @@ class _HybridOptimizerMixin:
             return super()._use_weight_decay(variable)
         names = getattr(self, "_exclude_from_weight_decay_names", None) or []
         keys = set(getattr(self, "_exclude_from_weight_decay", None) or [])
-        excluded = [
-            v.table for v in views if self._var_key(v) in keys or any(re.search(p, v.name) for p in names)
-        ]
+        excluded = [v.table for v in views if self._var_key(v) in keys or any(re.search(p, v.name) for p in names)]
         if not excluded:
             return super()._use_weight_decay(variable)
         if len(excluded) == len(views):
