@@ -59,6 +59,7 @@ EXACT = {
     "adagrad_schedule": lambda: K.Adagrad(K.schedules.ExponentialDecay(0.2, 2, 0.5)),
     "adam_schedule": lambda: K.Adam(K.schedules.PiecewiseConstantDecay([3, 6], [0.05, 0.01, 0.001])),
     "lazy_adam_schedule": lambda: htf.keras.LazyAdam(K.schedules.InverseTimeDecay(0.05, 1, 0.5)),
+    "loss_scale_adam": lambda: tf.keras.mixed_precision.LossScaleOptimizer(K.Adam(0.01)),
 }
 
 

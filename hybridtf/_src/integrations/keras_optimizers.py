@@ -193,9 +193,8 @@ def current_learning_rate(optimizer) -> None:
     Keras does it at the start of its ``apply_gradients``; hybridtf's fused updates read
     ``optimizer.learning_rate`` before calling it, and would otherwise use the previous step's rate.
     """
-    compute = getattr(optimizer, "_compute_current_learning_rate", None)
-    if compute is not None:
-        compute()
+    if isinstance(getattr(optimizer, "_learning_rate", None), tf.keras.optimizers.schedules.LearningRateSchedule):
+        optimizer._compute_current_learning_rate()  # (a LossScaleOptimizer has none: its inner one does this)
 
 
 class _HybridOptimizerMixin:
