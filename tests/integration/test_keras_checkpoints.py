@@ -314,3 +314,27 @@ def test_nested_functional_towers_pack_and_keep_their_checkpoint_keys(same_names
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
     tables = [m.name for pt in model.hybridtf_plan.packed_tables for m in pt.members]
     assert model.hybridtf_skipped == [] and len(tables) == 2  # one repeated name: "item.tower_emb"
+
+
+class _Interrupt(tf.keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            raise RuntimeError("interrupted")
+
+
+def test_backup_and_restore_resumes_an_interrupted_fit_exactly(tmp_path):
+    rng = np.random.default_rng(1)
+    x = {"u": rng.integers(0, 50, (64, 1)), "i": rng.integers(0, 80, (64, 1))}
+    y = rng.integers(0, 2, (64, 1)).astype(np.float32)
+
+    def fit(callbacks):
+        model = htf.keras.optimize(_towers(False))
+        model.compile(optimizer="adam", loss="binary_crossentropy")
+        return model.fit(x, y, batch_size=16, epochs=4, verbose=0, shuffle=False, callbacks=callbacks)
+
+    uninterrupted = fit([]).history["loss"]
+    backup = tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))
+    with pytest.raises(RuntimeError, match="interrupted"):
+        fit([backup, _Interrupt()])
+    resumed = fit([tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))]).history["loss"]
+    np.testing.assert_allclose(resumed, uninterrupted[2:], rtol=1e-6)
