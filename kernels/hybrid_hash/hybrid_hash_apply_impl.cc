@@ -64,7 +64,8 @@ void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const in
 
 bool Store::HintsProven(const int64_t* ids, const int64_t* members, const int64_t* hints,
                         int64_t n) const {
-  std::lock_guard<std::mutex> guard(hinted_mu_);
+  std::unique_lock<std::mutex> guard(hinted_mu_, std::try_to_lock);
+  if (!guard.owns_lock()) return false;
   const HintedBatch& h = hinted_;
   const size_t bytes = sizeof(int64_t) * static_cast<size_t>(n);
   return h.valid && h.epoch == layout_epoch_ && static_cast<int64_t>(h.ids.size()) == n &&

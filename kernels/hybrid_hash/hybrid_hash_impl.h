@@ -410,16 +410,13 @@ class Store {
       if (spins > 64) std::this_thread::yield();
     }
   }
-  // True if (ids, members, hints)[0, n) are exactly the last saved training
-  // lookup's (SaveHinted) and no record moved or was freed since
-  // (layout_epoch_ unchanged): then every hint names its key's present record
-  // and the row the lookup read. Shared lock held.
+  // True if (ids, members, hints)[0, n) are exactly the last kept training
+  // lookup's (hinted_) and no record moved or was freed since (layout_epoch_
+  // unchanged): then every hint names its key's present record and the row
+  // the lookup read. Shared lock held. False while a lookup is keeping its
+  // batch (never waits for hinted_mu_).
   bool HintsProven(const int64_t* ids, const int64_t* members, const int64_t* hints,
                    int64_t n) const;
-  // Keeps a training lookup's (ids, members, hints) for HintsProven, valid in
-  // layout epoch `epoch` (the one all its hints were taken in).
-  void SaveHinted(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
-                  uint64_t epoch);
   template <typename RowFn>
   ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
                        const char* what, const ParallelFor& pf, RowFn&& fn);
@@ -450,7 +447,10 @@ class Store {
   // eviction, an import. Equal epochs: a record hint taken in between still
   // names its key's record, and its hot part still says where the row is.
   uint64_t layout_epoch_ = 0;
-  // The last training lookup that returned record hints (SaveHinted).
+  // The last training lookup that returned record hints: its ids, members and
+  // hints, written by that lookup while it holds hinted_mu_ (taken with
+  // try_lock on both sides: a lookup waiting for the exclusive lock must not
+  // hold up an update holding the shared one).
   struct HintedBatch {
     std::vector<int64_t> ids, members, hints;
     bool packed = false;  // members given

@@ -84,6 +84,18 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   std::atomic<int64_t> num_missing{0};
   uint64_t epoch = 0;
   uint64_t layout = 0;  // the layout epoch every hint of this lookup is taken in
+  // A training lookup that returns hints keeps (ids, members, hints) for the
+  // update's HintsProven, copied by the shared pass's workers while the ids
+  // are in cache. Another lookup keeping its own: this one is not kept.
+  std::unique_lock<std::mutex> keep(hinted_mu_, std::defer_lock);
+  if (insert && records != nullptr && keep.try_lock()) {
+    hinted_.valid = false;
+    hinted_.ids.resize(static_cast<size_t>(n));
+    hinted_.packed = members != nullptr;
+    hinted_.members.resize(members ? static_cast<size_t>(n) : 0);
+    hinted_.hints.resize(static_cast<size_t>(n));
+  }
+  const bool saving = keep.owns_lock();
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     const uint32_t step = step_;
@@ -125,6 +137,12 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
           }
         }
       }
+      if (saving) {
+        const size_t bytes = sizeof(int64_t) * static_cast<size_t>(end - begin);
+        std::memcpy(hinted_.ids.data() + begin, ids + begin, bytes);
+        if (members) std::memcpy(hinted_.members.data() + begin, members + begin, bytes);
+        std::memcpy(hinted_.hints.data() + begin, records + begin, bytes);
+      }
       num_missing.fetch_add(miss, std::memory_order_relaxed);
       if (insert) {
         hits_.fetch_add(hits, std::memory_order_relaxed);
@@ -138,9 +156,11 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
     lookups_.fetch_add(n, std::memory_order_relaxed);
     step_lookups_.fetch_add(n, std::memory_order_relaxed);
   }
-  const bool save = insert && records != nullptr;  // for the update's HintsProven
   if (num_missing.load() == 0) {
-    if (save) SaveHinted(ids, members, records, n, layout);
+    if (saving) {
+      hinted_.epoch = layout;
+      hinted_.valid = true;
+    }
     return ImplStatus::Ok();
   }
   // The initial rows of the ids not found, outside any lock. A pure read
@@ -164,21 +184,12 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   const bool same_layout = layout_epoch_ == layout;
   ImplStatus status =
       config_.capacity > 0 ? InsertSerial(todo, batch) : InsertParallel(todo, batch, pf);
-  if (status.ok() && save && same_layout && layout_epoch_ == layout) {
-    SaveHinted(ids, members, records, n, layout);
+  if (status.ok() && saving && same_layout && layout_epoch_ == layout) {
+    for (int64_t i : todo) hinted_.hints[i] = records[i];  // the inserted ids' hints
+    hinted_.epoch = layout;
+    hinted_.valid = true;
   }
   return status;
-}
-
-void Store::SaveHinted(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
-                       uint64_t epoch) {
-  std::lock_guard<std::mutex> guard(hinted_mu_);
-  hinted_.ids.assign(ids, ids + n);
-  hinted_.packed = members != nullptr;
-  if (members) hinted_.members.assign(members, members + n);
-  hinted_.hints.assign(hints, hints + n);
-  hinted_.epoch = epoch;
-  hinted_.valid = true;
 }
 
 ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBatch& b) {
