@@ -62,6 +62,14 @@
 // compare-and-swap, a relaxed store); statistics are atomic. The inserts of one training
 // lookup run in parallel under the exclusive lock (lock-free linear probing
 // within it, see hybrid_hash_lookup_impl.cc).
+//
+// Record hints: a training lookup may return each id's record (and hot entry)
+// for the step's fused update. layout_epoch_ counts every exclusive change
+// that can move a row or free a record (flush re-selection, relayout,
+// eviction, import); the lookup keeps its exact (ids, members, hints) with the
+// epoch they were taken in, and an update given exactly those, in the same
+// epoch, uses them without reading any header (HintsProven); any other hint is
+// checked on its record's header or probed (hybrid_hash_apply_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 #define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 
