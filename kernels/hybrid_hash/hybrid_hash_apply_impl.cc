@@ -5,6 +5,7 @@
 // array. Rows move with their slots, so the tier a row is in never matters.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "kernels/hybrid_hash/hybrid_hash_impl.h"
@@ -27,19 +28,30 @@ void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const in
                             int64_t begin, int64_t end, uint32_t* out) const {
   const int64_t n = end - begin;
   const uint64_t limit = next_record_;  // records [0, limit) exist (fixed under the shared lock)
+  const uint64_t hot_entries = hot_owner_.size();
+  const int64_t row_bytes = 4 * RowFloats();
+  uint32_t rec[kBlock];
   for (int64_t k = 0; k < n; ++k) {
-    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);  // negative: huge, rejected
-    if (h < limit) __builtin_prefetch(Record(static_cast<uint32_t>(h)));
+    // Any int64 is safe here: the record part is range-checked, the hot part
+    // only prefetches a line of the hot tier.
+    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
+    rec[k] = static_cast<uint32_t>(h);
+    if (rec[k] < limit) __builtin_prefetch(Record(rec[k]));
+    const uint64_t hot1 = h >> 32;
+    if (hot1 != 0 && hot1 <= hot_entries) {  // the hot row with the header, not after it
+      const char* row = reinterpret_cast<const char*>(hot_.data() + (hot1 - 1) * RowFloats());
+      __builtin_prefetch(row, 1);
+      __builtin_prefetch(row + row_bytes - 1, 1);
+    }
   }
   bool probe = false;
   for (int64_t k = 0; k < n; ++k) {
-    const uint64_t h = static_cast<uint64_t>(hints[begin + k]);
     out[k] = kEmpty;
-    if (h < limit) {
-      const Header* r = Record(static_cast<uint32_t>(h));
+    if (rec[k] < limit) {
+      const Header* r = Record(rec[k]);
       if (__atomic_load_n(&r->mark, __ATOMIC_RELAXED) != kDead && r->id == ids[begin + k] &&
           MemberOf(r) == M(members, begin + k)) {
-        out[k] = static_cast<uint32_t>(h);
+        out[k] = rec[k];
       }
     }
     probe = probe || out[k] == kEmpty;
@@ -48,6 +60,18 @@ void Store::FindBlockHinted(const int64_t* ids, const int64_t* members, const in
   for (int64_t k = 0; k < n; ++k) {
     if (out[k] == kEmpty) out[k] = Find(M(members, begin + k), ids[begin + k]);
   }
+}
+
+bool Store::HintsProven(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                        int64_t n) const {
+  std::unique_lock<std::mutex> guard(hinted_mu_, std::try_to_lock);
+  if (!guard.owns_lock()) return false;
+  const HintedBatch& h = hinted_;
+  const size_t bytes = sizeof(int64_t) * static_cast<size_t>(n);
+  return h.valid && h.epoch == layout_epoch_ && static_cast<int64_t>(h.ids.size()) == n &&
+         h.packed == (members != nullptr) && std::memcmp(h.ids.data(), ids, bytes) == 0 &&
+         std::memcmp(h.hints.data(), hints, bytes) == 0 &&
+         (members == nullptr || std::memcmp(h.members.data(), members, bytes) == 0);
 }
 
 template <typename RowFn>
@@ -62,34 +86,56 @@ ImplStatus Store::ApplyRows(const int64_t* ids, const int64_t* members, const in
   std::vector<float*> rows(static_cast<size_t>(n));  // fixed under the shared lock
   std::atomic<int64_t> bad{n};                       // first bad position
   const int64_t row_bytes = 4 * RowFloats();
-  pf(n, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; b += kBlock) {
-      const int64_t e = std::min(end, b + kBlock);
-      if (hints) {
-        FindBlockHinted(ids, members, hints, b, e, records.data() + b);
-      } else {
-        FindBlock(ids, members, b, e, records.data() + b);
-      }
-      for (int64_t i = b; i < e; ++i) {
-        const uint32_t r = records[i];
-        bool ok = r != kEmpty;
-        if (ok) {
-          Header* h = Record(r);
-          rows[i] = Floats(h);
-          // Fetched now, while this pass waits on the next headers: the update
-          // pass then finds most rows in cache.
-          __builtin_prefetch(rows[i], 1);
-          __builtin_prefetch(reinterpret_cast<const char*>(rows[i]) + row_bytes - 1, 1);
-          ok = __atomic_exchange_n(&h->mark, serial, __ATOMIC_RELAXED) != serial;
+  // Fast path: the hints are exactly those of the last training lookup and no
+  // row moved since, so each names its key's present record and where its row
+  // is (HintsProven): no header is read. Only distinctness is left to check, on
+  // the record indices (distinct keys have distinct records): a bitmap. A
+  // repeated id falls through to the checked pass, which reports it.
+  bool proven = hints != nullptr && n > 0 && HintsProven(ids, members, hints, n);
+  if (proven) {
+    std::vector<uint64_t> seen((static_cast<size_t>(next_record_) + 63) / 64, 0);
+    const float* hot = hot_.data();
+    for (int64_t i = 0; i < n && proven; ++i) {
+      const uint64_t hint = static_cast<uint64_t>(hints[i]);
+      const uint32_t r = static_cast<uint32_t>(hint);
+      const uint64_t bit = uint64_t{1} << (r & 63);
+      proven = (seen[r >> 6] & bit) == 0;
+      seen[r >> 6] |= bit;
+      records[i] = r;
+      const uint64_t hot1 = hint >> 32;
+      rows[i] =
+          hot1 != 0 ? const_cast<float*>(hot) + (hot1 - 1) * RowFloats() : ColdFloats(Record(r));
+    }
+  }
+  if (!proven)
+    pf(n, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; b += kBlock) {
+        const int64_t e = std::min(end, b + kBlock);
+        if (hints) {
+          FindBlockHinted(ids, members, hints, b, e, records.data() + b);
+        } else {
+          FindBlock(ids, members, b, e, records.data() + b);
         }
-        if (!ok) {
-          int64_t cur = bad.load();
-          while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+        for (int64_t i = b; i < e; ++i) {
+          const uint32_t r = records[i];
+          bool ok = r != kEmpty;
+          if (ok) {
+            Header* h = Record(r);
+            rows[i] = Floats(h);
+            // Fetched now, while this pass waits on the next headers: the update
+            // pass then finds most rows in cache.
+            __builtin_prefetch(rows[i], 1);
+            __builtin_prefetch(reinterpret_cast<const char*>(rows[i]) + row_bytes - 1, 1);
+            ok = __atomic_exchange_n(&h->mark, serial, __ATOMIC_RELAXED) != serial;
+          }
+          if (!ok) {
+            int64_t cur = bad.load();
+            while (i < cur && !bad.compare_exchange_weak(cur, i)) {
+            }
           }
         }
       }
-    }
-  });
+    });
   const int64_t b = bad.load();
   if (b < n) {
     const bool absent = records[b] == kEmpty;

@@ -253,6 +253,7 @@ ImplStatus Store::EvictFor(int64_t needed) {
 }
 
 void Store::EvictIndices(const std::vector<uint32_t>& victims) {
+  ++layout_epoch_;  // records are freed (and may be reused for other keys)
   for (uint32_t r : victims) {
     Header* h = Record(r);
     MapErase(MemberOf(h), h->id);
@@ -264,6 +265,7 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
 }
 
 void Store::RelayoutLocked(int num_slots, const float* slot_init) {
+  ++layout_epoch_;  // every record moves to new chunks
   WriteBackLocked();
   const int64_t dim = config_.dim;
   const int64_t old_bytes = record_bytes_;
@@ -285,7 +287,8 @@ void Store::RelayoutLocked(int num_slots, const float* slot_init) {
       }
     }
   }
-  if (!hot_.empty()) hot_.assign(hot_owner_.size() * RowFloats(), 0.f);
+  // Only owned entries are ever read: the others need no values.
+  if (!hot_.empty()) hot_.resize(hot_owner_.size() * RowFloats());
   for (size_t e = 0; e < hot_owner_.size(); ++e) {
     if (hot_owner_[e] != kEmpty) {
       std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(Record(hot_owner_[e])),
@@ -328,13 +331,34 @@ void Store::FlushLocked() {
           hot_owner_.begin() + hot_used_) {
     return;
   }
+  ++layout_epoch_;  // rows move between the tiers
   WriteBackLocked();
   for (size_t e = 0; e < hot_owner_.size(); ++e) {
     if (hot_owner_[e] != kEmpty) Record(hot_owner_[e])->hot = -1;
   }
   hot_owner_.assign(static_cast<size_t>(config_.hot_rows), kEmpty);
   hot_used_ = 0;
+  // Entries are written before they are read (below or by MakeHotIfRoom), so
+  // the tier is not zeroed: a free entry's pages are first touched when a
+  // row takes it.
+  hot_.resize(static_cast<size_t>(config_.hot_rows * RowFloats()));
+  if (config_.ttl_steps == 0 && size_ <= config_.hot_rows) {
+    // Every row fits (and none expires): the top-k is every live record, in
+    // record order as below, so one pass over the arena copies them.
+    int64_t e = 0;
+    for (uint32_t r = 0; r < next_record_; ++r) {
+      Header* h = Record(r);
+      if (h->mark == kDead) continue;
+      std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(h), 4 * RowFloats());
+      h->hot = static_cast<int32_t>(e);
+      hot_owner_[e++] = r;
+    }
+    hot_used_ = e;
+    hot_phase_ = true;
+    return;
+  }
   std::vector<uint32_t> live;
+  live.reserve(static_cast<size_t>(size_));
   std::vector<uint32_t> stale;
   for (uint32_t r = 0; r < next_record_; ++r) {
     const Header* h = Record(r);
@@ -355,7 +379,6 @@ void Store::FlushLocked() {
       return x->id != y->id ? x->id < y->id : MemberOf(x) < MemberOf(y);
     });
   }
-  hot_.assign(static_cast<size_t>(config_.hot_rows * RowFloats()), 0.f);
   for (int64_t e = 0; e < k; ++e) {
     Header* h = Record(live[e]);
     std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(h), 4 * RowFloats());

@@ -62,6 +62,14 @@
 // compare-and-swap, a relaxed store); statistics are atomic. The inserts of one training
 // lookup run in parallel under the exclusive lock (lock-free linear probing
 // within it, see hybrid_hash_lookup_impl.cc).
+//
+// Record hints: a training lookup may return each id's record (and hot entry)
+// for the step's fused update. layout_epoch_ counts every exclusive change
+// that can move a row or free a record (flush re-selection, relayout,
+// eviction, import); the lookup keeps its exact (ids, members, hints) with the
+// epoch they were taken in, and an update given exactly those, in the same
+// epoch, uses them without reading any header (HintsProven); any other hint is
+// checked on its record's header or probed (hybrid_hash_apply_impl.cc).
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 #define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_IMPL_H_
 
@@ -74,6 +82,7 @@
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/common/parallel_for.h"
@@ -105,6 +114,17 @@ struct LineAllocator {
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t) { std::free(p); }
+  // resize() default-initializes (floats: not written), so a hot tier can be
+  // sized without zeroing and faulting in entries that are written before
+  // they are ever read (a flush's or a new row's copy).
+  template <typename U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
   template <typename U>
   bool operator==(const LineAllocator<U>&) const {
     return true;
@@ -172,6 +192,17 @@ inline uint64_t Mix(uint64_t x) {
 void InitialRows(const Config& config, const int64_t* ids, int64_t n, float* rows);
 void InitialRowsWith(const RowInit& init, int64_t dim, const int64_t* ids, int64_t n, float* rows);
 
+// A record hint (Store::Lookup's records output, the fused updates' input):
+// the record index in bits 0-31 and, for a row in the hot tier at lookup
+// time, its hot entry + 1 in bits 32-62 (0: cold). The update trusts neither
+// part: the record is used only if its header holds the expected key, and
+// the hot entry only lets it prefetch the row together with the header (the
+// row it updates is the one the header names).
+inline int64_t RecordHint(uint32_t record, int32_t hot) {
+  return static_cast<int64_t>(record) |
+         (hot >= 0 ? static_cast<int64_t>(hot + int64_t{1}) << 32 : int64_t{0});
+}
+
 struct Stats {
   int64_t size = 0;         // rows stored
   int64_t hot_used = 0;     // rows in the hot tier
@@ -218,8 +249,8 @@ class Store {
   // count frequencies (counts[i] occurrences, 1 each if counts is null) and
   // hit statistics (training); else a pure read that returns the initial row
   // of an absent id without inserting it.
-  // records (optional, training only): each id's record index, which a fused
-  // update may take as a hint (it still checks the record's key, see below).
+  // records (optional, training only): each id's record hint (RecordHint),
+  // which a fused update may take (it still checks the record's key, see below).
   ImplStatus Lookup(const int64_t* ids, const int64_t* counts, int64_t n, bool insert, float* out,
                     const ParallelFor& pf, const int64_t* members = nullptr,
                     int64_t* records = nullptr);
@@ -234,8 +265,9 @@ class Store {
 
   // Fused updates of distinct present ids with gradient rows grad[n * dim],
   // the same float operations as kernels/sparse_apply (Keras 2.15 exact).
-  // records (optional): the record index of each id, as Lookup returned it;
-  // a hint that saves the hash-map probe. A hint is used only if it names a
+  // records (optional): the record hint of each id, as Lookup returned it;
+  // a hint that saves the hash-map probe and lets the header and row misses
+  // overlap. A hint is used only if it names a
   // live record whose key is (members[i], ids[i]) (checked on the header the
   // update reads anyway); otherwise (a flush/eviction/import since the lookup,
   // or any bad value) the id is probed as without hints, so hints can never
@@ -386,6 +418,13 @@ class Store {
       if (spins > 64) std::this_thread::yield();
     }
   }
+  // True if (ids, members, hints)[0, n) are exactly the last kept training
+  // lookup's (hinted_) and no record moved or was freed since (layout_epoch_
+  // unchanged): then every hint names its key's present record and the row
+  // the lookup read. Shared lock held. False while a lookup is keeping its
+  // batch (never waits for hinted_mu_).
+  bool HintsProven(const int64_t* ids, const int64_t* members, const int64_t* hints,
+                   int64_t n) const;
   template <typename RowFn>
   ImplStatus ApplyRows(const int64_t* ids, const int64_t* members, const int64_t* hints, int64_t n,
                        const char* what, const ParallelFor& pf, RowFn&& fn);
@@ -410,6 +449,24 @@ class Store {
   bool hot_phase_ = false;  // a flush happened: free hot entries take new rows
   uint32_t step_ = 0;
   uint32_t update_serial_ = 0;
+
+  // Bumped (exclusive lock held) whenever a record's row may move or a record
+  // may be freed: a flush that changes the hot tier, a relayout, an
+  // eviction, an import. Equal epochs: a record hint taken in between still
+  // names its key's record, and its hot part still says where the row is.
+  uint64_t layout_epoch_ = 0;
+  // The last training lookup that returned record hints: its ids, members and
+  // hints, written by that lookup while it holds hinted_mu_ (taken with
+  // try_lock on both sides: a lookup waiting for the exclusive lock must not
+  // hold up an update holding the shared one).
+  struct HintedBatch {
+    std::vector<int64_t> ids, members, hints;
+    bool packed = false;  // members given
+    uint64_t epoch = 0;
+    bool valid = false;
+  };
+  mutable std::mutex hinted_mu_;
+  HintedBatch hinted_;
 
   mutable std::shared_mutex mu_;
   mutable StripeSeq stripes_[kStripes];

@@ -45,6 +45,7 @@ void Store::Export(Snapshot* out) {
 }
 
 void Store::ClearLocked() {
+  ++layout_epoch_;
   chunks_.clear();
   next_record_ = 0;
   free_.clear();
@@ -96,6 +97,7 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     return ImplStatus::InvalidArgument(t + ": the imported ids are not distinct.");
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
+  ++layout_epoch_;  // records are freed and rows rewritten
   if (only_member < 0) {
     ClearLocked();
     num_slots_ = static_cast<int>(num_slots);

@@ -64,7 +64,7 @@ inline void AddSaturatingAtomic(uint32_t* counter, int64_t add) {
 // (Templated so that it takes Store's private batch and header types.)
 template <typename Batch, typename Header>
 inline int64_t NoteRead(const Batch& b, int64_t i, int64_t r, Header* h, uint32_t step) {
-  if (b.records) b.records[i] = r;
+  if (b.records) b.records[i] = RecordHint(static_cast<uint32_t>(r), h->hot);
   const int64_t c = b.counts ? b.counts[i] : 1;
   AddSaturating(&h->count, c);
   h->last_step = step;
@@ -83,10 +83,24 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   std::vector<uint64_t> ends(insert ? static_cast<size_t>(n) : 0);
   std::atomic<int64_t> num_missing{0};
   uint64_t epoch = 0;
+  uint64_t layout = 0;  // the layout epoch every hint of this lookup is taken in
+  // A training lookup that returns hints keeps (ids, members, hints) for the
+  // update's HintsProven, copied by the shared pass's workers while the ids
+  // are in cache. Another lookup keeping its own: this one is not kept.
+  std::unique_lock<std::mutex> keep(hinted_mu_, std::defer_lock);
+  if (insert && records != nullptr && keep.try_lock()) {
+    hinted_.valid = false;
+    hinted_.ids.resize(static_cast<size_t>(n));
+    hinted_.packed = members != nullptr;
+    hinted_.members.resize(members ? static_cast<size_t>(n) : 0);
+    hinted_.hints.resize(static_cast<size_t>(n));
+  }
+  const bool saving = keep.owns_lock();
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
     const uint32_t step = step_;
     epoch = map_epoch_;
+    layout = layout_epoch_;
     pf(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
       int64_t hits = 0, occ = 0, occ_hits = 0, miss = 0;
       uint32_t block[kBlock];
@@ -98,13 +112,14 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
         }
         for (int64_t i = b; i < e; ++i) {
           const uint32_t r = block[i - b];
-          if (records) records[i] = r;
           if (r == kEmpty) {
+            if (records) records[i] = r;
             missing[i] = 1;
             ++miss;
             continue;
           }
           Header* h = Record(r);
+          if (records) records[i] = RecordHint(r, h->hot);
           const int64_t c = counts ? counts[i] : 1;
           // Under the shared lock no row moves and only updates write one
           // (under its stripe's sequence lock); counts and last steps only
@@ -122,6 +137,12 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
           }
         }
       }
+      if (saving) {
+        const size_t bytes = sizeof(int64_t) * static_cast<size_t>(end - begin);
+        std::memcpy(hinted_.ids.data() + begin, ids + begin, bytes);
+        if (members) std::memcpy(hinted_.members.data() + begin, members + begin, bytes);
+        std::memcpy(hinted_.hints.data() + begin, records + begin, bytes);
+      }
       num_missing.fetch_add(miss, std::memory_order_relaxed);
       if (insert) {
         hits_.fetch_add(hits, std::memory_order_relaxed);
@@ -135,7 +156,13 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
     lookups_.fetch_add(n, std::memory_order_relaxed);
     step_lookups_.fetch_add(n, std::memory_order_relaxed);
   }
-  if (num_missing.load() == 0) return ImplStatus::Ok();
+  if (num_missing.load() == 0) {
+    if (saving) {
+      hinted_.epoch = layout;
+      hinted_.valid = true;
+    }
+    return ImplStatus::Ok();
+  }
   // The initial rows of the ids not found, outside any lock. A pure read
   // returns them; an insert stores them (or, for an id another chain inserted
   // meanwhile, replaces them with the stored row).
@@ -152,8 +179,17 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
   }
   const LookupBatch batch{ids, counts, members, out, records, ends.data(), epoch};
   std::unique_lock<std::shared_mutex> lock(mu_);
-  if (config_.capacity > 0) return InsertSerial(todo, batch);
-  return InsertParallel(todo, batch, pf);
+  // A flush, eviction or import between the passes may have moved rows the
+  // shared pass hinted: then the hints stay hints (checked by the update).
+  const bool same_layout = layout_epoch_ == layout;
+  ImplStatus status =
+      config_.capacity > 0 ? InsertSerial(todo, batch) : InsertParallel(todo, batch, pf);
+  if (status.ok() && saving && same_layout && layout_epoch_ == layout) {
+    for (int64_t i : todo) hinted_.hints[i] = records[i];  // the inserted ids' hints
+    hinted_.epoch = layout;
+    hinted_.valid = true;
+  }
+  return status;
 }
 
 ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBatch& b) {
@@ -284,6 +320,12 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   if (hot_phase_) {  // free hot entries go to new rows in batch order, as one by one
     for (int64_t j = 0; j < m && hot_used_ < static_cast<int64_t>(hot_owner_.size()); ++j) {
       if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
+    }
+    if (b.records) {  // the hints of this pass (new rows, repeats of them) with their hot entries
+      for (int64_t j = 0; j < m; ++j) {
+        const uint32_t r = static_cast<uint32_t>(b.records[todo[j]]);
+        b.records[todo[j]] = RecordHint(r, Record(r)->hot);
+      }
     }
   }
   if (total_new.load() > 0) ++map_epoch_;

@@ -137,8 +137,9 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdam"))
     .SetShapeFn(NoOutputs)
     .Doc("Keras Adam (every stored row's moments decay) or LazyAdam (lazy=true).");
 
-// The packed chain's pair: the lookup also returns each id's record index,
-// which the update takes as a hint instead of probing the hash map again.
+// The packed chain's pair: the lookup also returns each id's record hint
+// (record index, and hot entry + 1 in the high bits: RecordHint), which the
+// update takes instead of probing the hash map again.
 REGISTER_OP(HYBRIDTF_OP("HybridHashLookupRecords"))
     .Input("table: resource")
     .Input("ids: int64")
@@ -154,8 +155,9 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashLookupRecords"))
       return Status();
     })
     .Doc(R"doc(
-HybridHashLookup with insert=true that also returns records[i], the store's
-record index of ids[i] (a hint for the *Records updates).
+HybridHashLookup with insert=true that also returns records[i], a hint for the
+*Records updates: the store's record index of ids[i] in the low 32 bits and its
+hot entry + 1 (0: cold) above.
 )doc");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgdRecords"))

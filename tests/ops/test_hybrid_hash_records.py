@@ -1,9 +1,12 @@
 """HybridHash record hints: ``lookup_records`` + the ``*Records`` updates (the packed chain's pair).
 
-The update takes each row's record index from the lookup instead of probing the hash map; a
-hint is used only when it names a live record with the expected (member, id) key. Each test
-runs the same steps with and without hints (stale, wrong or garbage hints included) and
-requires bit-identical tables, plus bad input and a concurrency stress.
+The update takes each row's record (and hot entry) from the lookup instead of probing the hash
+map; a hint is used only when it names a live record with the expected (member, id) key, or,
+without reading any header, when the update's (ids, members, hints) are exactly the last
+training lookup's and no row moved since (the proven fast path). Each test runs the same steps
+with and without hints (stale, flushed, wrong or garbage hints, ids in another order) and
+requires bit-identical tables, plus bad input (repeated ids through the fast path) and
+concurrency stresses (with flushes; and the fast path alone, beside inserts and reads).
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ def _hints(kind_of_hint, records, rng):
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam", "lazy_adam"])
 def test_hints_never_change_a_result(kind):
     rng = np.random.default_rng(0)
-    plain = _packed(f"plain_{kind}", flush_every=1)
-    hinted = _packed(f"hinted_{kind}", flush_every=1)
-    for step, hint in enumerate(["exact", "shuffled", "garbage", "empty", "exact", "stale"]):
+    plain = _packed(f"plain_{kind}", flush_every=1, hot_rows=20)  # a third of the ids hot: both tiers in a batch
+    hinted = _packed(f"hinted_{kind}", flush_every=1, hot_rows=20)
+    for step, hint in enumerate(["exact", "shuffled", "garbage", "empty", "exact", "stale", "flushed", "exact"]):
         ids = tf.constant(rng.choice(60, size=25, replace=False).astype(np.int64))
         members = tf.constant(rng.integers(0, 2, size=25).astype(np.int64))
         rows_p = plain.lookup(ids, members=members).numpy()
@@ -69,12 +72,46 @@ def test_hints_never_change_a_result(kind):
             fresh = hinted.lookup_records(ids, members=members)[1].numpy()
             plain.lookup(ids, members=members)  # the same counts in both
             assert not np.array_equal(fresh, records.numpy())
+        if hint == "flushed":  # the hot set is re-selected between lookup and update: rows move tiers
+            plain.flush()
+            hinted.flush()
         grad = tf.constant(rng.normal(size=(25, 4)).astype(np.float32))
         _update(plain, kind, ids, grad, members, None)
         _update(hinted, kind, ids, grad, members, _hints(hint, records, rng))
         for a, b in zip(_export(plain), _export(hinted)):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step}, {hint} hints")
     assert hinted.stats()["flushes"] == plain.stats()["flushes"] > 0
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad"])
+def test_lookup_hints_with_ids_in_another_order(kind):
+    """The lookup's own hints with its ids permuted: not the lookup's batch, so every hint is checked."""
+    rng = np.random.default_rng(1)
+    plain, hinted = _packed(f"order_p_{kind}", flush_every=2), _packed(f"order_h_{kind}", flush_every=2)
+    for _ in range(4):
+        ids = tf.constant(rng.choice(40, size=16, replace=False).astype(np.int64))
+        members = tf.constant(rng.integers(0, 2, size=16).astype(np.int64))
+        plain.lookup(ids, members=members)
+        _, records = hinted.lookup_records(ids, members=members)
+        perm = rng.permutation(16)
+        ids_p, members_p = tf.gather(ids, perm), tf.gather(members, perm)
+        grad = tf.constant(rng.normal(size=(16, 4)).astype(np.float32))
+        _update(plain, kind, ids_p, grad, members_p, None)
+        _update(hinted, kind, ids_p, grad, members_p, records)
+        for a, b in zip(_export(plain), _export(hinted)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_repeated_ids_of_the_lookup_itself_are_refused():
+    """The update's arrays are exactly the lookup's (the fast path), and an id repeats: refused, nothing changed."""
+    t = _packed("repeat_fast")
+    ids, members = tf.constant([7, 8, 7], tf.int64), tf.constant([0, 1, 0], tf.int64)
+    _, records = t.lookup_records(ids, members=members)
+    before = _export(t)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"ids\[2\] = 7 \(member 0\) is repeated"):
+        t.apply_sgd(ids, tf.ones([3, 4]), tf.constant(0.1), members=members, records=records)
+    for a, b in zip(before, _export(t)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_bad_records_and_ids_with_hints():
@@ -146,3 +183,44 @@ def test_concurrent_hinted_updates_inserts_and_flushes_lose_nothing():
     np.testing.assert_array_equal(ids.numpy()[first], np.arange(n_ids))
     np.testing.assert_array_equal(rows.numpy()[first], np.full((n_ids, dim), rounds, np.float32))
     assert table.stats()["flushes"] > 0 and table.stats()["size"] > n_ids
+
+
+def test_concurrent_proven_hint_updates_with_inserts_and_reads():
+    """The fast path under concurrency: threads update the last lookup's exact batch (no header read)
+    while another inserts new ids (exclusive sections, map growth) and a reader copies rows."""
+    dim, n_ids, threads, rounds = 8, 300, 3, 150
+    table = _packed("stress_proven", first="zeros", dim=dim, hot_rows=100, flush_every=1)
+    ids = tf.range(n_ids, dtype=tf.int64)
+    members = tf.zeros([n_ids], tf.int64)
+    table.lookup(ids, members=members)
+    table.flush()  # some rows hot, some cold: both kinds of hints
+    _, records = table.lookup_records(ids, members=members)
+    stop = threading.Event()
+    errors = []
+    grad = -tf.ones([n_ids, dim])
+
+    def updater():  # +1 per element per round, every thread on every row
+        for _ in range(rounds):
+            table.apply_sgd(ids, grad, tf.constant(1.0), end_step=False, members=members, records=records)
+
+    def inserter():  # plain lookups of new ids of member 1 (they keep no batch)
+        base = 1000
+        while not stop.is_set():
+            table.lookup(tf.range(base, base + 50, dtype=tf.int64), members=tf.ones([50], tf.int64))
+            base += 50
+
+    def reader():
+        while not stop.is_set():
+            rows = table.lookup(ids, insert=False, members=members).numpy()
+            if not np.all(rows == rows[:, :1]):
+                errors.append("torn row")
+
+    background = [threading.Thread(target=f) for f in (inserter, reader)]
+    workers = [threading.Thread(target=updater) for _ in range(threads)]
+    run_racing(background, workers, stop)
+    assert not errors
+    got_ids, rows, _, _, _, _, mem = table.export_with_members()
+    first = mem.numpy() == 0
+    np.testing.assert_array_equal(got_ids.numpy()[first], np.arange(n_ids))
+    np.testing.assert_array_equal(rows.numpy()[first], np.full((n_ids, dim), threads * rounds, np.float32))
+    assert table.stats()["size"] > n_ids

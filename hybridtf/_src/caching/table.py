@@ -209,11 +209,14 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         )
 
     def lookup_records(self, ids, counts=None, members=None):
-        """A training lookup that also returns each id's record index: ``(rows [n, dim], records [n])``.
+        """A training lookup that also returns each id's record hint: ``(rows [n, dim], records [n])``.
 
-        ``records`` are hints for the ``records=`` argument of the fused updates of the same step: the
-        update then reaches each row without probing the hash map again (a stale hint, e.g. after a
-        flush or import in between, is detected and probed instead, so it never changes a result).
+        ``records`` (each row's record index, with its hot-tier entry in the high bits) are hints for
+        the ``records=`` argument of the fused updates of the same step: the update then reaches each
+        row without probing the hash map again, and when it gets exactly this lookup's ids, members
+        and records with no flush, eviction or import in between, without reading any record
+        header. A stale hint (e.g. after a flush or import in between) is detected and probed
+        instead, so it never changes a result.
         """
         ids = self.check_ids(tf.convert_to_tensor(ids))
         counts = tf.zeros([0], tf.int64) if counts is None else tf.cast(counts, tf.int64)
