@@ -131,11 +131,18 @@ class CheckpointIndexMixin(PlainConstruction):
         deps = collections.OrderedDict()
         weighted = 0
         for index, layer in enumerate(self.layers):
-            if id(layer) in self._htf_weighted_layers or layer.weights:
+            if id(layer) in self._htf_weighted_layers or _has_weights(layer):
                 deps[f"layer_with_weights-{weighted}"] = layer
                 weighted += 1
             deps[f"layer-{index}"] = layer
         return deps
+
+
+def _has_weights(layer) -> bool:
+    try:
+        return bool(layer.weights)
+    except ValueError:  # not built yet: Keras counts it as a layer without weights too
+        return False
 
 
 def keep_checkpoint_indices(model: tf.keras.Model) -> set:
@@ -148,9 +155,9 @@ def keep_checkpoint_indices(model: tf.keras.Model) -> set:
 
     for sub in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(sub, functional.Functional) and not isinstance(sub, CheckpointIndexMixin):
-            object.__setattr__(sub, "_htf_weighted_layers", {id(layer) for layer in sub.layers if layer.weights})
+            object.__setattr__(sub, "_htf_weighted_layers", {id(layer) for layer in sub.layers if _has_weights(layer)})
             sub.__class__ = runtime_subclass(CheckpointIndexMixin, type(sub))
-    return {id(layer) for layer in model.layers if layer.weights}
+    return {id(layer) for layer in model.layers if _has_weights(layer)}
 
 
 def pack_storage(
