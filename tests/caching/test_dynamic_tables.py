@@ -132,3 +132,19 @@ def test_bad_inputs_name_the_table_and_the_fix(tmp_path):
         tf.train.Checkpoint(t=other.dynamic_tables["users"].table).read(
             tf.train.Checkpoint(t=tables.dynamic_tables["items"].table).write(str(tmp_path / "one"))
         )
+
+
+def test_an_unhooked_optimizer_is_a_clear_error_not_a_silent_buffer_update():
+    tables = Tables([DynamicTableConfig("items", D, **DYN)])
+    optimizer = tf.keras.optimizers.SGD(0.1)  # no slots: unguarded, it would update only the step's buffer
+
+    @htf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tables.lookup("items", ids, training=True))
+        grads = tape.gradient(loss, tables.trainable_variables)
+        optimizer.apply_gradients(zip(grads, tables.trainable_variables))
+        return loss
+
+    with pytest.raises(ValueError, match=r"dynamic table 'items' is trained by optimizer SGD, which is not hooked"):
+        step(tf.constant([1, 2, 3], tf.int64))

@@ -204,6 +204,55 @@ def test_unhooked_non_fusable_optimizer_is_refused():
         model.fit(x, y, batch_size=BATCH, verbose=0)
 
 
+UNHOOKED = {
+    "sgd": lambda: tf.keras.optimizers.SGD(0.1),
+    "adam": lambda: tf.keras.optimizers.Adam(0.01),
+    # slot-less: before the buffer guard it "trained" silently without ever updating the table
+    "legacy_sgd": lambda: tf.keras.optimizers.legacy.SGD(0.1),
+    "legacy_adagrad": lambda: tf.keras.optimizers.legacy.Adagrad(0.1),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNHOOKED))
+def test_an_optimizer_not_hooked_for_dynamic_tables_is_a_clear_error(kind):
+    x, y = _data(steps=2)
+    dyn = htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)
+    model = _model(dyn)
+    model.compile(optimizer=UNHOOKED[kind](), loss="mse")
+    with pytest.raises(
+        ValueError,
+        match=r"dynamic table 'items' is trained by (optimizer \w+, which is not hooked|the legacy Keras optimizer)"
+        r".*hybridtf.keras.dynamic_optimizer\(optimizer\)",
+    ):
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+    if kind.startswith("legacy"):
+        with pytest.raises(TypeError, match="cannot hook the legacy Keras optimizer"):
+            htf.keras.dynamic_optimizer(UNHOOKED[kind]())
+        return
+    # the same optimizer hooked trains the table, and a model summary lists the layer
+    model.compile(optimizer=htf.keras.dynamic_optimizer(UNHOOKED[kind]()), loss="mse")
+    before = dyn(tf.constant([[1, 2, 3]], tf.int64), training=False).numpy()
+    model.fit(x, y, batch_size=BATCH, verbose=0)
+    assert not np.allclose(dyn(tf.constant([[1, 2, 3]], tf.int64), training=False).numpy(), before)
+    model.summary(print_fn=lambda *a, **k: None)
+
+
+def test_an_unhooked_optimizer_in_a_custom_loop_of_an_optimized_model_is_a_clear_error():
+    x, y = _data(steps=1)
+    model = htf.keras.optimize(_model(htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)))
+    optimizer = tf.keras.optimizers.Adagrad(0.1)
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    with pytest.raises(ValueError, match=r"is trained by optimizer Adagrad, which is not hooked"):
+        step(x[:BATCH], y[:BATCH])
+
+
 @pytest.mark.slow  # ~20 s: a SavedModel export and a fresh TensorFlow process
 def test_saved_model_serves_without_hybridtf(tmp_path):
     x, y = _data(steps=10)

@@ -195,7 +195,7 @@ def test_evaluate_equals_plain(uninterrupted, plain_run):
 
 def test_unhooked_optimizer_unset_training_and_wrong_ids_are_clear_errors(tmp_path):
     est = _estimator(htf_estimator.model_fn(dynamic_model_fn), tmp_path / "a", kind="adagrad", hook=False)
-    with pytest.raises(CaptureError, match=r"'items' is looked up for training.*dynamic_optimizer"):
+    with pytest.raises(ValueError, match=r"'items' is trained by optimizer AdagradOptimizer, which is not hooked"):
         _train(est, 1)
 
     def no_training(features, labels, mode, params):

@@ -33,6 +33,7 @@ import zlib
 
 import tensorflow as tf
 
+from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
 from hybridtf._src.caching.table import HybridHashTable
 from hybridtf._src.caching.table import TableConfig as HashConfig
@@ -152,6 +153,7 @@ class DynamicTable(tf.Module):
 
                 tf.compat.v1.add_to_collection(LOCAL_VARIABLES, rows)
         rows._htf_dynamic_embedding = self  # the optimizer hooks find the table through it
+        guard(rows, config.name)
         self.table = table
         self._rows_buffer = rows
         self._ids_buffer = ids

@@ -31,6 +31,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
@@ -178,6 +179,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
             tf.compat.v1.add_to_collection(LOCAL_VARIABLES, buffer)
         buffer._htf_dynamic_embedding = self  # the optimizer hook finds the layer through it
+        guard(buffer, self.name)
         self.built = True
 
     @property

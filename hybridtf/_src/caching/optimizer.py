@@ -97,6 +97,11 @@ def dynamic_optimizer(optimizer):
         if not isinstance(optimizer, V1DynamicOptimizerMixin):
             optimizer.__class__ = runtime_subclass(V1DynamicOptimizerMixin, type(optimizer))
         return optimizer
+    if isinstance(optimizer, tf.keras.optimizers.legacy.Optimizer):
+        raise TypeError(
+            f"dynamic_optimizer cannot hook the legacy Keras optimizer {type(optimizer).__name__}: use "
+            "tf.keras.optimizers.SGD, Adagrad or Adam (or hybridtf.keras.LazyAdam) instead."
+        )
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         raise TypeError(
             "dynamic_optimizer needs a tf.keras.optimizers.Optimizer or a tf.compat.v1.train.Optimizer, got "

@@ -59,6 +59,7 @@ import json
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding
 from hybridtf._src.caching.member_unique import unique_member_ids
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
@@ -176,6 +177,7 @@ class DynamicGroup:
             self.owned_members = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False)
             self.owned_inverse = tf.Variable(tf.zeros([0], tf.int32), shape=tf.TensorShape([None]), trainable=False)
         self.rows_buffer._htf_dynamic_embedding = self
+        guard(self.rows_buffer, plan.name)
 
     def lookup(self, requests) -> list:
         """One output per request of this group's members: one unique, one lookup, one StitchCombine."""
