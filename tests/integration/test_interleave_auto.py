@@ -37,13 +37,17 @@ def test_auto_micro_batches_and_groups_follow_eq2_eq3():
     assert (micro.micro_batch_size, micro.num_micro_batches) == (BATCH, 1)  # everything fits
     np.testing.assert_allclose(roomy, whole, rtol=1e-5, atol=0)
 
-    bound = micro.peak_bytes / 2.5  # about a third of the measured peak: three micro-batches
+    # A sixth of the first run's measured peak. The second run measures its own step (the process's resident
+    # memory): allocator pools the first run left behind make it smaller, by more than half on a loaded machine,
+    # so the bound leaves room for that and still asks for several micro-batches.
+    bound = micro.peak_bytes / 6
+    first_peak = micro.peak_bytes
     tight, model = _run(batches, micro_batches="auto", micro_batch_memory=bound, interleave_from="mlp")
     plan = model.hybridtf_interleaving
     micro = plan.micro
     assert micro.interleave_from == "mlp" and micro.memory_bound == bound
     assert micro.micro_batch_size == min(BATCH, int(bound // (micro.peak_bytes / BATCH)))  # Eq. 2
-    assert micro.num_micro_batches == math.ceil(BATCH / micro.micro_batch_size) >= 2
+    assert micro.num_micro_batches == math.ceil(BATCH / micro.micro_batch_size) >= 2, (first_peak, micro.peak_bytes)
     assert "Eq. 2" in str(plan)
     np.testing.assert_allclose(tight, whole, rtol=1e-5, atol=0)
 
