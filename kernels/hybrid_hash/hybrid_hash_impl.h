@@ -18,10 +18,14 @@
 //   * every training lookup adds the id's occurrences to its count
 //     (FCounter); during warm-up (itr < warmup_steps) nothing is hot;
 //   * EndStep(): if itr >= warmup_steps and itr % flush_every == 0, flush:
-//     write the hot tier back, then move the top-k records by count
-//     (k = hot_rows, ties by smaller id) into the hot tier, each with its
-//     slots, so a flush never changes a value. If every row fits, every row
-//     becomes hot, and ids inserted later go to free hot entries.
+//     the top-k records by count (k = hot_rows, ties by smaller id, then
+//     smaller member) become the hot tier, each row with its slots, so a
+//     flush never changes a value. Rows that stay hot stay in their entries;
+//     only the rows leaving are written back and only the ones entering are
+//     copied in. The selection reads the arena once (a count histogram finds
+//     the k-th count; a radix selection orders only the ids tied at it). If
+//     every row fits, every row becomes hot, and ids inserted later go to
+//     free hot entries.
 //   * after a flush counts are multiplied by count_decay (1 = never decay,
 //     Algorithm 1 as published; < 1 lets the hot set follow drift).
 //
@@ -283,9 +287,10 @@ class Store {
                        const int64_t* members = nullptr, const int64_t* records = nullptr);
 
   // Ends a training step: Algorithm 1's flush check (L23-26), then step + 1.
-  void EndStep();
+  // (pf: the flush's workers.)
+  void EndStep(const ParallelFor& pf = SequentialFor);
   // Forced flush: write back and re-select the top-k (also the warm-up's).
-  void Flush();
+  void Flush(const ParallelFor& pf = SequentialFor);
 
   Stats GetStats() const;
   void Export(Snapshot* out);
@@ -381,7 +386,11 @@ class Store {
   ImplStatus EvictFor(int64_t needed);
   void EvictIndices(const std::vector<uint32_t>& victims);
   void WriteBackLocked();
-  void FlushLocked();
+  // The flush (exclusive lock held). Incremental when the tier has its size and no
+  // TTL applies: rows staying hot stay in their entries; only the rows leaving
+  // are written back and only the ones entering are copied in.
+  void FlushLocked(const ParallelFor& pf = SequentialFor);
+  static constexpr int64_t kFlushBlocks = 16;  // the arena scan's blocks (fixed: deterministic)
   void RelayoutLocked(int num_slots, const float* slot_init);
   void ClearLocked();
   // The stripe sequence lock of record index (see Locking).

@@ -277,7 +277,7 @@ class ApplyOp : public OpKernel {
       }
     }
     OP_REQUIRES_OK(ctx, ToTfStatus(status));
-    if (end_step_) store->EndStep();
+    if (end_step_) store->EndStep(CpuParallelFor(ctx));
   }
 
  private:
@@ -323,7 +323,7 @@ class EndStepOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::core::RefCountPtr<HybridHashResource> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    table->store()->EndStep();
+    table->store()->EndStep(CpuParallelFor(ctx));
   }
 };
 
@@ -333,7 +333,7 @@ class FlushOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::core::RefCountPtr<HybridHashResource> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    table->store()->Flush();
+    table->store()->Flush(CpuParallelFor(ctx));
   }
 };
 

@@ -139,9 +139,11 @@ void BindHybridHash(py::module_& m) {
           },
           py::arg("ids"), py::arg("grad"), py::arg("alpha"), py::arg("one_minus_beta1"),
           py::arg("one_minus_beta2"), py::arg("epsilon"), py::arg("lazy") = false)
-      .def("end_step", &Store::EndStep, py::call_guard<py::gil_scoped_release>(),
-           "Algorithm 1's flush check for the step that ends, then step + 1.")
-      .def("flush", &Store::Flush, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "end_step", [](Store& s) { s.EndStep(); }, py::call_guard<py::gil_scoped_release>(),
+          "Algorithm 1's flush check for the step that ends, then step + 1.")
+      .def(
+          "flush", [](Store& s) { s.Flush(); }, py::call_guard<py::gil_scoped_release>())
       .def("stats",
            [](const Store& s) {
              const hybrid_hash::Stats st = s.GetStats();

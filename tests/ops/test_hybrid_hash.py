@@ -96,6 +96,56 @@ def test_flush_never_changes_a_value_and_everything_fits_hot():
     assert big.stats()["hot_used"] == big.stats()["size"] == 20
 
 
+def _hot_set(store, ids):
+    """The ids of ``ids`` that are hot, found by looking each up once (every count + 1: the order is kept)."""
+    hot = set()
+    for i in ids:
+        before = store.stats()["hits"]
+        store.lookup(np.array([i], np.int64))
+        if store.stats()["hits"] > before:
+            hot.add(int(i))
+    return hot
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_flushes_keep_exactly_the_top_k_by_count_then_id(seed):
+    """The incremental flush (rows that stay hot stay put) and its selection (a count histogram, then a
+    radix selection of the tied ids) give the top-k of Algorithm 1, ties by smaller id, flush after flush."""
+    rng = np.random.default_rng(seed)
+    hot_rows = 40
+    ids = np.unique(
+        np.concatenate(
+            [
+                rng.integers(-(2**63), 2**63 - 1, 60, dtype=np.int64),  # every digit of the radix selection
+                rng.integers(-50, 50, 40),  # small ids: equal high digits
+                np.array([-(2**63), 2**63 - 1, -1, 0], np.int64),
+            ]
+        )
+    ).astype(np.int64)
+    s = native.HybridHashStore("top", dim=3, hot_rows=hot_rows, warmup_steps=0, flush_every=10**6)
+    counts = {int(i): 0 for i in ids}
+    for round_ in range(6):
+        if round_ % 3 == 0:
+            add = rng.integers(0, 3, len(ids))
+        elif round_ % 3 == 1:  # few distinct counts: many ties at the k-th
+            add = rng.choice([1, 2, 3, 5000], size=len(ids), p=[0.5, 0.3, 0.15, 0.05])
+        else:  # counts past the histogram's last bucket, where the k-th may then fall
+            add = rng.integers(4095, 10**6, len(ids))
+        s.lookup(ids, add)
+        for i, c in zip(ids, add):
+            counts[int(i)] += int(c)
+        before = s.export()
+        s.flush()
+        after = s.export()
+        for a, b in zip(before[:3], after[:3]):  # ids, rows, slots: a flush never changes a value
+            np.testing.assert_array_equal(a, b)
+        assert s.stats()["hot_used"] == hot_rows
+        expected = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:hot_rows]}
+        assert _hot_set(s, ids) == expected, round_
+        for i in ids:
+            counts[int(i)] += 1
+
+
 def _np_adam(rows, m, v, touched, g, alpha, c1, c2, eps):
     m[:] = m + (-m) * c1
     v[:] = v + (-v) * c2
