@@ -322,14 +322,14 @@ void Store::WriteBackLocked() {
   }
 }
 
-void Store::FlushLocked(const ParallelFor& pf) {
+bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   // Every row already hot and no TTL: the top-k is every row, which is where it
   // is, so the re-selection would only copy every row out and back.
   // (A member's import may leave free entries among [0, hot_used_): then re-select.)
   if (hot_phase_ && config_.ttl_steps == 0 && hot_used_ == size_ && size_ <= config_.hot_rows &&
       std::find(hot_owner_.begin(), hot_owner_.begin() + hot_used_, kEmpty) ==
           hot_owner_.begin() + hot_used_) {
-    return;
+    return false;
   }
   ++layout_epoch_;  // rows move between the tiers
   const int64_t hot_rows = config_.hot_rows;
@@ -366,7 +366,7 @@ void Store::FlushLocked(const ParallelFor& pf) {
     }
     hot_used_ = e;
     hot_phase_ = true;
-    return;
+    return false;
   }
   // One pass over the arena (record order: sequential reads, in fixed blocks
   // that the workers share) copies what the selection compares into a compact
@@ -395,7 +395,7 @@ void Store::FlushLocked(const ParallelFor& pf) {
       int64_t m = 0;
       const int64_t end = std::min(records, (b + 1) * per_block);
       for (int64_t r = b * per_block; r < end; ++r) {
-        const Header* h = Record(static_cast<uint32_t>(r));
+        Header* h = Record(static_cast<uint32_t>(r));
         if (h->mark == kDead) continue;
         if (ttl && int64_t{step_} - h->last_step > config_.ttl_steps) {
           stale[b].push_back(static_cast<uint32_t>(r));
@@ -403,6 +403,8 @@ void Store::FlushLocked(const ParallelFor& pf) {
         }
         out[m++] = {h->count, static_cast<uint32_t>(r), h->id};
         ++histogram[bucket(h->count)];
+        // EndStep's decay after the flush, done here: the selection has the count already
+        if (decay < 1.f) h->count = static_cast<uint32_t>(h->count * decay);
       }
       filled[b] = m;
     }
@@ -557,6 +559,7 @@ void Store::FlushLocked(const ParallelFor& pf) {
   }
   hot_used_ = k;
   hot_phase_ = true;
+  return decay < 1.f;
 }
 
 void Store::EndStep(const ParallelFor& pf) {
@@ -564,9 +567,9 @@ void Store::EndStep(const ParallelFor& pf) {
   last_step_lookups_.store(step_lookups_.exchange(0));
   last_step_hits_.store(step_hits_.exchange(0));
   if (step_ >= config_.warmup_steps && step_ % config_.flush_every == 0) {
-    FlushLocked(pf);
+    const bool decayed = FlushLocked(pf, config_.count_decay);
     flushes_.fetch_add(1, std::memory_order_relaxed);
-    if (config_.count_decay < 1.f) {
+    if (config_.count_decay < 1.f && !decayed) {
       for (uint32_t r = 0; r < next_record_; ++r) {
         Header* h = Record(r);
         if (h->mark != kDead) h->count = static_cast<uint32_t>(h->count * config_.count_decay);

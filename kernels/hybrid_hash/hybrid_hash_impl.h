@@ -389,7 +389,9 @@ class Store {
   // The flush (exclusive lock held). Incremental when the tier has its size and no
   // TTL applies: rows staying hot stay in their entries; only the rows leaving
   // are written back and only the ones entering are copied in.
-  void FlushLocked(const ParallelFor& pf = SequentialFor);
+  // decay < 1: also multiplies every kept record's count by it once the
+  // selection has read it (EndStep's count decay); returns whether it did.
+  bool FlushLocked(const ParallelFor& pf = SequentialFor, float decay = 1.f);
   static constexpr int64_t kFlushBlocks = 16;  // the arena scan's blocks (fixed: deterministic)
   void RelayoutLocked(int num_slots, const float* slot_init);
   void ClearLocked();

@@ -146,6 +146,30 @@ def test_flushes_keep_exactly_the_top_k_by_count_then_id(seed):
             counts[int(i)] += 1
 
 
+@pytest.mark.parametrize("hot_rows", [6, 100])  # the top-k flush (decay in its pass) / everything fits
+def test_count_decay_after_each_flush_follows_algorithm1(hot_rows):
+    rng = np.random.default_rng(5)
+    ids = rng.permutation(np.arange(-15, 15, dtype=np.int64))
+    s = native.HybridHashStore("decay", dim=2, hot_rows=hot_rows, warmup_steps=1, flush_every=2, count_decay=0.5)
+    counts = dict.fromkeys(ids.tolist(), 0)
+    for step in range(8):
+        add = rng.integers(0, 20, len(ids))
+        s.lookup(ids, add)
+        for i, c in zip(ids.tolist(), add.tolist()):
+            counts[i] += c
+        flushes = step >= 1 and step % 2 == 0
+        if flushes:
+            expected_hot = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:hot_rows]}
+        s.end_step()
+        if flushes:  # counts halve (truncated) after the flush's selection
+            counts = {i: int(np.float32(c) * np.float32(0.5)) for i, c in counts.items()}
+        exported = s.export()
+        assert dict(zip(exported[0].tolist(), exported[3].tolist())) == counts, step
+        if flushes:
+            assert _hot_set(s, ids) == expected_hot
+            counts = {i: c + 1 for i, c in counts.items()}
+
+
 def _np_adam(rows, m, v, touched, g, alpha, c1, c2, eps):
     m[:] = m + (-m) * c1
     v[:] = v + (-v) * c2
