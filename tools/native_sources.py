@@ -15,6 +15,7 @@ NATIVE_SOURCES = [
     "kernels/hybrid_hash/hybrid_hash_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_config_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_apply_impl.cc",
+    "kernels/hybrid_hash/hybrid_hash_flush_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_io_impl.cc",
     "kernels/hybrid_hash/hybrid_hash_lookup_impl.cc",
 ]
