@@ -3,6 +3,7 @@
 // hybrid_hash_impl.h for the store, its tiers and its locking.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -79,7 +80,8 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   const int64_t blocks =
       std::max<int64_t>(1, std::min<int64_t>(kFlushBlocks, records / kChunkRows));
   const int64_t per_block = (records + blocks - 1) / blocks;
-  std::vector<Candidate> live(static_cast<size_t>(records));
+  // Not value-initialized: every slot a block reads was written by its scan.
+  std::unique_ptr<Candidate[]> live(new Candidate[static_cast<size_t>(records)]);
   std::vector<int64_t> filled(static_cast<size_t>(blocks), 0);
   std::vector<int64_t> histograms(static_cast<size_t>(blocks * kBuckets), 0);
   std::vector<std::vector<uint32_t>> stale(static_cast<size_t>(blocks));
@@ -87,7 +89,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   pf(blocks, per_block * 40, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       int64_t* histogram = histograms.data() + b * kBuckets;
-      Candidate* out = live.data() + b * per_block;
+      Candidate* out = live.get() + b * per_block;
       int64_t m = 0;
       const int64_t end = std::min(records, (b + 1) * per_block);
       for (int64_t r = b * per_block; r < end; ++r) {
@@ -114,7 +116,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   }
   auto for_live = [&](auto&& fn) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const Candidate* c = live.data() + b * per_block;
+      const Candidate* c = live.get() + b * per_block;
       for (int64_t i = 0; i < filled[b]; ++i) fn(c[i]);
     }
   };
@@ -181,7 +183,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   } else {
     for_live([&](const Candidate& c) { chosen.push_back(c.record); });
   }
-  std::vector<Candidate>().swap(live);
+  live.reset();
   // Moves between the tiers, (hot entry, record) pairs: the entries and the
   // records of one list are distinct, so the workers copy them in parallel
   // (each prefetching its rows a few pairs ahead: the records are scattered).
