@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the standalone (TensorFlow-free) CUDA test harnesses with nvcc alone and,
 # when a GPU is present (or with --run), runs them. With --compile-only it only
-# builds: that is what CI does on its GPU-less machine.
+# builds: that is what CI does on its GPU-less machine. With --sanitize it runs each
+# harness under compute-sanitizer's memcheck, racecheck, initcheck and synccheck
+# (batch sizes capped at HYBRIDTF_HARNESS_MAX_IDS, default 65537: the tools are slow).
 #
-#   tools/cuda_harness.sh [--compile-only|--run] [--archs "80;90"]
+#   tools/cuda_harness.sh [--compile-only|--run|--sanitize] [--archs "80;90"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=auto
@@ -12,8 +14,9 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --compile-only) mode=compile ;;
     --run) mode=run ;;
+    --sanitize) mode=sanitize ;;
     --archs) archs="$2"; shift ;;
-    *) echo "usage: $0 [--compile-only|--run] [--archs \"80;90\"]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--compile-only|--run|--sanitize] [--archs \"80;90\"]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -32,5 +35,12 @@ for test in kernels/*/*_impl_test.cu; do
   "$nvcc" -std=c++17 -O2 "${gencode[@]}" -I. -o "$out" "$test" "${impl_cu[@]}" "${impl_cc[@]}"
   if [ "$mode" = run ] || { [ "$mode" = auto ] && nvidia-smi -L >/dev/null 2>&1; }; then
     "$out"
+  elif [ "$mode" = sanitize ]; then
+    sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+    for tool in memcheck racecheck initcheck synccheck; do
+      echo "compute-sanitizer --tool $tool: $out"
+      HYBRIDTF_HARNESS_MAX_IDS="${HYBRIDTF_HARNESS_MAX_IDS:-65537}" \
+        "$sanitizer" --tool "$tool" --error-exitcode 9 "$out"
+    done
   fi
 done
