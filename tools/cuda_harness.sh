@@ -4,8 +4,10 @@
 # builds: that is what CI does on its GPU-less machine. With --sanitize it runs each
 # harness under compute-sanitizer's memcheck, racecheck, initcheck and synccheck
 # (batch sizes capped at HYBRIDTF_HARNESS_MAX_IDS, default 65537: the tools are slow).
+# With --time it runs them and then times the GPU layers against the CPU layers
+# (lines starting "TIME").
 #
-#   tools/cuda_harness.sh [--compile-only|--run|--sanitize] [--archs "80;90"]
+#   tools/cuda_harness.sh [--compile-only|--run|--sanitize|--time] [--archs "80;90"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=auto
@@ -15,8 +17,9 @@ while [ $# -gt 0 ]; do
     --compile-only) mode=compile ;;
     --run) mode=run ;;
     --sanitize) mode=sanitize ;;
+    --time) mode=time ;;
     --archs) archs="$2"; shift ;;
-    *) echo "usage: $0 [--compile-only|--run|--sanitize] [--archs \"80;90\"]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--compile-only|--run|--sanitize|--time] [--archs \"80;90\"]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -35,6 +38,8 @@ for test in kernels/*/*_impl_test.cu; do
   "$nvcc" -std=c++17 -O2 "${gencode[@]}" -I. -o "$out" "$test" "${impl_cu[@]}" "${impl_cc[@]}"
   if [ "$mode" = run ] || { [ "$mode" = auto ] && nvidia-smi -L >/dev/null 2>&1; }; then
     "$out"
+  elif [ "$mode" = time ]; then
+    "$out" --time
   elif [ "$mode" = sanitize ]; then
     sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
     for tool in memcheck racecheck initcheck synccheck; do

@@ -76,17 +76,43 @@ HYBRIDTF_HD inline int32_t FindEntry(const HotIndex& index, int64_t id) {
   return lo < index.size && index.ids[lo] == id ? index.entries[lo] : -1;
 }
 
+// Element k = i * dim + c of a lookup's output: column c of id i's hot row
+// (left untouched when id i is not hot).
+HYBRIDTF_HD inline void CopyElem(const float* hot, int64_t row_floats, int64_t dim,
+                                 const int32_t* entry, float* out, int64_t k) {
+  const int64_t i = k / dim;
+  const int32_t e = entry[i];
+  if (e >= 0) out[k] = hot[int64_t{e} * row_floats + (k - i * dim)];
+}
+
 // out[i] = the hot row of ids[i] (untouched when not hot); entry[i] = its entry or -1.
 HYBRIDTF_HD inline void LookupRange(const HotIndex& index, const float* hot, int64_t row_floats,
                                     int64_t dim, const int64_t* ids, float* out, int32_t* entry,
                                     int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
-    const int32_t e = FindEntry(index, ids[i]);
-    entry[i] = e;
-    if (e < 0) continue;
-    const float* row = hot + int64_t{e} * row_floats;
-    for (int64_t c = 0; c < dim; ++c) out[i * dim + c] = row[c];
+    entry[i] = FindEntry(index, ids[i]);
+    for (int64_t c = 0; c < dim; ++c) CopyElem(hot, row_floats, dim, entry, out, i * dim + c);
   }
+}
+
+// One element (column) of one row's update: the per-id loops below and the
+// CUDA kernels (one thread per element, so a warp's accesses are contiguous)
+// run the same float operations.
+HYBRIDTF_HD inline void SgdElem(float* w, float g, float lr) { *w = Add(*w, Mul(-g, lr)); }
+
+HYBRIDTF_HD inline void AdagradElem(float* w, float* a, float g, float lr, float eps) {
+  const float acc = Add(*a, Mul(g, g));
+  *a = acc;
+  *w = Add(*w, Div(Mul(-lr, g), Sqrt(Add(acc, eps))));
+}
+
+HYBRIDTF_HD inline void LazyAdamElem(float* w, float* m, float* v, float g, float alpha, float c1,
+                                     float c2, float eps) {
+  const float mi = Add(Add(*m, Mul(-*m, c1)), Mul(g, c1));
+  const float vi = Add(Add(*v, Mul(-*v, c2)), Mul(Mul(g, g), c2));
+  *m = mi;
+  *v = vi;
+  *w = *w - Div(Mul(mi, alpha), Add(Sqrt(vi), eps));
 }
 
 HYBRIDTF_HD inline void SgdRange(const int32_t* entry, float* hot, int64_t row_floats, int64_t dim,
@@ -95,7 +121,7 @@ HYBRIDTF_HD inline void SgdRange(const int32_t* entry, float* hot, int64_t row_f
     if (entry[i] < 0) continue;
     float* w = hot + int64_t{entry[i]} * row_floats;
     const float* g = grad + i * dim;
-    for (int64_t c = 0; c < dim; ++c) w[c] = Add(w[c], Mul(-g[c], lr));
+    for (int64_t c = 0; c < dim; ++c) SgdElem(w + c, g[c], lr);
   }
 }
 
@@ -107,11 +133,7 @@ HYBRIDTF_HD inline void AdagradRange(const int32_t* entry, float* hot, int64_t r
     float* w = hot + int64_t{entry[i]} * row_floats;
     float* a = w + dim;
     const float* g = grad + i * dim;
-    for (int64_t c = 0; c < dim; ++c) {
-      const float acc = Add(a[c], Mul(g[c], g[c]));
-      a[c] = acc;
-      w[c] = Add(w[c], Div(Mul(-lr, g[c]), Sqrt(Add(acc, eps))));
-    }
+    for (int64_t c = 0; c < dim; ++c) AdagradElem(w + c, a + c, g[c], lr, eps);
   }
 }
 
@@ -124,15 +146,7 @@ HYBRIDTF_HD inline void LazyAdamRange(const int32_t* entry, float* hot, int64_t 
     float* m = w + dim;
     float* v = w + 2 * dim;
     const float* g = grad + i * dim;
-    for (int64_t c = 0; c < dim; ++c) {
-      float mi = m[c];
-      float vi = v[c];
-      mi = Add(Add(mi, Mul(-mi, c1)), Mul(g[c], c1));
-      vi = Add(Add(vi, Mul(-vi, c2)), Mul(Mul(g[c], g[c]), c2));
-      m[c] = mi;
-      v[c] = vi;
-      w[c] = w[c] - Div(Mul(mi, alpha), Add(Sqrt(vi), eps));
-    }
+    for (int64_t c = 0; c < dim; ++c) LazyAdamElem(w + c, m + c, v + c, g[c], alpha, c1, c2, eps);
   }
 }
 

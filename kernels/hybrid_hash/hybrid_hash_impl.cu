@@ -1,5 +1,7 @@
-// CUDA kernels of the HybridHash hot tier (TF-free): one thread per looked-up
-// id, running the bodies of hybrid_hash_hot.h on the range [i, i + 1).
+// CUDA kernels of the HybridHash hot tier (TF-free), running the bodies of
+// hybrid_hash_hot.h: the lookup's search with one thread per id, the row
+// copies and the updates with one thread per (id, column) element, so that a
+// warp reads and writes whole rows contiguously.
 #include <cuda_runtime.h>
 
 #include <string>
@@ -12,6 +14,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The most threads one launch of a 1-D grid can have.
+constexpr int64_t kMaxThreads = int64_t{2147483647} * kThreads;
+
 inline int Blocks(int64_t n) { return static_cast<int>((n + kThreads - 1) / kThreads); }
 
 ImplStatus Launched(const char* what) {
@@ -21,67 +26,110 @@ ImplStatus Launched(const char* what) {
                               cudaGetErrorString(err));
 }
 
-__global__ void LookupKernel(HotTierGpu tier, const int64_t* ids, int64_t n, float* out,
-                             int32_t* entry) {
+// The lookup in two launches: one thread per id finds its entry (a binary
+// search), then one thread per (id, column) element copies the hot rows.
+__global__ void FindKernel(hot::HotIndex index, const int64_t* ids, int64_t n, int32_t* entry) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i < n)
-    hot::LookupRange(tier.index, tier.rows, tier.row_floats, tier.dim, ids, out, entry, i, i + 1);
+  if (i < n) entry[i] = hot::FindEntry(index, ids[i]);
 }
 
-__global__ void SgdKernel(HotTierGpu tier, const int32_t* entry, const float* grad, int64_t n,
-                          float lr) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i < n) hot::SgdRange(entry, tier.rows, tier.row_floats, tier.dim, grad, lr, i, i + 1);
+__global__ void CopyKernel(HotTierGpu tier, const int32_t* entry, int64_t elements, float* out) {
+  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (k < elements) hot::CopyElem(tier.rows, tier.row_floats, tier.dim, entry, out, k);
 }
 
-__global__ void AdagradKernel(HotTierGpu tier, const int32_t* entry, const float* grad, int64_t n,
-                              float lr, float eps) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i < n)
-    hot::AdagradRange(entry, tier.rows, tier.row_floats, tier.dim, grad, lr, eps, i, i + 1);
+// Element k = i * dim + c of the update: row entry[i], column c.
+__device__ inline float* ElementRow(const HotTierGpu& tier, const int32_t* entry, int64_t k,
+                                    int64_t* c) {
+  const int64_t i = k / tier.dim;
+  *c = k - i * tier.dim;
+  const int32_t e = entry[i];
+  return e < 0 ? nullptr : tier.rows + int64_t{e} * tier.row_floats;
 }
 
-__global__ void LazyAdamKernel(HotTierGpu tier, const int32_t* entry, const float* grad, int64_t n,
-                               float alpha, float c1, float c2, float eps) {
-  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (i < n) {
-    hot::LazyAdamRange(entry, tier.rows, tier.row_floats, tier.dim, grad, alpha, c1, c2, eps, i,
-                       i + 1);
+__global__ void SgdKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
+                          int64_t elements, float lr) {
+  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (k >= elements) return;
+  int64_t c;
+  float* w = ElementRow(tier, entry, k, &c);
+  if (w != nullptr) hot::SgdElem(w + c, grad[k], lr);
+}
+
+__global__ void AdagradKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
+                              int64_t elements, float lr, float eps) {
+  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (k >= elements) return;
+  int64_t c;
+  float* w = ElementRow(tier, entry, k, &c);
+  if (w != nullptr) hot::AdagradElem(w + c, w + tier.dim + c, grad[k], lr, eps);
+}
+
+__global__ void LazyAdamKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
+                               int64_t elements, float alpha, float c1, float c2, float eps) {
+  const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (k >= elements) return;
+  int64_t c;
+  float* w = ElementRow(tier, entry, k, &c);
+  if (w != nullptr) {
+    hot::LazyAdamElem(w + c, w + tier.dim + c, w + 2 * tier.dim + c, grad[k], alpha, c1, c2, eps);
   }
+}
+
+// n ids of tier.dim columns: the number of element threads, overflow-checked.
+ImplStatus Elements(const HotTierGpu& tier, int64_t n, int64_t* elements) {
+  if (n < 0 || tier.dim <= 0 || n > kMaxThreads / tier.dim) {
+    return ImplStatus::InvalidArgument("HybridHash hot tier: " + std::to_string(n) + " ids of " +
+                                       std::to_string(tier.dim) +
+                                       " columns is out of range; split the batch");
+  }
+  *elements = n * tier.dim;
+  return ImplStatus::Ok();
 }
 
 }  // namespace
 
-// Updates need distinct ids (as on the CPU): one thread per id, no two threads share a row.
+// Updates need distinct ids (as on the CPU): no two threads share an element.
 ImplStatus HotLookupGpu(const HotTierGpu& tier, const int64_t* ids, int64_t n, float* out,
                         int32_t* entry, void* stream) {
-  if (n == 0) return ImplStatus::Ok();
-  LookupKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tier, ids, n, out,
-                                                                              entry);
+  int64_t elements = 0;
+  ImplStatus s = Elements(tier, n, &elements);
+  if (!s.ok() || elements == 0) return s;
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  FindKernel<<<Blocks(n), kThreads, 0, st>>>(tier.index, ids, n, entry);
+  s = Launched("HybridHash hot lookup (find)");
+  if (!s.ok()) return s;
+  CopyKernel<<<Blocks(elements), kThreads, 0, st>>>(tier, entry, elements, out);
   return Launched("HybridHash hot lookup");
 }
 
 ImplStatus HotSgdGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,
                      float lr, void* stream) {
-  if (n == 0) return ImplStatus::Ok();
-  SgdKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tier, entry, grad, n,
-                                                                           lr);
+  int64_t elements = 0;
+  ImplStatus s = Elements(tier, n, &elements);
+  if (!s.ok() || elements == 0) return s;
+  SgdKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tier, entry, grad,
+                                                                                  elements, lr);
   return Launched("HybridHash hot SGD");
 }
 
 ImplStatus HotAdagradGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,
                          float lr, float eps, void* stream) {
-  if (n == 0) return ImplStatus::Ok();
-  AdagradKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tier, entry, grad, n,
-                                                                               lr, eps);
+  int64_t elements = 0;
+  ImplStatus s = Elements(tier, n, &elements);
+  if (!s.ok() || elements == 0) return s;
+  AdagradKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      tier, entry, grad, elements, lr, eps);
   return Launched("HybridHash hot Adagrad");
 }
 
 ImplStatus HotLazyAdamGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad,
                           int64_t n, float alpha, float c1, float c2, float eps, void* stream) {
-  if (n == 0) return ImplStatus::Ok();
-  LazyAdamKernel<<<Blocks(n), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      tier, entry, grad, n, alpha, c1, c2, eps);
+  int64_t elements = 0;
+  ImplStatus s = Elements(tier, n, &elements);
+  if (!s.ok() || elements == 0) return s;
+  LazyAdamKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      tier, entry, grad, elements, alpha, c1, c2, eps);
   return Launched("HybridHash hot LazyAdam");
 }
 

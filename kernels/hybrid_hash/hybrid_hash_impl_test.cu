@@ -6,9 +6,11 @@
 // bit for bit (rows and slots).
 //
 //   tools/cuda_harness.sh            # build (and run, when a GPU is present)
+//   tools/cuda_harness.sh --time     # also time the kernels against the host loops
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -147,6 +149,7 @@ void RunCase(Kind kind, int64_t dim, bool gpu) {
   cudaMemcpy(d_rows, before.data(), 4 * before.size(), cudaMemcpyHostToDevice);
   cudaMemcpy(d_query, query.data(), 8 * n, cudaMemcpyHostToDevice);
   cudaMemcpy(d_grad, grad.data(), 4 * n * dim, cudaMemcpyHostToDevice);
+  cudaMemset(d_out, 0xff, 4 * n * dim);  // poisoned: rows not hot stay so, hot rows are compared
   HotTierGpu gpu_tier{
       {d_ids, d_entries, static_cast<int64_t>(tier.ids.size())}, d_rows, tier.row_floats, dim};
   Expect(HotLookupGpu(gpu_tier, d_query, n, d_out, d_entry, nullptr).ok(), "gpu lookup launch");
@@ -168,8 +171,121 @@ void RunCase(Kind kind, int64_t dim, bool gpu) {
   cudaMemcpy(gpu_rows.data(), d_rows, 4 * before.size(), cudaMemcpyDeviceToHost);
   cudaMemcpy(gpu_entry.data(), d_entry, 4 * n, cudaMemcpyDeviceToHost);
   Expect(gpu_entry == entry, "gpu entries == host entries");
+  std::vector<float> gpu_out(n * dim);
+  cudaMemcpy(gpu_out.data(), d_out, 4 * n * dim, cudaMemcpyDeviceToHost);
+  bool gpu_lookup_ok = true;
+  for (int64_t i = 0; i < n; ++i) {
+    if (entry[i] >= 0) gpu_lookup_ok &= std::memcmp(&gpu_out[i * dim], &out[i * dim], 4 * dim) == 0;
+  }
+  Expect(gpu_lookup_ok, "gpu hot lookup rows == host hot lookup rows");
   Expect(std::memcmp(gpu_rows.data(), tier.rows.data(), 4 * before.size()) == 0,
          "gpu hot update == host hot update (bitwise)");
+  for (void* p :
+       {static_cast<void*>(d_ids), static_cast<void*>(d_entries), static_cast<void*>(d_rows),
+        static_cast<void*>(d_query), static_cast<void*>(d_entry), static_cast<void*>(d_out),
+        static_cast<void*>(d_grad)}) {
+    cudaFree(p);
+  }
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A hot tier of `hot` rows (dim 16 + an Adagrad slot) and `n` distinct
+// queries, 80% of them hot: median kernel time (CUDA events) against the same
+// bodies as one host loop on one thread. Results must agree bitwise.
+void TimeHotTier(int64_t hot, int64_t n) {
+  const int64_t dim = 16, row_floats = 2 * dim;
+  std::mt19937_64 rng(3);
+  std::vector<int64_t> ids(hot);
+  for (auto& id : ids) id = static_cast<int64_t>(rng());
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  hot = static_cast<int64_t>(ids.size());
+  std::vector<int32_t> entries(hot);
+  std::iota(entries.begin(), entries.end(), 0);
+  std::shuffle(entries.begin(), entries.end(), rng);
+  std::vector<float> rows(hot * row_floats);
+  std::uniform_real_distribution<float> unit(0.f, 1.f);
+  for (auto& r : rows) r = unit(rng);
+  std::vector<int64_t> query(n);
+  std::vector<int64_t> pick(ids);
+  std::shuffle(pick.begin(), pick.end(), rng);
+  for (int64_t i = 0; i < n; ++i) {
+    query[i] = i % 5 == 4 ? static_cast<int64_t>(rng() | 1) : pick[i % hot];  // misses: odd
+  }
+  std::vector<float> grad(n * dim);
+  for (auto& g : grad) g = unit(rng) - 0.5f;
+
+  int64_t *d_ids, *d_query;
+  int32_t *d_entries, *d_entry;
+  float *d_rows, *d_out, *d_grad;
+  cudaMalloc(&d_ids, 8 * hot);
+  cudaMalloc(&d_entries, 4 * hot);
+  cudaMalloc(&d_rows, 4 * rows.size());
+  cudaMalloc(&d_query, 8 * n);
+  cudaMalloc(&d_entry, 4 * n);
+  cudaMalloc(&d_out, 4 * n * dim);
+  cudaMalloc(&d_grad, 4 * n * dim);
+  cudaMemcpy(d_ids, ids.data(), 8 * hot, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_entries, entries.data(), 4 * hot, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_rows, rows.data(), 4 * rows.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_query, query.data(), 8 * n, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_grad, grad.data(), 4 * n * dim, cudaMemcpyHostToDevice);
+  HotTierGpu tier{{d_ids, d_entries, hot}, d_rows, row_floats, dim};
+  cudaEvent_t e0, e1, e2;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventCreate(&e2);
+  std::vector<double> lookup_ms, update_ms;
+  bool ok = true;
+  for (int rep = 0; rep < 23; ++rep) {
+    cudaEventRecord(e0);
+    ok &= HotLookupGpu(tier, d_query, n, d_out, d_entry, nullptr).ok();
+    cudaEventRecord(e1);
+    ok &= HotAdagradGpu(tier, d_entry, d_grad, n, 0.01f, 1e-7f, nullptr).ok();
+    cudaEventRecord(e2);
+    cudaEventSynchronize(e2);
+    float a = 0.f, b = 0.f;
+    cudaEventElapsedTime(&a, e0, e1);
+    cudaEventElapsedTime(&b, e1, e2);
+    if (rep >= 3) {
+      lookup_ms.push_back(a);
+      update_ms.push_back(b);
+    }
+  }
+  // The host loops, once, from the state the device had after its 23 updates.
+  std::vector<float> host_rows = rows;
+  std::vector<float> host_out(n * dim);
+  std::vector<int32_t> host_entry(n);
+  hot::HotIndex index{ids.data(), entries.data(), hot};
+  double host_lookup = 0, host_update = 0;
+  for (int rep = 0; rep < 23; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    hot::LookupRange(index, host_rows.data(), row_floats, dim, query.data(), host_out.data(),
+                     host_entry.data(), 0, n);
+    const auto t1 = std::chrono::steady_clock::now();
+    hot::AdagradRange(host_entry.data(), host_rows.data(), row_floats, dim, grad.data(), 0.01f,
+                      1e-7f, 0, n);
+    const auto t2 = std::chrono::steady_clock::now();
+    if (rep == 22) {
+      host_lookup = std::chrono::duration<double, std::milli>(t1 - t0).count();
+      host_update = std::chrono::duration<double, std::milli>(t2 - t1).count();
+    }
+  }
+  std::vector<float> gpu_rows(rows.size());
+  cudaMemcpy(gpu_rows.data(), d_rows, 4 * rows.size(), cudaMemcpyDeviceToHost);
+  ok &= cudaGetLastError() == cudaSuccess &&
+        std::memcmp(gpu_rows.data(), host_rows.data(), 4 * rows.size()) == 0;
+  Expect(ok, "timed hot tier: device rows == host rows after 23 steps (bitwise)");
+  const double l = Median(lookup_ms), u = Median(update_ms);
+  std::printf(
+      "TIME hot_tier hot=%lld n=%lld dim=16 adagrad lookup_ms=%.3f update_ms=%.3f "
+      "host_1thread_lookup_ms=%.3f host_1thread_update_ms=%.3f mlookups_per_s=%.1f\n",
+      static_cast<long long>(hot), static_cast<long long>(n), l, u, host_lookup, host_update,
+      n / l / 1e3);
   for (void* p :
        {static_cast<void*>(d_ids), static_cast<void*>(d_entries), static_cast<void*>(d_rows),
         static_cast<void*>(d_query), static_cast<void*>(d_entry), static_cast<void*>(d_out),
@@ -182,13 +298,32 @@ void RunCase(Kind kind, int64_t dim, bool gpu) {
 }  // namespace hybrid_hash
 }  // namespace hybridtf
 
-int main() {
+int main(int argc, char** argv) {
   using hybridtf::hybrid_hash::Kind;
   int devices = 0;
   const bool gpu = cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
   if (!gpu) std::printf("no GPU: running the host loops only\n");
   for (Kind kind : {Kind::kSgd, Kind::kAdagrad, Kind::kLazyAdam}) {
     for (int64_t dim : {1, 8, 16, 33}) hybridtf::hybrid_hash::RunCase(kind, dim, gpu);
+  }
+  {  // sizes past one launch's grid are refused before any launch (no GPU needed)
+    using hybridtf::hybrid_hash::Expect;
+    const hybridtf::hybrid_hash::HotTierGpu big{{nullptr, nullptr, 0}, nullptr, 32, 16};
+    Expect(!hybridtf::hybrid_hash::HotAdagradGpu(big, nullptr, nullptr, int64_t{1} << 40, 0.1f,
+                                                 1e-7f, nullptr)
+                .ok(),
+           "an update of 2^40 ids x 16 columns is refused");
+    Expect(!hybridtf::hybrid_hash::HotLookupGpu(big, nullptr, int64_t{1} << 45, nullptr, nullptr,
+                                                nullptr)
+                .ok(),
+           "a lookup of 2^45 ids is refused");
+    Expect(!hybridtf::hybrid_hash::HotSgdGpu(big, nullptr, nullptr, -1, 0.1f, nullptr).ok(),
+           "a negative id count is refused");
+  }
+  if (gpu && argc > 1 && std::strcmp(argv[1], "--time") == 0) {
+    for (int64_t hot : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 23}) {
+      hybridtf::hybrid_hash::TimeHotTier(hot, std::min(hot, int64_t{1} << 20));  // distinct
+    }
   }
   std::printf("hybrid_hash hot tier: %d passed, %d failed\n", hybridtf::hybrid_hash::g_passed,
               hybridtf::hybrid_hash::g_failed);

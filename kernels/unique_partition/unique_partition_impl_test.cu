@@ -6,11 +6,15 @@
 //
 //   tools/cuda_harness.sh            # build (and run, when a GPU is present)
 //   tools/cuda_harness.sh --sanitize # run under compute-sanitizer (needs a GPU)
+//   tools/cuda_harness.sh --time     # also time the GPU layer against the CPU layer
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -123,11 +127,93 @@ void RunCase(int64_t n, int32_t partitions, Strategy strategy, bool zipf, bool n
   cudaStreamDestroy(stream);
 }
 
+// Scratch for timing: one cudaMalloc up front, bump-allocated and reset per
+// call (as TF's allocator hands out pooled memory), so cudaMalloc is not timed.
+class PoolScratch : public DeviceScratch {
+ public:
+  explicit PoolScratch(size_t bytes) : size_(bytes) {
+    if (cudaMalloc(&base_, bytes) != cudaSuccess) base_ = nullptr;
+  }
+  ~PoolScratch() override { cudaFree(base_); }
+  void Reset() { used_ = 0; }
+  void* Allocate(size_t bytes) override {
+    const size_t start = (used_ + 255) / 256 * 256;
+    if (base_ == nullptr || start > size_ || bytes > size_ - start) return nullptr;
+    used_ = start + bytes;
+    return static_cast<char*>(base_) + start;
+  }
+
+ private:
+  void* base_ = nullptr;
+  size_t size_;
+  size_t used_ = 0;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Wall time of the whole call (Prepare's one host sync included) against the
+// CPU layer on one thread; Zipf-like int64 ids over a 10^7 vocabulary.
+void TimeCase(int64_t n, int32_t partitions) {
+  const std::vector<int64_t> ids = MakeIds<int64_t>(n, 10000019, true, false, 99);
+  PartitionSpec<int64_t> spec;
+  spec.num_partitions = partitions;
+  PoolScratch pool(static_cast<size_t>(n) * 96 + (size_t{64} << 20));
+  cudaStream_t stream;
+  cudaStreamCreate(&stream);
+  int64_t* d_ids = nullptr;
+  int64_t* d_unique = nullptr;
+  int32_t* d_inverse = nullptr;
+  cudaMalloc(&d_ids, n * 8);
+  cudaMalloc(&d_unique, n * 8);
+  cudaMalloc(&d_inverse, n * 4);
+  cudaMemcpy(d_ids, ids.data(), n * 8, cudaMemcpyHostToDevice);
+  std::vector<int32_t> sizes(partitions);
+  std::vector<double> gpu_ms;
+  int64_t unique = 0;
+  bool ok = true;
+  for (int rep = 0; rep < 23; ++rep) {
+    pool.Reset();
+    const auto t0 = std::chrono::steady_clock::now();
+    UniquePartitionGpu<int64_t> gpu;
+    ok &= gpu.Prepare(d_ids, n, spec, &pool, stream).ok();
+    ok &= gpu.Finish(d_unique, sizes.data(), d_inverse, stream).ok();
+    cudaStreamSynchronize(stream);
+    const auto t1 = std::chrono::steady_clock::now();
+    unique = gpu.num_unique();
+    if (rep >= 3) gpu_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  std::vector<double> cpu_ms;
+  std::vector<int64_t> cpu_unique;
+  std::vector<int32_t> cpu_sizes, cpu_inverse;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ok &= UniquePartitionToVectors(ids.data(), n, spec, &cpu_unique, &cpu_sizes, &cpu_inverse).ok();
+    const auto t1 = std::chrono::steady_clock::now();
+    cpu_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  ok &= cudaGetLastError() == cudaSuccess && unique == static_cast<int64_t>(cpu_unique.size()) &&
+        sizes == cpu_sizes;
+  Check(ok, "timed case n=" + std::to_string(n));
+  const double g = Median(gpu_ms), c = Median(cpu_ms);
+  std::printf(
+      "TIME unique_partition n=%lld P=%d unique=%lld gpu_ms=%.3f cpu_1thread_ms=%.3f "
+      "gpu_mids_per_s=%.1f speedup=%.1f\n",
+      static_cast<long long>(n), partitions, static_cast<long long>(unique), g, c, n / g / 1e3,
+      c / g);
+  cudaFree(d_ids);
+  cudaFree(d_unique);
+  cudaFree(d_inverse);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace unique_partition
 }  // namespace hybridtf
 
-int main() {
+int main(int argc, char** argv) {
   using hybridtf::unique_partition::RunCase;
   using hybridtf::unique_partition::Strategy;
   int device_count = 0;
@@ -151,6 +237,11 @@ int main() {
       }
       RunCase<int64_t>(n, p, Strategy::kModulo, false, true, seed++);  // negative ids, mod
       RunCase<int64_t>(n, p, Strategy::kRange, false, true, seed++);   // negative ids: error
+    }
+  }
+  if (argc > 1 && std::strcmp(argv[1], "--time") == 0) {
+    for (int64_t n : {65536LL, 819200LL, 4194304LL, 16777216LL}) {
+      for (int32_t p : {1, 8}) hybridtf::unique_partition::TimeCase(n, p);
     }
   }
   std::printf("%d passed, %d failed\n", hybridtf::unique_partition::g_passed,
