@@ -424,6 +424,20 @@ class ImportOp : public OpKernel {
   ::tensorflow::int64 member_ = -1;
 };
 
+// The MemberUnique outputs 0, 1 and 3 of the unique ops.
+// (unique is the thread's, reused by its next call; freed when large.)
+void SetUniqueOutputs(OpKernelContext* ctx, MemberUnique* unique) {
+  const int64_t u = static_cast<int64_t>(unique->ids.size());
+  const std::vector<int64_t>* parts[3] = {&unique->ids, &unique->members, &unique->counts};
+  const int outputs[3] = {0, 1, 3};
+  for (int k = 0; k < 3; ++k) {
+    Tensor* out;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(outputs[k], TensorShape({u}), &out));
+    if (u) std::memcpy(out->flat<int64_t>().data(), parts[k]->data(), 8 * u);
+  }
+  if (unique->ids.capacity() > (size_t{1} << 21)) *unique = MemberUnique();
+}
+
 // HybridTF>HybridHashUnique: no table, the TF-free pass of hybrid_hash_unique_impl.h.
 class UniqueOp : public OpKernel {
  public:
@@ -449,18 +463,46 @@ class UniqueOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ToTfStatus(CheckMemberFields(n, size_data, member_data, fields)));
     Tensor* inverse;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
-    MemberUnique unique;
+    thread_local MemberUnique unique;  // the thread's vectors, reused (no page faults per call)
     UniqueMemberIds(ids.flat<int64_t>().data(), n, size_data, member_data, fields,
                     inverse->flat<int32_t>().data(), &unique,
                     n < 2 * kUniquePartIds ? ParallelFor(SequentialFor) : CpuParallelFor(ctx));
-    const int64_t u = static_cast<int64_t>(unique.ids.size());
-    const std::vector<int64_t>* parts[3] = {&unique.ids, &unique.members, &unique.counts};
-    const int outputs[3] = {0, 1, 3};
-    for (int k = 0; k < 3; ++k) {
-      Tensor* out;
-      OP_REQUIRES_OK(ctx, ctx->allocate_output(outputs[k], TensorShape({u}), &out));
-      if (u) std::memcpy(out->flat<int64_t>().data(), parts[k]->data(), 8 * u);
+    SetUniqueOutputs(ctx, &unique);
+  }
+};
+
+// HybridTF>HybridHashUniqueFields: the same over one tensor per field.
+class UniqueFieldsOp : public OpKernel {
+ public:
+  explicit UniqueFieldsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::OpInputList ids;
+    OP_REQUIRES_OK(ctx, ctx->input_list("ids", &ids));
+    const Tensor& members = ctx->input(ids.size());
+    OP_REQUIRES(ctx, members.dims() == 1 && members.NumElements() == ids.size(),
+                errors::InvalidArgument("HybridHash unique: ", ids.size(),
+                                        " fields of ids but field_members has shape ",
+                                        members.shape().DebugString(),
+                                        "; pass one member index per field."));
+    const int64_t fields = ids.size();
+    std::vector<int64_t> sizes(static_cast<size_t>(fields));
+    std::vector<const int64_t*> field_ids(static_cast<size_t>(fields));
+    int64_t n = 0;
+    for (int64_t f = 0; f < fields; ++f) {
+      sizes[f] = ids[f].NumElements();
+      field_ids[f] = ids[f].flat<int64_t>().data();
+      OP_REQUIRES(ctx, !__builtin_add_overflow(n, sizes[f], &n),
+                  errors::InvalidArgument("HybridHash unique: the fields' sizes overflow int64."));
     }
+    const int64_t* member_data = members.flat<int64_t>().data();
+    OP_REQUIRES_OK(ctx, ToTfStatus(CheckMemberFields(n, sizes.data(), member_data, fields)));
+    Tensor* inverse;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
+    thread_local MemberUnique unique;  // the thread's vectors, reused (no page faults per call)
+    UniqueMemberFieldIds(field_ids.data(), n, sizes.data(), member_data, fields,
+                         inverse->flat<int32_t>().data(), &unique,
+                         n < 2 * kUniquePartIds ? ParallelFor(SequentialFor) : CpuParallelFor(ctx));
+    SetUniqueOutputs(ctx, &unique);
   }
 };
 
@@ -481,6 +523,7 @@ HYBRIDTF_REGISTER("HybridHashStats", StatsOp)
 HYBRIDTF_REGISTER("HybridHashExport", ExportOp)
 HYBRIDTF_REGISTER("HybridHashImport", ImportOp)
 HYBRIDTF_REGISTER("HybridHashUnique", UniqueOp)
+HYBRIDTF_REGISTER("HybridHashUniqueFields", UniqueFieldsOp)
 #undef HYBRIDTF_REGISTER
 
 }  // namespace hybrid_hash

@@ -6,6 +6,7 @@
 namespace hybridtf {
 
 using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
@@ -99,6 +100,36 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashUnique"))
 The distinct (member, id) pairs of a packed store's batch, first-occurrence
 order, in one pass: field f holds field_sizes[f] consecutive ids of member
 field_members[f]. inverse[i]: position i's pair; counts: occurrences.
+)doc");
+
+REGISTER_OP(HYBRIDTF_OP("HybridHashUniqueFields"))
+    .Input("ids: N * int64")
+    .Input("field_members: int64")
+    .Output("unique_ids: int64")
+    .Output("unique_members: int64")
+    .Output("inverse: int32")
+    .Output("counts: int64")
+    .Attr("N: int >= 1")
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle members;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(c->num_inputs() - 1), 1, &members));
+      DimensionHandle total = c->MakeDim(0);
+      for (int f = 0; f + 1 < c->num_inputs(); ++f) {
+        DimensionHandle size = c->NumElements(c->input(f));
+        if (!c->RankKnown(c->input(f))) size = c->UnknownDim();
+        TF_RETURN_IF_ERROR(c->Add(total, size, &total));
+      }
+      const auto unique = c->Vector(c->UnknownDim());
+      c->set_output(0, unique);
+      c->set_output(1, unique);
+      c->set_output(2, c->Vector(total));
+      c->set_output(3, unique);
+      return Status();
+    })
+    .Doc(R"doc(
+HybridHashUnique over fields held apart: ids[f] (any shape, read flat) are
+field f's ids, of member field_members[f]; the fields are not concatenated
+first. inverse runs over the fields' ids in order.
 )doc");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgd"))

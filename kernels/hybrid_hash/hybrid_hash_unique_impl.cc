@@ -58,9 +58,11 @@ ImplStatus CheckMemberFields(int64_t n, const int64_t* field_sizes, const int64_
 
 namespace {
 
+constexpr uint64_t kKeptTableSlots = uint64_t{1} << 22;  // 16 MB: larger tables are freed
+
 // The distinct pairs of fields [f0, f1), whose ids start at position begin;
 // inverse[i] is the index among this range's pairs.
-void UniqueFields(const int64_t* ids, int64_t begin, const int64_t* field_sizes,
+void UniqueFields(const int64_t* const* field_ids, int64_t begin, const int64_t* field_sizes,
                   const int64_t* field_members, int64_t f0, int64_t f1, int32_t* inverse,
                   MemberUnique* out) {
   int64_t n = 0;
@@ -68,15 +70,19 @@ void UniqueFields(const int64_t* ids, int64_t begin, const int64_t* field_sizes,
   uint64_t capacity = 16;
   while (capacity < 2 * static_cast<uint64_t>(n)) capacity *= 2;  // n < 2^31: no overflow
   const uint64_t mask = capacity - 1;
-  std::vector<int32_t> table(capacity, -1);  // pair index or -1
+  // Pair index or -1. Kept by the thread between calls: a fresh table of a
+  // large part's size would be mapped and page-faulted in on every call.
+  thread_local std::vector<int32_t> table;
+  table.assign(capacity, -1);
   out->ids.reserve(static_cast<size_t>(n / 2));
   out->members.reserve(static_cast<size_t>(n / 2));
   out->counts.reserve(static_cast<size_t>(n / 2));
-  int64_t i = begin;
+  int64_t i = begin;  // batch position of the field's id j
   for (int64_t f = f0; f < f1; ++f) {
     const int64_t member = field_members[f];
-    for (const int64_t end = i + field_sizes[f]; i < end; ++i) {
-      const int64_t id = ids[i];
+    const int64_t* ids = field_ids[f];
+    for (int64_t j = 0; j < field_sizes[f]; ++j, ++i) {
+      const int64_t id = ids[j];
       uint64_t s = PairHash(member, id) & mask;
       for (;; s = (s + 1) & mask) {
         const int32_t k = table[s];
@@ -97,6 +103,7 @@ void UniqueFields(const int64_t* ids, int64_t begin, const int64_t* field_sizes,
       }
     }
   }
+  if (capacity > kKeptTableSlots) std::vector<int32_t>().swap(table);  // not kept when large
 }
 
 }  // namespace
@@ -104,6 +111,19 @@ void UniqueFields(const int64_t* ids, int64_t begin, const int64_t* field_sizes,
 void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
                      const int64_t* field_members, int64_t num_fields, int32_t* inverse,
                      MemberUnique* out, const ParallelFor& pf) {
+  std::vector<const int64_t*> field_ids(static_cast<size_t>(num_fields));
+  int64_t at = 0;
+  for (int64_t f = 0; f < num_fields; ++f) {
+    field_ids[f] = ids + at;
+    at += field_sizes[f];
+  }
+  UniqueMemberFieldIds(field_ids.data(), n, field_sizes, field_members, num_fields, inverse, out,
+                       pf);
+}
+
+void UniqueMemberFieldIds(const int64_t* const* field_ids, int64_t n, const int64_t* field_sizes,
+                          const int64_t* field_members, int64_t num_fields, int32_t* inverse,
+                          MemberUnique* out, const ParallelFor& pf) {
   // Parts: runs of whole fields of about kUniquePartIds ids that share no
   // member with any other part (a cut after field f only where every member of
   // fields [0, f] has its last field there or before). A pair then occurs in
@@ -131,14 +151,16 @@ void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
     for (int64_t f = cuts[p]; f < cuts[p + 1]; ++f) begin[p + 1] += field_sizes[f];
   }
   if (parts == 1) {
-    *out = MemberUnique();
-    UniqueFields(ids, 0, field_sizes, field_members, 0, num_fields, inverse, out);
+    out->ids.clear();  // capacity kept: a caller may reuse out across calls
+    out->members.clear();
+    out->counts.clear();
+    UniqueFields(field_ids, 0, field_sizes, field_members, 0, num_fields, inverse, out);
     return;
   }
   std::vector<MemberUnique> local(static_cast<size_t>(parts));
   pf(parts, 100 * kUniquePartIds, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
-      UniqueFields(ids, begin[p], field_sizes, field_members, cuts[p], cuts[p + 1], inverse,
+      UniqueFields(field_ids, begin[p], field_sizes, field_members, cuts[p], cuts[p + 1], inverse,
                    &local[p]);
     }
   });

@@ -28,13 +28,21 @@ struct MemberUnique {
 ImplStatus CheckMemberFields(int64_t n, const int64_t* field_sizes, const int64_t* field_members,
                              int64_t num_fields);
 
-// Fills inverse[n] and out. Call CheckMemberFields first. Batches of at least
-// 2 * kUniquePartIds ids are cut between fields into parts that share no
-// member, deduplicated in parallel and concatenated: the same result.
+// Fills inverse[n] and out (its vectors' capacity is reused: a caller that
+// keeps out between calls saves their allocation). Call CheckMemberFields first. Batches of at
+// least 2 * kUniquePartIds ids are cut between fields into parts that share no member, deduplicated
+// in parallel and concatenated: the same result.
 constexpr int64_t kUniquePartIds = 8192;
 void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
                      const int64_t* field_members, int64_t num_fields, int32_t* inverse,
                      MemberUnique* out, const ParallelFor& pf);
+
+// The same over fields held apart: field_ids[f] points to field f's
+// field_sizes[f] ids (what the op taking one tensor per field passes, so the
+// fields are never concatenated). inverse is over the fields in order.
+void UniqueMemberFieldIds(const int64_t* const* field_ids, int64_t n, const int64_t* field_sizes,
+                          const int64_t* field_members, int64_t num_fields, int32_t* inverse,
+                          MemberUnique* out, const ParallelFor& pf);
 
 }  // namespace hybrid_hash
 }  // namespace hybridtf

@@ -1,4 +1,4 @@
-"""``HybridTF>HybridHashUnique`` (distinct (member, id) pairs of a packed store's batch) against NumPy.
+"""``HybridHashUnique`` and ``HybridHashUniqueFields`` (distinct (member, id) pairs of a batch) against NumPy.
 
 Property cases (hypothesis) for eager, static-shape and dynamic-shape graphs,
 and the bad-input classes, through the wrapper and the raw op (fuzz-style
@@ -14,7 +14,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridtf._src.caching.member_unique import unique_member_ids
+from hybridtf._src.caching.member_unique import unique_member_fields, unique_member_ids
 from hybridtf._src.run.loader import load_ops
 
 
@@ -153,3 +153,56 @@ def test_random_bad_sizes_and_members_are_errors_never_crashes():
         else:
             with pytest.raises(tf.errors.InvalidArgumentError, match="HybridHash unique"):
                 raw(*args)
+
+
+def _field_tensors(fields, rng=None):
+    """Each field's ids as its own tensor, in a shape a lookup would give ([n], [n, 1] or [2, n / 2])."""
+    out = []
+    for k, (_, f) in enumerate(fields):
+        a = np.asarray(f, np.int64)
+        if k % 3 == 1:
+            a = a.reshape(-1, 1)
+        elif k % 3 == 2 and a.size % 2 == 0:
+            a = a.reshape(2, -1)
+        out.append(tf.constant(a))
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(_fields.filter(lambda f: len(f) > 0))
+def test_fields_op_equals_the_concatenated_op(fields):
+    ids, sizes, members = _split(fields)
+    _check(unique_member_fields(_field_tensors(fields), members), ids, sizes, members)
+    spec_free = tf.function(lambda *fs: unique_member_fields(list(fs), tf.constant(members, tf.int64)))
+    dynamic = [tf.TensorSpec(None, tf.int64) for _ in fields]
+    _check(spec_free.get_concrete_function(*dynamic)(*_field_tensors(fields)), ids, sizes, members)
+
+
+def test_fields_op_large_batches_and_static_inverse_shape():
+    rng = np.random.default_rng(3)
+    sizes = rng.integers(0, 1500, size=60)
+    members = rng.integers(0, 30, size=60)
+    ids = rng.zipf(1.2, size=int(sizes.sum())).astype(np.int64)
+    assert ids.size >= 2 * 16384  # parallel parts
+    fields = np.split(ids, np.cumsum(sizes)[:-1])
+    _check(unique_member_fields(fields, members), ids, sizes, members)
+    graph = tf.function(lambda *fs: unique_member_fields(list(fs), [0, 1])).get_concrete_function(
+        tf.TensorSpec([4, 1], tf.int64), tf.TensorSpec([3], tf.int64)
+    )
+    assert graph.structured_outputs[2].shape.as_list() == [7]
+
+
+def test_fields_op_bad_inputs_name_the_problem_and_the_fix():
+    ops = load_ops()
+    with pytest.raises(ValueError, match="2 fields but 3 field_members"):
+        unique_member_fields([[1], [2]], [0, 0, 0])
+    with pytest.raises(ValueError, match="at least one field"):
+        unique_member_fields([], [])
+    with pytest.raises(TypeError, match="field 1's ids must be integers"):
+        unique_member_fields([[1], [1.5]], [0, 0])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"field_members\[1\] = -1 is not a member"):
+        unique_member_fields([[1], [2]], [0, -1])
+    spec = tf.TensorSpec([None], tf.int64)
+    raw = tf.function(lambda a, m: ops.hybrid_tf_hybrid_hash_unique_fields([a, a], m), input_signature=[spec, spec])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="2 fields of ids but field_members has shape"):
+        raw(tf.constant([1], tf.int64), tf.constant([0, 0, 0], tf.int64))

@@ -7,9 +7,11 @@ import tensorflow as tf
 from hybridtf._src.run.loader import load_ops
 
 OP_NAME = "HybridTF>HybridHashUnique"
+FIELDS_OP_NAME = "HybridTF>HybridHashUniqueFields"
 
 # Ids, members, inverse and counts are integers: nothing to differentiate.
 tf.no_gradient(OP_NAME)
+tf.no_gradient(FIELDS_OP_NAME)
 
 
 def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
@@ -56,4 +58,44 @@ def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
         return load_ops().hybrid_tf_hybrid_hash_unique(*parts)
 
 
-__all__ = ["unique_member_ids"]
+def unique_member_fields(field_ids, field_members, name: str | None = None):
+    """:func:`unique_member_ids` over one tensor per field, without concatenating them.
+
+    ``field_ids[f]`` (any shape, read flat) holds the ids of field ``f``, of
+    member ``field_members[f]``; positions run over the fields in order, so the
+    result equals ``unique_member_ids(concat(flat fields), sizes, field_members)``
+    with one op instead of a concatenation, its reshapes and the unique.
+
+    Raises:
+        TypeError: ids or members are not integers.
+        ValueError: no fields, or a members count that differs from the fields'.
+        tf.errors.InvalidArgumentError: members out of ``[0, 2**20)`` or more
+            than ``2**31 - 1`` ids.
+
+    Example:
+        >>> u, m, inv, c = unique_member_fields([[7, 7], [[7], [9]]], [0, 1])
+        >>> u.numpy().tolist(), m.numpy().tolist(), inv.numpy().tolist(), c.numpy().tolist()
+        ([7, 7, 9], [0, 1, 1], [0, 0, 1, 2], [2, 1, 1])
+    """
+    with tf.name_scope(name or "unique_member_fields"):
+        fields = []
+        for f, value in enumerate(field_ids):
+            t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
+            if not t.dtype.is_integer:
+                raise TypeError(f"unique_member_fields: field {f}'s ids must be integers, got {t.dtype.name}.")
+            fields.append(tf.cast(t, tf.int64) if t.dtype != tf.int64 else t)
+        if not fields:
+            raise ValueError("unique_member_fields: pass at least one field of ids.")
+        members = tf.convert_to_tensor(field_members, dtype_hint=tf.int64)
+        if not members.dtype.is_integer:
+            raise TypeError(f"unique_member_fields: field_members must be integers, got {members.dtype.name}.")
+        if members.shape.rank is not None and members.shape.rank != 1:
+            raise ValueError(f"unique_member_fields: field_members must be a vector, got shape {members.shape}.")
+        if members.shape[0] is not None and members.shape[0] != len(fields):
+            raise ValueError(
+                f"unique_member_fields: {len(fields)} fields but {members.shape[0]} field_members; pass one per field."
+            )
+        return load_ops().hybrid_tf_hybrid_hash_unique_fields(fields, tf.cast(members, tf.int64))
+
+
+__all__ = ["unique_member_fields", "unique_member_ids"]

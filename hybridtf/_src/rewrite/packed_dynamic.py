@@ -10,10 +10,10 @@ the unpacked layer. The store's hot tier holds ``sum(hot_rows)`` rows, chosen
 by Algorithm 1 over all members.
 
 One chain per group and step (``DynamicGroup.lookup``), built from the static
-packed chain's fused pieces: the ids of every member's lookup are
-concatenated and made distinct over (member, id) by one ``HybridHashUnique``
-(``caching/member_unique.py``: unique ids, their members, the int32 inverse
-and the counts), looked up by one find-or-insert op, written into one
+packed chain's fused pieces: the ids of every member's lookup, one tensor per
+field (never concatenated), are made distinct over (member, id) by one
+``HybridHashUniqueFields`` (``caching/member_unique.py``: unique ids, their
+members, the int32 inverse and the counts), looked up by one find-or-insert op, written into one
 trainable distinct-rows buffer, and ONE ``StitchCombine`` over the buffer's
 value and the inverse gives every lookup's output (one-hot rows or pooled
 bags), exactly as a static packed table's gathered rows do. So the dataflow
@@ -61,7 +61,7 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding
-from hybridtf._src.caching.member_unique import unique_member_ids
+from hybridtf._src.caching.member_unique import unique_member_fields
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
@@ -184,7 +184,7 @@ class DynamicGroup:
         training = _training_flag()
         with tf.name_scope(self.plan.name):
             parts = _DynamicParts(requests, self)
-            unique_ids, unique_members, inverse, counts = unique_member_ids(parts.ids, parts.sizes, parts.field_members)
+            unique_ids, unique_members, inverse, counts = unique_member_fields(parts.fields, parts.field_members)
             if training:
                 owned = []
                 if self.world.distributed:  # the pairs' owners find-or-insert them (one alltoall each way)
@@ -287,7 +287,7 @@ class _DynamicParts:
             group.table.check_ids(ids)
             combiner = layer.combiner or "none"
             ids = prepare_ids(ids, combiner, layer.name)
-            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+            flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids  # the unique op reads it flat
             if combiner != "none":  # a rank-2 RaggedTensor of bags
                 bag_lengths.append(ids.row_lengths())
                 segments.append(ids.nrows(out_type=tf.int64))
@@ -302,7 +302,7 @@ class _DynamicParts:
             self.sizes = tf.constant(static, tf.int64)
         else:
             self.sizes = tf.stack([tf.size(f, out_type=tf.int64) for f in flats])
-        self.ids = tf.concat(flats, 0) if len(flats) > 1 else flats[0]
+        self.fields = flats  # one tensor per field, never concatenated (HybridHashUniqueFields)
         self.field_members = tf.constant(member_list, tf.int64)
         if bag_lengths:
             self.field_segments = tf.stack([self.sizes[f] if s is None else s for f, s in enumerate(segments)])
