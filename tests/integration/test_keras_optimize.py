@@ -248,3 +248,43 @@ def test_layer_weights_clone_and_freezing_of_an_optimized_model():
     layer.trainable = False
     with pytest.raises(ValueError, match=r"\['emb_b'\] were packed while trainable and frozen afterwards"):
         model.compile(optimizer="adagrad", loss="binary_crossentropy")
+
+
+def _towers_repeating_a_layer_name():
+    def tower(tag):
+        ids = tf.keras.Input((1,), dtype=tf.int64)
+        e = tf.keras.layers.Embedding(50, 4, name="emb")(ids)
+        d = htf.layers.DynamicEmbedding(4, hot_rows=8, name=f"dyn_{tag}")(ids)
+        return tf.keras.Model(ids, tf.keras.layers.Flatten()(e + d), name=f"tower_{tag}")
+
+    a, b = (tf.keras.Input((1,), dtype=tf.int64, name=n) for n in "ab")
+    ta, tb = tower("a"), tower("b")
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([ta(a), tb(b)]))
+    return tf.keras.Model([a, b], out), ta, tb
+
+
+def test_exclude_by_table_qualified_name_or_layer_and_ambiguous_names_are_errors():
+    """Sub-models that repeat a layer name: 'emb' is two tables, so it is an error listing both."""
+    model, _, _ = _towers_repeating_a_layer_name()
+    with pytest.raises(ValueError, match=r"'emb', which 2 embedding layers answer to: 'tower_a\.emb'.*'tower_b\.emb'"):
+        htf.keras.optimize(model, exclude=["emb"])
+    model, ta, _ = _towers_repeating_a_layer_name()
+    htf.keras.optimize(model, exclude=["tower_b.emb", ta.get_layer("dyn_a")])
+    assert [u.name for u in model.hybridtf_plan.unpacked] == ["tower_b.emb"]
+    excluded = {s.name for s in model.hybridtf_skipped if s.reason.startswith("excluded by user")}
+    assert excluded == {"tower_b.emb", "dyn_a"}
+    model, ta, _ = _towers_repeating_a_layer_name()
+    htf.keras.optimize(model, exclude=[ta.get_layer("emb"), "dyn_b"])
+    assert [u.name for u in model.hybridtf_plan.unpacked] == ["emb"]
+    excluded = {s.name for s in model.hybridtf_skipped if s.reason.startswith("excluded by user")}
+    assert excluded == {"emb", "dyn_b"}
+    for bad, error, message in (
+        (["nope"], ValueError, r"'nope', which is not an embedding table of this model; its tables: 'dyn_a', 'dyn_b'"),
+        ("emb", TypeError, r"collection of table names or layers"),
+        ([3], TypeError, r"entries are table names or layers, got int"),
+    ):
+        with pytest.raises(error, match=message):
+            htf.keras.optimize(_towers_repeating_a_layer_name()[0], exclude=bad)
+    model = _towers_repeating_a_layer_name()[0]
+    with pytest.raises(ValueError, match=r"layer 'dense.*' \(Dense\), which is not an embedding table"):
+        htf.keras.optimize(model, exclude=[model.layers[-1]])

@@ -98,11 +98,8 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
     return captured, skipped
 
 
-def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:
-    """A table name for ``layer`` when another embedding layer has its name: ``<sub-model>.<layer>``.
-
-    Keras only keeps names unique within one model; layers of nested sub-models may repeat them.
-    """
+def qualified_layer_name(model: tf.keras.Model, layer) -> str:
+    """``<sub-model>.<layer>``: the name of ``layer`` inside the (sub-)model that holds it directly."""
     parent = next(
         (
             sub.name
@@ -111,9 +108,18 @@ def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:
         ),
         model.name,
     )
-    name, k = f"{parent}.{layer.name}", 1
+    return f"{parent}.{layer.name}"
+
+
+def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:
+    """A table name for ``layer`` when another embedding layer has its name: ``<sub-model>.<layer>``.
+
+    Keras only keeps names unique within one model; layers of nested sub-models may repeat them.
+    """
+    qualified = qualified_layer_name(model, layer)
+    name, k = qualified, 1
     while name in taken:
-        name, k = f"{parent}.{layer.name}_{k}", k + 1
+        name, k = f"{qualified}_{k}", k + 1
     return name
 
 

@@ -387,7 +387,11 @@ def optimize(
         model: a built ``tf.keras.Model`` (functional or subclassed), or a
             model-building function (decorator use).
         plan: a packing plan to use as it is (e.g. edited and loaded from JSON).
-        exclude: table (layer) names to leave unpacked.
+        exclude: embedding tables to leave unpacked: table names (as
+            ``model.hybridtf_plan`` lists them), layer names, layer names
+            qualified by their sub-model (``"tower_b.emb"``, for sub-models
+            that repeat a layer name) or the layer objects. A name several
+            layers answer to is an error that lists them.
         force_groups: ``{group_name: [table names]}`` to force a grouping.
         stats: warm-up statistics per table (``hybridtf.plan.collect_stats``)
             for CalcVParam; uniform access is assumed without them.
@@ -490,13 +494,14 @@ def optimize(
     keras_notices.refuse_distribution_strategy(model, "optimized")
 
     captured, skipped, specs = steps.capture(model)
-    dynamic = packed_dynamic.pack_dynamic(model, exclude=tuple(exclude))  # one HybridHash store per group
+    exclude, exclude_dynamic = steps.resolve_exclude(model, captured, packed_dynamic.dynamic_layers(model), exclude)
+    dynamic = packed_dynamic.pack_dynamic(model, exclude=exclude_dynamic)  # one HybridHash store per group
     skipped = skipped + dynamic.skipped
     plan = steps.make_plan(
         specs,
         plan,
         stats=stats,
-        exclude=[name for name in exclude if name not in dynamic.layer_names],  # the planner knows static tables
+        exclude=exclude,  # the planner knows static tables
         force_groups=force_groups,
         max_shards=max_shards,
         shard_strategy=shard_strategy,

@@ -24,7 +24,13 @@ import dataclasses
 
 import tensorflow as tf
 
-from hybridtf._src.capture.keras_capture import CapturedTable, SkippedLayer, find_embeddings, hybrid_class
+from hybridtf._src.capture.keras_capture import (
+    CapturedTable,
+    SkippedLayer,
+    find_embeddings,
+    hybrid_class,
+    qualified_layer_name,
+)
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import World, current_world
@@ -47,6 +53,60 @@ def capture(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLay
     captured, skipped = find_embeddings(model)
     specs = [TableSpec(t.name, t.num_rows, t.dim, t.dtype, "model") for t in captured]
     return captured, skipped, specs
+
+
+def resolve_exclude(model: tf.keras.Model, captured: list[CapturedTable], dynamic_layers: list, exclude) -> tuple:
+    """``optimize(exclude=...)`` as ``(static table names, dynamic layers)`` to leave unpacked.
+
+    An entry is a table name (as ``model.hybridtf_plan`` lists it), a layer name, a layer name
+    qualified by the sub-model that holds it (``"tower_b.emb"``), or the layer object itself.
+    A name several embedding layers answer to (nested sub-models repeating a layer name) is an
+    error listing them, never a silent pick of the first; so is a name no embedding layer has.
+
+    Example:
+        >>> names, dynamic = resolve_exclude(model, captured, [], ["tower_b.emb"])
+    """
+    if isinstance(exclude, (str, tf.keras.layers.Layer)):
+        raise TypeError(f"exclude must be a collection of table names or layers, got {exclude!r}; use [{exclude!r}].")
+    tables = [(t.name, t.layer, qualified_layer_name(model, t.layer), True) for t in captured]
+    tables += [(layer.name, layer, qualified_layer_name(model, layer), False) for layer in dynamic_layers]
+    names, dynamic = [], []
+    for entry in exclude:
+        if isinstance(entry, tf.keras.layers.Layer):
+            found = [t for t in tables if t[1] is entry]
+            if not found:
+                if hasattr(entry, "embeddings"):  # an embedding layer hybridtf leaves unpacked anyway
+                    continue
+                raise ValueError(
+                    f"exclude lists layer {entry.name!r} ({type(entry).__name__}), which is not an embedding "
+                    "table of this model; remove it from exclude."
+                )
+        elif isinstance(entry, str):
+            found = [t for t in tables if entry == t[2]]  # <sub-model>.<layer>: one layer at most
+            if not found:
+                found = [t for t in tables if entry in (t[0], t[1].name)]
+        else:
+            raise TypeError(f"exclude entries are table names or layers, got {type(entry).__name__} {entry!r}.")
+        if len(found) > 1:
+            listed = ", ".join(f"{t[2]!r} (table {t[0]!r})" for t in found)
+            raise ValueError(
+                f"exclude names {entry!r}, which {len(found)} embedding layers answer to: {listed}. Name the "
+                f"ones to leave unpacked by their sub-model, e.g. exclude={[t[2] for t in found]}, or pass the "
+                "layer objects."
+            )
+        if not found:
+            known = sorted(t[0] for t in tables)
+            shown = ", ".join(repr(n) for n in known[:20]) + (f", ... ({len(known)} in all)" if len(known) > 20 else "")
+            raise ValueError(
+                f"exclude names {entry!r}, which is not an embedding table of this model; its tables: "
+                f"{shown or 'none'}."
+            )
+        name, layer, _, static = found[0]
+        if static:
+            names.append(name)
+        else:
+            dynamic.append(layer)
+    return names, dynamic
 
 
 def make_plan(

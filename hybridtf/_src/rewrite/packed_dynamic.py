@@ -388,7 +388,8 @@ def _group_key(layer) -> tuple:
     return (c.dim, c.hot_rows, c.warmup_steps, c.flush_every, c.count_decay, c.evict_policy, c.ttl_steps)
 
 
-def _dynamic_layers(model) -> list:
+def dynamic_layers(model) -> list:
+    """The model's ``DynamicEmbedding`` layers, each once, in layer order."""
     seen, out = set(), []
     for layer in model._flatten_layers(include_self=False):
         if isinstance(layer, DynamicEmbedding) and id(layer) not in seen:
@@ -402,7 +403,7 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
 
     Args:
         model: a built Keras model.
-        exclude: layer names to leave unpacked.
+        exclude: the layers (objects, or layer names) to leave unpacked.
 
     Returns:
         A ``DynamicPacking`` (groups and skipped layers with the reason).
@@ -413,9 +414,9 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
         [('user', 'item', 'ad')]
     """
     skipped, by_key = [], {}
-    for layer in _dynamic_layers(model):
+    for layer in dynamic_layers(model):
         c = layer._table_config
-        if layer.name in exclude:
+        if any(layer is x or layer.name == x for x in exclude):
             skipped.append(SkippedLayer(layer.name, "excluded by user (optimize(exclude=...))"))
         elif layer.table is None:
             skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
