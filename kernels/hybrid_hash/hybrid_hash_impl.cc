@@ -333,7 +333,8 @@ Stats Store::GetStats() const {
   s.last_step_lookups = last_step_lookups_.load();
   s.last_step_hits = last_step_hits_.load();
   s.bytes = static_cast<int64_t>(chunks_.size()) * kChunkRows * record_bytes_ +
-            static_cast<int64_t>(map_.capacity() + free_.capacity()) * 4;
+            static_cast<int64_t>(map_.capacity() + free_.capacity()) * 4 +
+            hinted_bytes_.load(std::memory_order_relaxed);
   s.hot_bytes =
       static_cast<int64_t>(hot_.capacity()) * 4 + static_cast<int64_t>(hot_owner_.capacity()) * 4;
   s.num_slots = num_slots_;

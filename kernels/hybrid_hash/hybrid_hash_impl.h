@@ -221,7 +221,7 @@ struct Stats {
   int64_t flushes = 0;
   int64_t last_step_lookups = 0;  // distinct ids of the last completed step
   int64_t last_step_hits = 0;
-  int64_t bytes = 0;      // cold tier: arena chunks + hash map + free list
+  int64_t bytes = 0;      // cold tier: arena chunks + hash map + free list + kept hinted batch
   int64_t hot_bytes = 0;  // hot tier array + owners
   int64_t num_slots = 0;
 };
@@ -478,6 +478,7 @@ class Store {
   };
   mutable std::mutex hinted_mu_;
   HintedBatch hinted_;
+  std::atomic<int64_t> hinted_bytes_{0};  // hinted_'s vectors' capacity, for Stats::bytes
 
   mutable std::shared_mutex mu_;
   mutable StripeSeq stripes_[kStripes];

@@ -94,6 +94,10 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
     hinted_.packed = members != nullptr;
     hinted_.members.resize(members ? static_cast<size_t>(n) : 0);
     hinted_.hints.resize(static_cast<size_t>(n));
+    hinted_bytes_.store(static_cast<int64_t>(hinted_.ids.capacity() + hinted_.members.capacity() +
+                                             hinted_.hints.capacity()) *
+                            8,
+                        std::memory_order_relaxed);
   }
   const bool saving = keep.owns_lock();
   {

@@ -224,3 +224,14 @@ def test_concurrent_proven_hint_updates_with_inserts_and_reads():
     np.testing.assert_array_equal(got_ids.numpy()[first], np.arange(n_ids))
     np.testing.assert_array_equal(rows.numpy()[first], np.full((n_ids, dim), threads * rounds, np.float32))
     assert table.stats()["size"] > n_ids
+
+
+def test_the_kept_hinted_batch_is_counted_in_the_stats_bytes():
+    """A training lookup with hints keeps (ids, members, hints) for the update: 24 bytes per id, in ``bytes``."""
+    ids = tf.constant(np.arange(5000, dtype=np.int64) * 7919)
+    members = tf.constant(np.arange(5000, dtype=np.int64) % 2)
+    plain, hinted = _packed("plain_bytes", hot_rows=8), _packed("hinted_bytes", hot_rows=8)
+    plain.lookup(ids, members=members)
+    hinted.lookup_records(ids, members=members)
+    extra = hinted.stats()["bytes"] - plain.stats()["bytes"]
+    assert 3 * 8 * 5000 <= extra < 2 * 3 * 8 * 5000, extra
