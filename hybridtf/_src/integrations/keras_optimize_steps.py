@@ -68,6 +68,9 @@ def resolve_exclude(model: tf.keras.Model, captured: list[CapturedTable], dynami
     """
     if isinstance(exclude, (str, tf.keras.layers.Layer)):
         raise TypeError(f"exclude must be a collection of table names or layers, got {exclude!r}; use [{exclude!r}].")
+    exclude = list(exclude)
+    if not exclude:
+        return [], []
     tables = [(t.name, t.layer, qualified_layer_name(model, t.layer), True) for t in captured]
     tables += [(layer.name, layer, qualified_layer_name(model, layer), False) for layer in dynamic_layers]
     names, dynamic = [], []
