@@ -14,6 +14,16 @@ tf.no_gradient(OP_NAME)
 tf.no_gradient(FIELDS_OP_NAME)
 
 
+def _int64(value, what: str, vector: bool = False):
+    """``value`` as an int64 tensor; TypeError unless integers, ValueError unless a vector (when asked)."""
+    t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
+    if not t.dtype.is_integer:
+        raise TypeError(f"{what} must be integers, got {t.dtype.name}.")
+    if vector and t.shape.rank is not None and t.shape.rank != 1:
+        raise ValueError(f"{what} must be a vector, got shape {t.shape}.")
+    return tf.cast(t, tf.int64) if t.dtype != tf.int64 else t
+
+
 def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
     """The distinct (member, id) pairs of concatenated fields, in one op.
 
@@ -47,14 +57,10 @@ def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
         ([7, 7, 9], [0, 1, 1], [0, 0, 1, 2], [2, 1, 1])
     """
     with tf.name_scope(name or "unique_member_ids"):
-        parts = []
-        for value, what in ((ids, "ids"), (field_sizes, "field_sizes"), (field_members, "field_members")):
-            t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
-            if not t.dtype.is_integer:
-                raise TypeError(f"unique_member_ids: {what} must be integers, got {t.dtype.name}.")
-            if t.shape.rank is not None and t.shape.rank != 1:
-                raise ValueError(f"unique_member_ids: {what} must be a vector, got shape {t.shape}.")
-            parts.append(tf.cast(t, tf.int64) if t.dtype != tf.int64 else t)
+        parts = [
+            _int64(value, f"unique_member_ids: {what}", vector=True)
+            for value, what in ((ids, "ids"), (field_sizes, "field_sizes"), (field_members, "field_members"))
+        ]
         return load_ops().hybrid_tf_hybrid_hash_unique(*parts)
 
 
@@ -78,24 +84,15 @@ def unique_member_fields(field_ids, field_members, name: str | None = None):
         ([7, 7, 9], [0, 1, 1], [0, 0, 1, 2], [2, 1, 1])
     """
     with tf.name_scope(name or "unique_member_fields"):
-        fields = []
-        for f, value in enumerate(field_ids):
-            t = tf.convert_to_tensor(value, dtype_hint=tf.int64)
-            if not t.dtype.is_integer:
-                raise TypeError(f"unique_member_fields: field {f}'s ids must be integers, got {t.dtype.name}.")
-            fields.append(tf.cast(t, tf.int64) if t.dtype != tf.int64 else t)
+        fields = [_int64(value, f"unique_member_fields: field {f}'s ids") for f, value in enumerate(field_ids)]
         if not fields:
             raise ValueError("unique_member_fields: pass at least one field of ids.")
-        members = tf.convert_to_tensor(field_members, dtype_hint=tf.int64)
-        if not members.dtype.is_integer:
-            raise TypeError(f"unique_member_fields: field_members must be integers, got {members.dtype.name}.")
-        if members.shape.rank is not None and members.shape.rank != 1:
-            raise ValueError(f"unique_member_fields: field_members must be a vector, got shape {members.shape}.")
+        members = _int64(field_members, "unique_member_fields: field_members", vector=True)
         if members.shape[0] is not None and members.shape[0] != len(fields):
             raise ValueError(
                 f"unique_member_fields: {len(fields)} fields but {members.shape[0]} field_members; pass one per field."
             )
-        return load_ops().hybrid_tf_hybrid_hash_unique_fields(fields, tf.cast(members, tf.int64))
+        return load_ops().hybrid_tf_hybrid_hash_unique_fields(fields, members)
 
 
 __all__ = ["unique_member_fields", "unique_member_ids"]

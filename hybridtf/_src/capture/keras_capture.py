@@ -98,17 +98,24 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
     return captured, skipped
 
 
-def qualified_layer_name(model: tf.keras.Model, layer) -> str:
-    """``<sub-model>.<layer>``: the name of ``layer`` inside the (sub-)model that holds it directly."""
-    parent = next(
-        (
-            sub.name
-            for sub in model._flatten_layers(include_self=True, recursive=True)
-            if isinstance(sub, tf.keras.Model) and any(inner is layer for inner in sub.layers)
-        ),
-        model.name,
-    )
-    return f"{parent}.{layer.name}"
+def qualified_layer_name(model: tf.keras.Model, layer, parents: dict | None = None) -> str:
+    """``<sub-model>.<layer>``: the name of ``layer`` inside the (sub-)model that holds it directly.
+
+    ``parents``: ``layer_parents(model)``, computed once by a caller naming many layers.
+    """
+    if parents is None:
+        parents = layer_parents(model)
+    return f"{parents.get(id(layer), model.name)}.{layer.name}"
+
+
+def layer_parents(model: tf.keras.Model) -> dict:
+    """``id(layer) -> name`` of the first (sub-)model, in layer order, whose ``layers`` holds it."""
+    parents = {}
+    for sub in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(sub, tf.keras.Model):
+            for inner in sub.layers:
+                parents.setdefault(id(inner), sub.name)
+    return parents
 
 
 def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:

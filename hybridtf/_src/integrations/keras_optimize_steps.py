@@ -29,6 +29,7 @@ from hybridtf._src.capture.keras_capture import (
     SkippedLayer,
     find_embeddings,
     hybrid_class,
+    layer_parents,
     qualified_layer_name,
 )
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
@@ -71,8 +72,9 @@ def resolve_exclude(model: tf.keras.Model, captured: list[CapturedTable], dynami
     exclude = list(exclude)
     if not exclude:
         return [], []
-    tables = [(t.name, t.layer, qualified_layer_name(model, t.layer), True) for t in captured]
-    tables += [(layer.name, layer, qualified_layer_name(model, layer), False) for layer in dynamic_layers]
+    parents = layer_parents(model)
+    tables = [(t.name, t.layer, qualified_layer_name(model, t.layer, parents), True) for t in captured]
+    tables += [(layer.name, layer, qualified_layer_name(model, layer, parents), False) for layer in dynamic_layers]
     names, dynamic = [], []
     for entry in exclude:
         if isinstance(entry, tf.keras.layers.Layer):

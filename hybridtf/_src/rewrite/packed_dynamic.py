@@ -403,7 +403,7 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
 
     Args:
         model: a built Keras model.
-        exclude: the layers (objects, or layer names) to leave unpacked.
+        exclude: the layer objects to leave unpacked (``optimize`` resolves its names to them).
 
     Returns:
         A ``DynamicPacking`` (groups and skipped layers with the reason).
@@ -416,7 +416,7 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
     skipped, by_key = [], {}
     for layer in dynamic_layers(model):
         c = layer._table_config
-        if any(layer is x or layer.name == x for x in exclude):
+        if any(layer is x for x in exclude):
             skipped.append(SkippedLayer(layer.name, "excluded by user (optimize(exclude=...))"))
         elif layer.table is None:
             skipped.append(SkippedLayer(layer.name, "DynamicEmbedding not built: build the model before optimize()"))
