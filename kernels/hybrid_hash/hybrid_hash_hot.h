@@ -76,13 +76,21 @@ HYBRIDTF_HD inline int32_t FindEntry(const HotIndex& index, int64_t id) {
   return lo < index.size && index.ids[lo] == id ? index.entries[lo] : -1;
 }
 
-// Element k = i * dim + c of a lookup's output: column c of id i's hot row
-// (left untouched when id i is not hot).
-HYBRIDTF_HD inline void CopyElem(const float* hot, int64_t row_floats, int64_t dim,
-                                 const int32_t* entry, float* out, int64_t k) {
+// Element k = i * dim + c (of a lookup's output or an update's gradient):
+// the offset of column c of id i's hot entry in the tier, or -1 when id i is
+// not hot (entry[i] < 0).
+HYBRIDTF_HD inline int64_t ElementOffset(int64_t row_floats, int64_t dim, const int32_t* entry,
+                                         int64_t k) {
   const int64_t i = k / dim;
   const int32_t e = entry[i];
-  if (e >= 0) out[k] = hot[int64_t{e} * row_floats + (k - i * dim)];
+  return e < 0 ? -1 : int64_t{e} * row_floats + (k - i * dim);
+}
+
+// out[k] = element k's hot float (left untouched when its id is not hot).
+HYBRIDTF_HD inline void CopyElem(const float* hot, int64_t row_floats, int64_t dim,
+                                 const int32_t* entry, float* out, int64_t k) {
+  const int64_t at = ElementOffset(row_floats, dim, entry, k);
+  if (at >= 0) out[k] = hot[at];
 }
 
 // out[i] = the hot row of ids[i] (untouched when not hot); entry[i] = its entry or -1.

@@ -38,41 +38,30 @@ __global__ void CopyKernel(HotTierGpu tier, const int32_t* entry, int64_t elemen
   if (k < elements) hot::CopyElem(tier.rows, tier.row_floats, tier.dim, entry, out, k);
 }
 
-// Element k = i * dim + c of the update: row entry[i], column c.
-__device__ inline float* ElementRow(const HotTierGpu& tier, const int32_t* entry, int64_t k,
-                                    int64_t* c) {
-  const int64_t i = k / tier.dim;
-  *c = k - i * tier.dim;
-  const int32_t e = entry[i];
-  return e < 0 ? nullptr : tier.rows + int64_t{e} * tier.row_floats;
-}
-
 __global__ void SgdKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
                           int64_t elements, float lr) {
   const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (k >= elements) return;
-  int64_t c;
-  float* w = ElementRow(tier, entry, k, &c);
-  if (w != nullptr) hot::SgdElem(w + c, grad[k], lr);
+  const int64_t at = hot::ElementOffset(tier.row_floats, tier.dim, entry, k);
+  if (at >= 0) hot::SgdElem(tier.rows + at, grad[k], lr);
 }
 
 __global__ void AdagradKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
                               int64_t elements, float lr, float eps) {
   const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (k >= elements) return;
-  int64_t c;
-  float* w = ElementRow(tier, entry, k, &c);
-  if (w != nullptr) hot::AdagradElem(w + c, w + tier.dim + c, grad[k], lr, eps);
+  const int64_t at = hot::ElementOffset(tier.row_floats, tier.dim, entry, k);
+  if (at >= 0) hot::AdagradElem(tier.rows + at, tier.rows + at + tier.dim, grad[k], lr, eps);
 }
 
 __global__ void LazyAdamKernel(HotTierGpu tier, const int32_t* entry, const float* grad,
                                int64_t elements, float alpha, float c1, float c2, float eps) {
   const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (k >= elements) return;
-  int64_t c;
-  float* w = ElementRow(tier, entry, k, &c);
-  if (w != nullptr) {
-    hot::LazyAdamElem(w + c, w + tier.dim + c, w + 2 * tier.dim + c, grad[k], alpha, c1, c2, eps);
+  const int64_t at = hot::ElementOffset(tier.row_floats, tier.dim, entry, k);
+  if (at >= 0) {
+    float* w = tier.rows + at;
+    hot::LazyAdamElem(w, w + tier.dim, w + 2 * tier.dim, grad[k], alpha, c1, c2, eps);
   }
 }
 
