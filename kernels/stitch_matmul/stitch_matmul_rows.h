@@ -23,6 +23,45 @@ namespace matmul_rows {
 // 256-bit register in the AVX2 clone, two 128-bit ones in the baseline build).
 typedef float Float8 __attribute__((vector_size(32), aligned(4)));
 
+// acc[0:n] (+)= e[0:dim] @ k for a long float row (n > 64, k's rows n apart):
+// the columns in blocks of 64, then of 8, each block's accumulator in vector
+// registers while e's values are broadcast (the generic loop would keep the
+// accumulator in memory: a load and a store per multiply-add); the last n % 8
+// columns one by one. Per column the products are summed over c in order,
+// then added to acc's old value when Add.
+template <bool Add>
+HYBRIDTF_ROW_INLINE void ProjectWide(const float* __restrict e, int64_t dim,
+                                     const float* __restrict k, int64_t n,
+                                     float* __restrict acc) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) {
+    Float8 a[8] = {};
+    for (int64_t c = 0; c < dim; ++c) {
+      const float x = e[c];
+      const Float8 xb = {x, x, x, x, x, x, x, x};
+      const Float8* kc = reinterpret_cast<const Float8*>(k + c * n + j);
+      for (int v = 0; v < 8; ++v) a[v] += xb * kc[v];
+    }
+    Float8* out = reinterpret_cast<Float8*>(acc + j);
+    for (int v = 0; v < 8; ++v) out[v] = Add ? out[v] + a[v] : a[v];
+  }
+  for (; j + 8 <= n; j += 8) {
+    Float8 a = {};
+    for (int64_t c = 0; c < dim; ++c) {
+      const float x = e[c];
+      const Float8 xb = {x, x, x, x, x, x, x, x};
+      a += xb * *reinterpret_cast<const Float8*>(k + c * n + j);
+    }
+    Float8* out = reinterpret_cast<Float8*>(acc + j);
+    *out = Add ? *out + a : a;
+  }
+  for (; j < n; ++j) {
+    float a = 0.0f;
+    for (int64_t c = 0; c < dim; ++c) a += e[c] * k[c * n + j];
+    acc[j] = Add ? acc[j] + a : a;
+  }
+}
+
 // acc[0:n] += e[0:dim] @ k, k being dim rows of n values (U == n when U > 0);
 // with Add == false, acc[0:n] = e[0:dim] @ k (acc's old values are not read).
 // For float rows of a compile-time width that is a multiple of 8 the
@@ -70,6 +109,9 @@ HYBRIDTF_ROW_INLINE void ProjectAdd(const T* __restrict e, int64_t dim, const T*
     }
     for (int j = 0; j < U; ++j) acc[j] = a[j];
   } else {
+    if constexpr (std::is_same<T, float>::value) {
+      if (n > 64) return ProjectWide<Add>(e, dim, k, n, acc);
+    }
     if (!Add) std::fill(acc, acc + n, T(0));
     for (int64_t c = 0; c < dim; ++c) {
       const T x = e[c];
