@@ -197,7 +197,16 @@ struct Scratch {
   std::vector<char> touched;    // per distinct row: read by some position
   std::vector<int64_t> row_of;  // bags: position -> output row
   std::vector<T> denom;         // bags: output row -> combiner denominator
+  std::vector<T> block;         // row-by-row kernel gradients: one block of rows' sum
 };
+
+// Row-by-row kernel gradients (dense pieces, pooled fields) sum this many
+// batch rows into a block buffer before adding the block into dK: a single
+// running sum over the whole batch would collect a rounding error that grows
+// with the batch (measured: 2.5e-6 of the largest value against TensorFlow's
+// blocked matmul at batch 4096, which Adagrad then amplified to a 1.7e-5
+// loss difference in 11 steps of a 200-field DeepFM).
+constexpr int64_t kRowBlock = 32;
 
 // Gradient of a projected field: per distinct row u, S[u] = sum of the
 // (combiner-scaled) gradient rows of the positions that read u, in ascending
@@ -307,6 +316,15 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   std::fill(dk, dk + w * n, T(0));
   TransposeBlock(kernel, piece.column, w, n, &scratch->kt);
   const T* kt = scratch->kt.data();
+  scratch->block.resize(w * n);
+  T* block = scratch->block.data();
+  // dk += block, which then starts over (at the end of every kRowBlock rows and of the batch)
+  auto end_block = [&](int64_t r) HYBRIDTF_LAMBDA_INLINE {
+    if ((r + 1) % kRowBlock != 0 && r + 1 != batch) return;
+    for (int64_t i = 0; i < w * n; ++i) dk[i] += block[i];
+    std::fill(block, block + w * n, T(0));
+  };
+  std::fill(block, block + w * n, T(0));
   if (job.group < 0) {
     for (int64_t b = 0; b < batch; ++b) {
       const T* gb = grad + b * n;
@@ -314,7 +332,8 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
       std::fill(out, out + w, T(0));
       ProjectAdd<D>(gb, n, kt, w, out);
       const T* db = piece.dense + b * w;
-      for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, db[c], gb, n);
+      for (int64_t c = 0; c < width; ++c) AxpyRow<0>(block + c * n, db[c], gb, n);
+      end_block(b);
     }
     return;
   }
@@ -332,7 +351,10 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   for (int64_t r = 0; r < batch; ++r) {
     int64_t b = 0, e = 0;
     T denom = T(1);
-    if (!RowPositions(g, job, r, &b, &e, &denom)) continue;
+    if (!RowPositions(g, job, r, &b, &e, &denom)) {
+      end_block(r);
+      continue;
+    }
     const T* gr = grad + r * n;
     // d kernel += combined row (as forward) x gradient row; each position's
     // distinct row gets the gradient row times the kernel block's transpose, combined
@@ -341,7 +363,8 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
       PoolRow(g, b, e, denom, divide, pooled);
       row = pooled;
     }
-    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(dk + c * n, row[c], gr, n);
+    for (int64_t c = 0; c < width; ++c) AxpyRow<0>(block + c * n, row[c], gr, n);
+    end_block(r);
     std::fill(t, t + w, T(0));
     ProjectAdd<D>(gr, n, kt, w, t);
     if (divide) {

@@ -31,8 +31,7 @@ typedef float Float8 __attribute__((vector_size(32), aligned(4)));
 // then added to acc's old value when Add.
 template <bool Add>
 HYBRIDTF_ROW_INLINE void ProjectWide(const float* __restrict e, int64_t dim,
-                                     const float* __restrict k, int64_t n,
-                                     float* __restrict acc) {
+                                     const float* __restrict k, int64_t n, float* __restrict acc) {
   int64_t j = 0;
   for (; j + 64 <= n; j += 64) {
     Float8 a[8] = {};

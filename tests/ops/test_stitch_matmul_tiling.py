@@ -134,3 +134,38 @@ def test_result_does_not_depend_on_the_thread_count(tmp_path):
         results.append(np.load(path))
     assert results[0].shape == results[1].shape and results[0].size > 700 * 256
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_kernel_gradient_over_a_large_batch_is_as_accurate_as_matmul():
+    """Row-by-row kernel gradients (a dense piece, a pooled field) sum the batch in blocks.
+
+    All-positive inputs and gradients over 8192 rows: one running float32 sum over the batch would
+    be off by ~1e-5 of the result (it made a 200-field DeepFM's losses drift 1.7e-5 from the plain
+    model's in 11 Adagrad steps); the blocked sums stay as close to the float64 result as
+    TensorFlow's matmul gradient.
+    """
+    rng = np.random.default_rng(11)
+    batch, dim, units = 8192, 8, 16
+    sizes = tf.constant([batch], tf.int64)
+    group = StitchGroup(  # one one-hot field reading rows spread over a range as long as the batch: pooled
+        tf.constant(rng.random((batch, dim)).astype(np.float32)),
+        tf.constant(rng.integers(0, batch, batch).astype(np.int32)),
+        sizes,
+        sizes,
+        tf.zeros([0], tf.int64),
+        ("none",),
+    )
+    dense = [tf.constant(rng.random((batch, 13)).astype(np.float32))]
+    pieces = [(0, 0), (-1, 0)]
+    kernel = tf.constant(rng.random((dim + 13, units)).astype(np.float32))
+    upstream = tf.constant(rng.random((batch, units)).astype(np.float32))
+    x64 = stitch_concat([group], dense, pieces).numpy().astype(np.float64)  # gathered float32 values: exact
+    truth = x64.T @ upstream.numpy().astype(np.float64)
+    errors = {}
+    for name, fn in (("fused", stitch_concat_matmul), ("matmul", _reference)):
+        with tf.GradientTape() as tape:
+            tape.watch(kernel)
+            loss = tf.reduce_sum(fn([group], dense, pieces, kernel) * upstream)
+        d_kernel = tape.gradient(loss, kernel).numpy().astype(np.float64)
+        errors[name] = float(np.max(np.abs(d_kernel - truth) / truth))
+    assert errors["fused"] <= max(4 * errors["matmul"], 1e-6), errors
