@@ -438,40 +438,7 @@ void SetUniqueOutputs(OpKernelContext* ctx, MemberUnique* unique) {
   if (unique->ids.capacity() > (size_t{1} << 21)) *unique = MemberUnique();
 }
 
-// HybridTF>HybridHashUnique: no table, the TF-free pass of hybrid_hash_unique_impl.h.
-class UniqueOp : public OpKernel {
- public:
-  explicit UniqueOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
-  void Compute(OpKernelContext* ctx) override {
-    const Tensor& ids = ctx->input(0);
-    const Tensor& sizes = ctx->input(1);
-    const Tensor& members = ctx->input(2);
-    OP_REQUIRES(
-        ctx, ids.dims() == 1 && sizes.dims() == 1 && members.dims() == 1,
-        errors::InvalidArgument("HybridHash unique: ids, field_sizes and field_members "
-                                "must be vectors, got shapes ",
-                                ids.shape().DebugString(), ", ", sizes.shape().DebugString(), ", ",
-                                members.shape().DebugString(), "."));
-    OP_REQUIRES(ctx, sizes.NumElements() == members.NumElements(),
-                errors::InvalidArgument("HybridHash unique: ", sizes.NumElements(),
-                                        " field_sizes but ", members.NumElements(),
-                                        " field_members; pass one of each per field."));
-    const int64_t n = ids.NumElements();
-    const int64_t fields = sizes.NumElements();
-    const int64_t* size_data = sizes.flat<int64_t>().data();
-    const int64_t* member_data = members.flat<int64_t>().data();
-    OP_REQUIRES_OK(ctx, ToTfStatus(CheckMemberFields(n, size_data, member_data, fields)));
-    Tensor* inverse;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n}), &inverse));
-    thread_local MemberUnique unique;  // the thread's vectors, reused (no page faults per call)
-    UniqueMemberIds(ids.flat<int64_t>().data(), n, size_data, member_data, fields,
-                    inverse->flat<int32_t>().data(), &unique,
-                    n < 2 * kUniquePartIds ? ParallelFor(SequentialFor) : CpuParallelFor(ctx));
-    SetUniqueOutputs(ctx, &unique);
-  }
-};
-
-// HybridTF>HybridHashUniqueFields: the same over one tensor per field.
+// HybridTF>HybridHashUniqueFields: no table, the TF-free pass of hybrid_hash_unique_impl.h.
 class UniqueFieldsOp : public OpKernel {
  public:
   explicit UniqueFieldsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -522,7 +489,6 @@ HYBRIDTF_REGISTER("HybridHashFlush", FlushOp)
 HYBRIDTF_REGISTER("HybridHashStats", StatsOp)
 HYBRIDTF_REGISTER("HybridHashExport", ExportOp)
 HYBRIDTF_REGISTER("HybridHashImport", ImportOp)
-HYBRIDTF_REGISTER("HybridHashUnique", UniqueOp)
 HYBRIDTF_REGISTER("HybridHashUniqueFields", UniqueFieldsOp)
 #undef HYBRIDTF_REGISTER
 

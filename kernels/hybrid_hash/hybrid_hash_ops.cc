@@ -75,33 +75,6 @@ insert=false: a pure read; absent ids get their initial rows, not inserted.
 members: each id's table in a packed store (empty: member 0).
 )doc");
 
-REGISTER_OP(HYBRIDTF_OP("HybridHashUnique"))
-    .Input("ids: int64")
-    .Input("field_sizes: int64")
-    .Input("field_members: int64")
-    .Output("unique_ids: int64")
-    .Output("unique_members: int64")
-    .Output("inverse: int32")
-    .Output("counts: int64")
-    .SetShapeFn([](InferenceContext* c) {
-      ShapeHandle ids, sizes, members;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &sizes));
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &members));
-      TF_RETURN_IF_ERROR(c->Merge(sizes, members, &sizes));
-      const auto unique = c->Vector(c->UnknownDim());
-      c->set_output(0, unique);
-      c->set_output(1, unique);
-      c->set_output(2, ids);
-      c->set_output(3, unique);
-      return Status();
-    })
-    .Doc(R"doc(
-The distinct (member, id) pairs of a packed store's batch, first-occurrence
-order, in one pass: field f holds field_sizes[f] consecutive ids of member
-field_members[f]. inverse[i]: position i's pair; counts: occurrences.
-)doc");
-
 REGISTER_OP(HYBRIDTF_OP("HybridHashUniqueFields"))
     .Input("ids: N * int64")
     .Input("field_members: int64")
@@ -127,9 +100,10 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashUniqueFields"))
       return Status();
     })
     .Doc(R"doc(
-HybridHashUnique over fields held apart: ids[f] (any shape, read flat) are
-field f's ids, of member field_members[f]; the fields are not concatenated
-first. inverse runs over the fields' ids in order.
+The distinct (member, id) pairs of a packed store's batch, first-occurrence
+order, in one pass: ids[f] (any shape, read flat) are field f's ids, of member
+field_members[f]; the fields are not concatenated first. inverse[i]: the pair
+of position i (over the fields' ids in order); counts: occurrences.
 )doc");
 
 REGISTER_OP(HYBRIDTF_OP("HybridHashApplySgd"))

@@ -108,19 +108,6 @@ void UniqueFields(const int64_t* const* field_ids, int64_t begin, const int64_t*
 
 }  // namespace
 
-void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
-                     const int64_t* field_members, int64_t num_fields, int32_t* inverse,
-                     MemberUnique* out, const ParallelFor& pf) {
-  std::vector<const int64_t*> field_ids(static_cast<size_t>(num_fields));
-  int64_t at = 0;
-  for (int64_t f = 0; f < num_fields; ++f) {
-    field_ids[f] = ids + at;
-    at += field_sizes[f];
-  }
-  UniqueMemberFieldIds(field_ids.data(), n, field_sizes, field_members, num_fields, inverse, out,
-                       pf);
-}
-
 void UniqueMemberFieldIds(const int64_t* const* field_ids, int64_t n, const int64_t* field_sizes,
                           const int64_t* field_members, int64_t num_fields, int32_t* inverse,
                           MemberUnique* out, const ParallelFor& pf) {

@@ -1,9 +1,9 @@
 // The distinct (member, id) pairs of a packed HybridHash store's batch, in one
-// pass (TF-free). The ids of F fields are concatenated; field f holds
-// field_sizes[f] consecutive ids of member field_members[f]. Pairs are kept in
-// order of first occurrence with their occurrence counts, and inverse[i] is
-// the index of position i's pair: what the store's lookup (unique ids, their
-// members, counts) and StitchCombine (inverse) take.
+// pass (TF-free). Field f holds field_sizes[f] ids of member field_members[f];
+// positions run over the fields in order. Pairs are kept in order of first
+// occurrence with their occurrence counts, and inverse[i] is the index of
+// position i's pair: what the store's lookup (unique ids, their members,
+// counts) and StitchCombine (inverse) take.
 #ifndef HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_UNIQUE_IMPL_H_
 #define HYBRIDTF_KERNELS_HYBRID_HASH_HYBRID_HASH_UNIQUE_IMPL_H_
 
@@ -28,18 +28,13 @@ struct MemberUnique {
 ImplStatus CheckMemberFields(int64_t n, const int64_t* field_sizes, const int64_t* field_members,
                              int64_t num_fields);
 
-// Fills inverse[n] and out (its vectors' capacity is reused: a caller that
-// keeps out between calls saves their allocation). Call CheckMemberFields first. Batches of at
-// least 2 * kUniquePartIds ids are cut between fields into parts that share no member, deduplicated
-// in parallel and concatenated: the same result.
+// field_ids[f] points to field f's field_sizes[f] ids (the fields are never
+// concatenated). Fills inverse[n] and out (its vectors' capacity is reused: a
+// caller that keeps out between calls saves their allocation). Call
+// CheckMemberFields first. Batches of at least 2 * kUniquePartIds ids are cut
+// between fields into parts that share no member, deduplicated in parallel
+// and concatenated: the same result.
 constexpr int64_t kUniquePartIds = 8192;
-void UniqueMemberIds(const int64_t* ids, int64_t n, const int64_t* field_sizes,
-                     const int64_t* field_members, int64_t num_fields, int32_t* inverse,
-                     MemberUnique* out, const ParallelFor& pf);
-
-// The same over fields held apart: field_ids[f] points to field f's
-// field_sizes[f] ids (what the op taking one tensor per field passes, so the
-// fields are never concatenated). inverse is over the fields in order.
 void UniqueMemberFieldIds(const int64_t* const* field_ids, int64_t n, const int64_t* field_sizes,
                           const int64_t* field_members, int64_t num_fields, int32_t* inverse,
                           MemberUnique* out, const ParallelFor& pf);

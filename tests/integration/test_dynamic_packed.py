@@ -142,7 +142,6 @@ def test_one_store_one_chain_one_update_per_step():
     # of the ids), the Concatenate + first Dense as one StitchConcatMatMul over the store's distinct
     # rows; no per-field split, no TF uniques
     assert ops_packed.count("HybridTF>HybridHashUniqueFields") == 1
-    assert "HybridTF>HybridHashUnique" not in ops_packed
     assert ops_packed.count("HybridTF>StitchConcatMatMul") == 1
     assert ops_packed.count("HybridTF>StitchConcatMatMulGrad") == 1
     for op in ("Unique", "UniqueWithCounts", "SplitV", "UnsortedSegmentSum"):

@@ -1,4 +1,4 @@
-"""Python wrapper of ``HybridTF>HybridHashUnique``: the distinct (member, id) pairs of a packed store's batch."""
+"""Python wrapper of ``HybridTF>HybridHashUniqueFields``: the distinct (member, id) pairs of a packed store's batch."""
 
 from __future__ import annotations
 
@@ -6,11 +6,9 @@ import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
 
-OP_NAME = "HybridTF>HybridHashUnique"
 FIELDS_OP_NAME = "HybridTF>HybridHashUniqueFields"
 
 # Ids, members, inverse and counts are integers: nothing to differentiate.
-tf.no_gradient(OP_NAME)
 tf.no_gradient(FIELDS_OP_NAME)
 
 
@@ -24,53 +22,26 @@ def _int64(value, what: str, vector: bool = False):
     return tf.cast(t, tf.int64) if t.dtype != tf.int64 else t
 
 
-def unique_member_ids(ids, field_sizes, field_members, name: str | None = None):
-    """The distinct (member, id) pairs of concatenated fields, in one op.
+def unique_member_fields(field_ids, field_members, name: str | None = None):
+    """The distinct (member, id) pairs of a packed store's batch, one tensor per field, in one op.
 
     A packed HybridHash store keys its rows by (member, id): the same id in two
-    member tables is two rows. Field ``f`` holds ``field_sizes[f]``
-    consecutive entries of ``ids``, all of member ``field_members[f]``. The
-    pairs are kept in order of first occurrence (what ``tf.unique`` of the
-    pairs would give), without packing bits of the id.
+    member tables is two rows. ``field_ids[f]`` (any shape, read flat) holds the
+    ids of field ``f``, of member ``field_members[f]``; positions run over the
+    fields in order, and the fields are never concatenated. The pairs are kept
+    in order of first occurrence (what ``tf.unique`` of the pairs would give),
+    without packing bits of the id.
 
     Args:
-        ids: 1-D int64 ids of every field, concatenated.
-        field_sizes: ``[num_fields]`` int64 ids per field (sum == ``len(ids)``).
+        field_ids: one int tensor (any shape) per field.
         field_members: ``[num_fields]`` int64 member index of each field in its store.
         name: optional op name.
 
     Returns:
         ``(unique_ids, unique_members, inverse, counts)``: int64 ``[U]``, int64
-        ``[U]``, int32 ``[len(ids)]`` with
-        ``(unique_members[inverse[i]], unique_ids[inverse[i]]) == (member of i, ids[i])``,
+        ``[U]``, int32 ``[n]`` (n: all the fields' ids) with
+        ``(unique_members[inverse[i]], unique_ids[inverse[i]]) == (member of i, id i)``,
         and int64 ``[U]`` occurrences of each pair.
-
-    Raises:
-        TypeError: ids or sizes are not integers.
-        tf.errors.InvalidArgumentError: negative sizes, sizes not summing to
-            ``len(ids)``, members out of ``[0, 2**20)``, or more than
-            ``2**31 - 1`` ids.
-
-    Example:
-        >>> u, m, inv, c = unique_member_ids([7, 7, 7, 9], [2, 2], [0, 1])
-        >>> u.numpy().tolist(), m.numpy().tolist(), inv.numpy().tolist(), c.numpy().tolist()
-        ([7, 7, 9], [0, 1, 1], [0, 0, 1, 2], [2, 1, 1])
-    """
-    with tf.name_scope(name or "unique_member_ids"):
-        parts = [
-            _int64(value, f"unique_member_ids: {what}", vector=True)
-            for value, what in ((ids, "ids"), (field_sizes, "field_sizes"), (field_members, "field_members"))
-        ]
-        return load_ops().hybrid_tf_hybrid_hash_unique(*parts)
-
-
-def unique_member_fields(field_ids, field_members, name: str | None = None):
-    """:func:`unique_member_ids` over one tensor per field, without concatenating them.
-
-    ``field_ids[f]`` (any shape, read flat) holds the ids of field ``f``, of
-    member ``field_members[f]``; positions run over the fields in order, so the
-    result equals ``unique_member_ids(concat(flat fields), sizes, field_members)``
-    with one op instead of a concatenation, its reshapes and the unique.
 
     Raises:
         TypeError: ids or members are not integers.
@@ -95,4 +66,4 @@ def unique_member_fields(field_ids, field_members, name: str | None = None):
         return load_ops().hybrid_tf_hybrid_hash_unique_fields(fields, members)
 
 
-__all__ = ["unique_member_fields", "unique_member_ids"]
+__all__ = ["unique_member_fields"]
