@@ -20,7 +20,7 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable
+from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable, loss_scale_inner
 
 
 def _layer_of(variable):
@@ -77,7 +77,8 @@ def dynamic_optimizer(optimizer):
 
     Args:
         optimizer: a ``tf.keras.optimizers`` SGD (no momentum), Adagrad, Adam
-            or ``hybridtf.keras.LazyAdam`` instance (or its string name), or a
+            or ``hybridtf.keras.LazyAdam`` instance (or its string name; in a
+            ``LossScaleOptimizer``, whose inner optimizer is hooked), or a
             ``tf.compat.v1.train`` GradientDescentOptimizer, AdagradOptimizer or
             AdamOptimizer (Estimator model_fns; see ``caching/v1_optimizer.py``).
 
@@ -93,6 +94,9 @@ def dynamic_optimizer(optimizer):
     """
     if isinstance(optimizer, str):
         optimizer = tf.keras.optimizers.get(optimizer)
+    if loss_scale_inner(optimizer) is not None:  # mixed_float16: the wrapper calls its inner optimizer
+        dynamic_optimizer(loss_scale_inner(optimizer))
+        return optimizer
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if not isinstance(optimizer, V1DynamicOptimizerMixin):
             optimizer.__class__ = runtime_subclass(V1DynamicOptimizerMixin, type(optimizer))
@@ -135,6 +139,8 @@ def hook_for_model(model, optimizer) -> None:
     ``compile`` of an optimized model calls this, so ``dynamic_optimizer`` is optional there. Optimizers
     hybridtf cannot hook (neither Keras nor ``tf.compat.v1.train``) are left alone.
     """
+    if loss_scale_inner(optimizer) is not None:
+        optimizer = loss_scale_inner(optimizer)
     if isinstance(optimizer, (_DynamicOptimizerMixin, V1DynamicOptimizerMixin)):
         return
     if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.compat.v1.train.Optimizer)):

@@ -62,9 +62,6 @@ def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
         )
     if not layer.trainable:
         return "frozen (trainable=False) tables are not packed; set trainable=True before optimize() to pack it"
-    policy = layer.dtype_policy
-    if policy.compute_dtype != policy.variable_dtype:
-        return f"mixed precision ({policy.name}) is not supported yet; give the layer dtype='float32' to pack it"
     if layer.embeddings.dtype != tf.float32:
         return f"dtype {layer.embeddings.dtype.name} is not supported yet (float32 only); use float32 to pack it"
     return None
@@ -130,6 +127,16 @@ def _unique_table_name(model: tf.keras.Model, layer, taken: set) -> str:
     return name
 
 
+def to_compute_dtype(out, dtype):
+    """A lookup's float32 rows in the layer's compute dtype (a mixed-precision policy's float16 or
+    bfloat16), cast after the lookup as Keras's Embedding does; unchanged when they agree."""
+    if out.dtype == dtype:
+        return out
+    if isinstance(out, tf.RaggedTensor):
+        return out.with_flat_values(tf.cast(out.flat_values, dtype))
+    return tf.cast(out, dtype)
+
+
 class _HybridEmbeddingMixin(PlainConstruction):
     """Per-instance overrides of a captured Embedding layer."""
 
@@ -147,12 +154,15 @@ class _HybridEmbeddingMixin(PlainConstruction):
             # layers, and plain TensorFlow ops, so the export needs no hybridtf.
             return self._htf_export_lookup(ids)
         request = LookupRequest(self._htf_table, ids, "none", owner=self)
-        return context.dispatch(request, lambda: self._htf_placeholder(ids), lambda: self._htf_direct(request))
+        out = context.dispatch(request, lambda: self._htf_placeholder(ids), lambda: self._htf_direct(request))
+        return to_compute_dtype(out, self.compute_dtype)
 
     def _htf_export_lookup(self, ids):
         if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(self.embeddings.gather(ids.flat_values))
-        return self.embeddings.gather(ids)
+            out = ids.with_flat_values(self.embeddings.gather(ids.flat_values))
+        else:
+            out = self.embeddings.gather(ids)
+        return to_compute_dtype(out, self.compute_dtype)
 
     def _htf_placeholder(self, ids):
         from hybridtf._src.capture.context import record_pass_runs_lookups

@@ -360,6 +360,35 @@ class _HybridOptimizerMixin:
 
 _HOROVOD_CLASSES: dict[type, type] = {}
 
+# Keras 2.15's loss-scale wrapper of a tf.keras.optimizers.Optimizer (mixed_float16).
+_LOSS_SCALE_CLASSES = tuple(
+    cls
+    for cls in (getattr(getattr(tf.keras, "mixed_precision", None), "LossScaleOptimizer", None),)
+    if isinstance(cls, type)
+)
+
+
+def loss_scale_inner(optimizer):
+    """The inner optimizer of a Keras loss-scale wrapper (mixed_float16), else None."""
+    return optimizer.inner_optimizer if isinstance(optimizer, _LOSS_SCALE_CLASSES) else None
+
+
+class _LossScaleDelegate:
+    """Per-instance override of a loss-scale wrapper whose inner optimizer hybridtf hooked.
+
+    Keras files write the wrapper's ``variables`` (its inner optimizer's) by position; they go
+    through the inner optimizer, which writes and reads them in the plain model's layout.
+    """
+
+    def save_own_variables(self, store):
+        self.inner_optimizer.save_own_variables(store)
+
+    def load_own_variables(self, store):
+        self.inner_optimizer.load_own_variables(store)
+
+    def _htf_plain_variables(self) -> list:
+        return self.inner_optimizer._htf_plain_variables()
+
 
 def _horovod_hybrid_class(cls: type) -> type:
     """hybridtf's mixin under a ``hvd.DistributedOptimizer`` class.
@@ -399,6 +428,14 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
             shards out of the allreduce).
     """
     world = storage.world
+    if loss_scale_inner(optimizer) is not None:
+        # Mixed precision: the loss-scale wrapper unscales the gradients and skips non-finite steps,
+        # then calls its inner optimizer, which holds every slot: that one gets the fused updates and
+        # the plain-layout state; the wrapper's Keras files delegate to it.
+        hybridize_optimizer(optimizer.inner_optimizer, storage, fused_updates, plain_order)
+        if not isinstance(optimizer, _LossScaleDelegate):
+            optimizer.__class__ = runtime_subclass(_LossScaleDelegate, type(optimizer))
+        return
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         if world.distributed and storage.sharded:
             raise TypeError(
