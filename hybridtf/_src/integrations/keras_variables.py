@@ -1,0 +1,115 @@
+"""The variables that hold some layers' weights in an optimized model (per-layer optimizers).
+
+A packed table's rows live in its packed variable, shared with the other
+tables of its group, so a packed ``Embedding``'s own ``trainable_variables``
+is empty and a ``DynamicEmbedding`` packed with others shows its group's
+distinct-rows buffer. Code that trains some layers with their own optimizer
+(Wide & Deep's FTRL for the wide tables and Adagrad for the rest, a custom
+``train_step`` that splits the variables by layer) collects the variables with
+``layer_variables``: each packed variable once, and an error when one holds
+tables of layers on both sides of the split (such a split cannot be trained
+exactly on a shared variable).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def layer_variables(model, layers) -> list:
+    """The trainable variables of ``model`` that hold the weights of ``layers``, each once.
+
+    On a plain model this is the layers' ``trainable_variables``, deduplicated.
+    On a model returned by ``hybridtf.keras.optimize``, a packed table stands
+    for its packed variable (or, for packed ``DynamicEmbedding`` layers, their
+    group's distinct-rows buffer); every other weight of the layers is their own.
+
+    Args:
+        model: a Keras model, optimized or not.
+        layers: a layer or an iterable of layers of ``model`` (sub-models too:
+            their layers count).
+
+    Returns:
+        The variables in first-seen order, without duplicates.
+
+    Raises:
+        ValueError: a packed variable also holds tables of layers that are not
+            in ``layers``: name them, and the fix (``optimize(model,
+            force_groups=...)`` or ``exclude=[...]`` so that the two sides are
+            packed apart).
+
+    Example:
+        >>> wide = htf.keras.layer_variables(model, wide_layers)      # FTRL
+        >>> deep = [v for v in model.trainable_variables if all(v is not w for w in wide)]  # Adagrad
+    """
+    if isinstance(layers, tf.keras.layers.Layer):
+        layers = [layers]
+    chosen = _expand(list(layers))
+    wanted = {id(layer) for layer in chosen}
+    runtime = getattr(model, "_htf_runtime", None)
+    storage = getattr(runtime, "storage", None)
+    owners = _table_owners(model) if storage is not None else {}
+    out, seen = [], set()
+
+    def add(variable):
+        if id(variable) not in seen:
+            seen.add(id(variable))
+            out.append(variable)
+
+    for layer in chosen:
+        group = getattr(layer, "_htf_runtime", None)
+        if group is not None and hasattr(group, "rows_buffer"):  # a packed DynamicEmbedding
+            outside = [other.name for other in group.layers if id(other) not in wanted]
+            if outside:
+                raise _split_error(layer.name, group.plan.name, outside, "dynamic")
+        for variable in layer.trainable_variables:
+            add(variable)
+        table = getattr(layer, "_htf_table", None)
+        if storage is None or table is None or not layer.trainable:
+            continue
+        packed_name, _ = storage.plan.location(table)
+        outside = sorted(
+            {owners[m].name for m in storage.members(packed_name) if m in owners and id(owners[m]) not in wanted}
+        )
+        if outside:
+            raise _split_error(layer.name, packed_name, outside, "static")
+        add(storage.packed[packed_name])
+    return out
+
+
+def _expand(layers: list) -> list:
+    """``layers`` with the layers of every sub-model among them, in order."""
+    out = []
+    for layer in layers:
+        if not isinstance(layer, tf.keras.layers.Layer):
+            raise TypeError(f"layer_variables takes Keras layers, got {type(layer).__name__}.")
+        out.append(layer)
+        if isinstance(layer, tf.keras.Model):
+            out.extend(sub for sub in layer._flatten_layers(include_self=False))
+    return out
+
+
+def _table_owners(model) -> dict:
+    """Packed table name -> the layer that looks it up."""
+    return {
+        layer._htf_table: layer
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "_htf_table", None) is not None
+    }
+
+
+def _split_error(name: str, packed: str, outside: list, kind: str) -> ValueError:
+    if kind == "dynamic":
+        fix = f"optimize(model, exclude=[...]) for the layers to train apart (e.g. exclude={outside})"
+    else:
+        fix = (
+            "optimize(model, force_groups={...}) to pack these layers' tables apart from the others, or "
+            f"optimize(model, exclude={outside})"
+        )
+    return ValueError(
+        f"layer {name!r}: its table is packed in {packed!r} with the tables of layers {outside}, which are not "
+        "among the layers asked for; one variable cannot be split between two optimizers. Use " + fix + "."
+    )
+
+
+__all__ = ["layer_variables"]

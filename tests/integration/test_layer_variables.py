@@ -1,0 +1,109 @@
+"""``htf.keras.layer_variables``: per-layer optimizers (Wide & Deep's FTRL + Adagrad) on an optimized model.
+
+A packed Embedding's own ``trainable_variables`` is empty (its rows live in the
+packed variable), so a custom ``train_step`` that splits the variables by layer
+collects them with ``layer_variables``: the same training as the plain model's
+split, and an error naming the fix when a packed variable straddles the split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+
+L = tf.keras.layers
+FIELDS, VOCAB, BATCH = 4, 50, 32
+
+
+class TwoOptimizers(tf.keras.Model):
+    """FTRL for the wide layers' variables, the compiled optimizer for the rest."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(y, self(x, training=True))
+        wide = htf.keras.layer_variables(self, self.wide_layers)
+        deep = [v for v in self.trainable_variables if all(v is not w for w in wide)]
+        wide_grads, deep_grads = tape.gradient(loss, [wide, deep])
+        self.wide_optimizer.apply_gradients(zip(wide_grads, wide))
+        self.optimizer.apply_gradients(zip(deep_grads, deep))
+        return {"loss": loss}
+
+
+def _wide_and_deep(wide_dim=1, optimize=False, **optimize_kwargs):
+    tf.keras.utils.set_random_seed(4)
+    inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(FIELDS)]
+    wide_layers = [L.Embedding(VOCAB, wide_dim, name=f"wide{i}") for i in range(FIELDS)]
+    deep_layers = [L.Embedding(VOCAB, 4, name=f"deep{i}") for i in range(FIELDS)]
+    wide = L.Dense(1, use_bias=False)(L.Concatenate()([L.Flatten()(w(x)) for w, x in zip(wide_layers, inputs)]))
+    deep = L.Concatenate()([L.Flatten()(d(x)) for d, x in zip(deep_layers, inputs)])
+    logit = L.Add()([wide, L.Dense(1)(L.Dense(8, "relu")(deep))])
+    model = TwoOptimizers(inputs, L.Activation("sigmoid")(logit))
+    if optimize:
+        model = htf.keras.optimize(model, **optimize_kwargs)
+    model.wide_layers = [model.get_layer(f"wide{i}") for i in range(FIELDS)]
+    model.wide_optimizer = tf.keras.optimizers.Ftrl(0.1)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    return model
+
+
+def _batches(steps=12):
+    rng = np.random.default_rng(0)
+    return [
+        (
+            {f"f{i}": tf.constant(rng.integers(0, VOCAB, (BATCH, 1))) for i in range(FIELDS)},
+            tf.constant(rng.integers(0, 2, (BATCH, 1)).astype(np.float32)),
+        )
+        for _ in range(steps)
+    ]
+
+
+def _train(model, batches):
+    return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+
+def test_two_optimizers_split_by_layer_train_as_the_plain_model():
+    batches = _batches()
+    plain = _wide_and_deep()
+    packed = _wide_and_deep(optimize=True)
+    assert packed.hybridtf_skipped == [] and len(packed.hybridtf_plan.packed_tables) == 2  # dims 1 and 4
+    wide = htf.keras.layer_variables(packed, packed.wide_layers)
+    assert len(wide) == 1 and wide[0].shape.as_list() == [FIELDS * VOCAB, 1]  # the wide packed table, once
+    assert all(layer.trainable_variables == [] for layer in packed.wide_layers)  # why the helper exists
+    np.testing.assert_allclose(_train(packed, batches), _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_a_packed_variable_across_the_split_is_an_error_until_packed_apart():
+    batches = _batches()
+    with pytest.raises(ValueError, match=r"packed in .* with the tables of layers \['deep0'.*force_groups"):
+        _train(_wide_and_deep(wide_dim=4, optimize=True), batches)
+    plain = _wide_and_deep(wide_dim=4)
+    groups = {"wide": [f"wide{i}" for i in range(FIELDS)], "deep": [f"deep{i}" for i in range(FIELDS)]}
+    apart = _wide_and_deep(wide_dim=4, optimize=True, force_groups=groups)
+    np.testing.assert_allclose(_train(apart, batches), _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_plain_models_sub_models_and_dynamic_groups():
+    model = _wide_and_deep()
+    assert htf.keras.layer_variables(model, model.get_layer("deep0")) == model.get_layer("deep0").trainable_variables
+    inner_in = tf.keras.Input((1,), dtype=tf.int64)
+    tower = tf.keras.Model(inner_in, L.Dense(2)(L.Flatten()(L.Embedding(VOCAB, 4)(inner_in))), name="tower")
+    outer_in = tf.keras.Input((1,), dtype=tf.int64)
+    outer = htf.keras.optimize(tf.keras.Model(outer_in, L.Dense(1)(tower(outer_in))))
+    variables = htf.keras.layer_variables(outer, [tower])
+    assert sorted(v.shape.as_list() for v in variables) == [[2], [4, 2], [VOCAB, 4]]  # Dense + packed table
+
+    ins = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(2)]
+    dyn = [htf.layers.DynamicEmbedding(4, hot_rows=10, name=f"d{i}") for i in range(2)]
+    packed = htf.keras.optimize(
+        tf.keras.Model(ins, L.Dense(1)(L.Concatenate()([L.Flatten()(d(x)) for d, x in zip(dyn, ins)])))
+    )
+    layers = [packed.get_layer("d0"), packed.get_layer("d1")]
+    assert len(htf.keras.layer_variables(packed, layers)) == 1  # the group's distinct-rows buffer, once
+    with pytest.raises(ValueError, match=r"\['d1'\]"):
+        htf.keras.layer_variables(packed, layers[:1])
+    with pytest.raises(TypeError, match="takes Keras layers"):
+        htf.keras.layer_variables(packed, ["d0"])
