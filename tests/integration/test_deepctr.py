@@ -124,3 +124,45 @@ def test_deepctr_keras_save_load_resumes_exactly(kind, tmp_path):
     restored.compile(optimizer=restored.optimizer, loss="binary_crossentropy")
     resumed = np.array([restored.train_on_batch(x, y) for x, y in batches[6:]])
     np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6, atol=0)
+
+
+def _resume_from(kind, batches, save, load):
+    """Train 6 steps, save with ``save``, load into a fresh packed model with ``load``, train on."""
+    _, packed = _pair(kind, batches, **_FAITHFUL_CONFIG.get(kind, {}))
+    _train(packed, tf.keras.optimizers.Adagrad(0.05), batches[:6])
+    save(packed)
+    uninterrupted = np.array([packed.train_on_batch(x, y) for x, y in batches[6:]])
+    _, fresh = _pair(kind, batches, **_FAITHFUL_CONFIG.get(kind, {}))
+    fresh.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    load(fresh)
+    return np.array([fresh.train_on_batch(x, y) for x, y in batches[6:]]), uninterrupted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["tf_checkpoint_weights", "weights_h5", "train_checkpoint"])
+@pytest.mark.parametrize("kind", MODELS)
+def test_deepctr_weights_and_checkpoints_resume_exactly(kind, fmt, tmp_path):
+    """``save_weights`` (TF format and ``.weights.h5``) and ``tf.train.Checkpoint`` of a packed DeepCTR model:
+    restored into a fresh packed model (weights and Adagrad slots), 10 more steps equal uninterrupted training."""
+    batches = _batches(kind, 16)
+    if fmt == "train_checkpoint":
+        saved = {}
+
+        def save(m):
+            saved["path"] = tf.train.Checkpoint(model=m, optimizer=m.optimizer).save(str(tmp_path / "ckpt"))
+
+        def load(m):
+            m.optimizer.build(m.trainable_variables)
+            tf.train.Checkpoint(model=m, optimizer=m.optimizer).restore(saved["path"]).assert_existing_objects_matched()
+
+    else:
+        path = str(tmp_path / ("w.weights.h5" if fmt == "weights_h5" else "w"))
+
+        def save(m):
+            m.save_weights(path)
+
+        def load(m):
+            m.load_weights(path)
+
+    resumed, uninterrupted = _resume_from(kind, batches, save, load)
+    np.testing.assert_allclose(resumed, uninterrupted, rtol=1e-6, atol=0)
