@@ -8,6 +8,8 @@ split, and an error naming the fix when a packed variable straddles the split.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -107,3 +109,15 @@ def test_plain_models_sub_models_and_dynamic_groups():
         htf.keras.layer_variables(packed, layers[:1])
     with pytest.raises(TypeError, match="takes Keras layers"):
         htf.keras.layer_variables(packed, ["d0"])
+
+
+def test_user_code_reading_a_packed_layers_variables_is_told_once(caplog):
+    model = _wide_and_deep(optimize=True)
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        assert model.trainable_variables  # the framework's own reads: no warning
+        assert htf.keras.layer_variables(model, model.wide_layers)
+        assert not [r for r in caplog.records if "layer_variables" in r.getMessage()]
+        assert model.get_layer("wide0").trainable_variables == []
+        assert model.get_layer("deep1").trainable_variables == []
+    told = [r.getMessage() for r in caplog.records if "layer_variables" in r.getMessage()]
+    assert len(told) == 1 and "'wide0' is packed" in told[0] and "packed_1d" in told[0]

@@ -10,6 +10,8 @@ lookup into a LookupRequest and dispatches it through the capture context
 from __future__ import annotations
 
 import dataclasses
+import logging
+import sys
 
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
@@ -137,8 +139,41 @@ def to_compute_dtype(out, dtype):
     return tf.cast(out, dtype)
 
 
+# Modules whose reads of a layer's variables are the framework's own (not a user's split by layer).
+_FRAMEWORK_MODULES = ("keras", "tf_keras", "tensorflow", "hybridtf")
+
+
+def _warn_user_read_of_variables(layer) -> None:
+    """Warns once per optimized model when user code reads a packed layer's ``trainable_variables``.
+
+    They no longer hold the table (its rows live in the shared packed variable), so code that
+    splits the variables by layer (one optimizer per group of layers, a penalty on some layers'
+    weights) would silently leave the table out; ``htf.keras.layer_variables`` gives the right list.
+    """
+    caller = sys._getframe(2).f_globals.get("__name__", "")
+    runtime = getattr(layer, "_htf_runtime", None)
+    if caller.split(".")[0] in _FRAMEWORK_MODULES or runtime is None:
+        return
+    if getattr(runtime, "_htf_warned_variable_read", False):
+        return
+    runtime._htf_warned_variable_read = True
+    packed = runtime.storage.plan.location(layer._htf_table)[0]
+    logging.getLogger("hybridtf").warning(
+        "hybridtf: layer %r is packed; its table's rows live in the shared variable %r, so "
+        "layer.trainable_variables does not list them. To train some layers with their own optimizer (or "
+        "to use their weights otherwise), collect the variables with htf.keras.layer_variables(model, layers).",
+        layer.name,
+        packed,
+    )
+
+
 class _HybridEmbeddingMixin(PlainConstruction):
     """Per-instance overrides of a captured Embedding layer."""
+
+    @property
+    def trainable_variables(self):
+        _warn_user_read_of_variables(self)
+        return self.trainable_weights
 
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs):
