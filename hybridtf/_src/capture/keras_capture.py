@@ -157,7 +157,10 @@ def _warn_user_read_of_variables(layer) -> None:
     if getattr(runtime, "_htf_warned_variable_read", False):
         return
     runtime._htf_warned_variable_read = True
-    packed = runtime.storage.plan.location(layer._htf_table)[0]
+    try:
+        packed = runtime.storage.plan.location(layer._htf_table)[0]
+    except (AttributeError, KeyError):  # a property never raises for a message
+        packed = "the packed table"
     logging.getLogger("hybridtf").warning(
         "hybridtf: layer %r is packed; its table's rows live in the shared variable %r, so "
         "layer.trainable_variables does not list them. To train some layers with their own optimizer (or "
