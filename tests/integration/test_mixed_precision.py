@@ -133,3 +133,36 @@ def test_dynamic_tables_train_under_a_loss_scale_optimizer():
                 )
     finally:
         tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def test_embedding_bags_give_the_compute_dtype(policy):
+    """A packed EmbeddingBag casts its pooled rows as the unpacked one does, so raw TF ops on them still match."""
+    rng = np.random.default_rng(4)
+    batches = [
+        (
+            {
+                "bag": tf.constant(rng.integers(0, VOCAB, (BATCH, 3))),
+                "one": tf.constant(rng.integers(0, VOCAB, (BATCH, 1))),
+            },
+            tf.constant(rng.integers(0, 2, (BATCH, 1)).astype(np.float32)),
+        )
+        for _ in range(8)
+    ]
+    losses = []
+    for optimize in (False, True):
+        tf.keras.utils.set_random_seed(9)
+        bag_in = tf.keras.Input((3,), dtype=tf.int64, name="bag")
+        one_in = tf.keras.Input((1,), dtype=tf.int64, name="one")
+        pooled = htf.layers.EmbeddingBag(VOCAB, 4, combiner="mean")(bag_in)
+        joined = tf.concat([pooled, L.Flatten()(L.Embedding(VOCAB, 4)(one_in))], -1)  # needs equal dtypes
+        model = tf.keras.Model([bag_in, one_in], L.Dense(1, "sigmoid", dtype="float32")(joined))
+        if optimize:
+            model = htf.keras.optimize(model)
+            assert model.hybridtf_skipped == []
+        inner = tf.keras.optimizers.Adagrad(0.05)
+        model.compile(
+            optimizer=tf.keras.mixed_precision.LossScaleOptimizer(inner) if policy == "mixed_float16" else inner,
+            loss="binary_crossentropy",
+        )
+        losses.append(_train(model, batches))
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)

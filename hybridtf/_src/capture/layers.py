@@ -15,7 +15,7 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
-from hybridtf._src.capture.keras_capture import _HybridEmbeddingMixin
+from hybridtf._src.capture.keras_capture import _HybridEmbeddingMixin, to_compute_dtype
 from hybridtf._src.capture.lookup_api import own_lookup, placeholder, plain_lookup, prepare_ids
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
@@ -29,15 +29,17 @@ class _HybridEmbeddingBagMixin(_HybridEmbeddingMixin):
         ids = prepare_ids(inputs, self.combiner, self.name, cast_floats=True)
         view = self.embeddings
         if save_context.in_save_context():  # SavedModel export: plain TensorFlow ops
-            return plain_lookup(view.packed_variable, view.row_offset, self.input_dim, self.name, ids, self.combiner)
+            out = plain_lookup(view.packed_variable, view.row_offset, self.input_dim, self.name, ids, self.combiner)
+            return to_compute_dtype(out, self.compute_dtype)
         request = LookupRequest(self._htf_table, ids, self.combiner, owner=self)
-        return context.dispatch(
+        out = context.dispatch(
             request,
             lambda: placeholder(
                 ids, self.combiner, self.output_dim, self.compute_dtype, lambda: self._htf_direct(request)
             ),
             lambda: self._htf_direct(request),
         )
+        return to_compute_dtype(out, self.compute_dtype)  # as the unpacked bag's _own_lookup casts
 
 
 @tf.keras.utils.register_keras_serializable(package="hybridtf")
