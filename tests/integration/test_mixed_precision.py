@@ -166,3 +166,21 @@ def test_embedding_bags_give_the_compute_dtype(policy):
         )
         losses.append(_train(model, batches))
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+
+
+def test_estimator_model_fn_packs_under_a_mixed_policy(tmp_path):
+    """The Estimator wrapper packs the Keras Embedding and EmbeddingBag tables of a mixed_bfloat16 model_fn
+    (EmbeddingBag's table is not an autocast variable, as Keras's Embedding's is not)."""
+    from tests.integration import test_estimator as est
+
+    tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        _, plain = est._train(est.wdl_model_fn, tmp_path / "plain", 30)
+        hooks = htf.estimator.hooks(every_n_steps=10, log_fn=lambda line: None)
+        _, wrapped = est._train(htf.estimator.model_fn(est.wdl_model_fn), tmp_path / "wrapped", 30, hooks)
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    report = hooks[0].report
+    assert report.packed_lookups == 2 * est.FIELDS + 1  # every deep, wide and bag lookup
+    assert report.plan.num_lookup_chains == 2
+    np.testing.assert_allclose(wrapped, plain, rtol=1e-5, atol=0)

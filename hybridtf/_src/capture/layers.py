@@ -115,6 +115,7 @@ class EmbeddingBag(tf.keras.layers.Layer):
             regularizer=self.embeddings_regularizer,
             constraint=self.embeddings_constraint,
             trainable=True,
+            experimental_autocast=False,  # as Keras's Embedding: the lookup's rows are cast, not the table
         )
         self.built = True
 

@@ -76,9 +76,6 @@ def unsupported_reason(layer, kwargs) -> str | None:
         return "use_one_hot_matmul multiplies by the whole table"
     if not layer.trainable or kwargs.get("trainable") is False:
         return "frozen (trainable=False) tables are not packed"
-    policy = layer.dtype_policy
-    if policy.compute_dtype != policy.variable_dtype:
-        return f"mixed precision ({policy.name}) is not supported yet"
     dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
     if dtype != tf.float32:
         return f"dtype {dtype.name} is not supported yet (float32 only)"
