@@ -35,6 +35,7 @@ from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
+from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World, current_world
 
@@ -292,7 +293,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 out = out / n
             elif self.combiner == "sqrtn":
                 out = out / tf.sqrt(n)
-        return tf.cast(out, self.compute_dtype) if out.dtype != self.compute_dtype else out
+        return to_compute_dtype(out, self.compute_dtype)
 
     def apply_gradient(self, grad, optimizer, kind: str):
         """The fused table update for the buffer's gradient (called by the hooked optimizer)."""

@@ -94,8 +94,9 @@ def dynamic_optimizer(optimizer):
     """
     if isinstance(optimizer, str):
         optimizer = tf.keras.optimizers.get(optimizer)
-    if loss_scale_inner(optimizer) is not None:  # mixed_float16: the wrapper calls its inner optimizer
-        dynamic_optimizer(loss_scale_inner(optimizer))
+    inner = loss_scale_inner(optimizer)
+    if inner is not None:  # mixed_float16: the wrapper calls its inner optimizer
+        dynamic_optimizer(inner)
         return optimizer
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if not isinstance(optimizer, V1DynamicOptimizerMixin):
@@ -139,8 +140,7 @@ def hook_for_model(model, optimizer) -> None:
     ``compile`` of an optimized model calls this, so ``dynamic_optimizer`` is optional there. Optimizers
     hybridtf cannot hook (neither Keras nor ``tf.compat.v1.train``) are left alone.
     """
-    if loss_scale_inner(optimizer) is not None:
-        optimizer = loss_scale_inner(optimizer)
+    optimizer = loss_scale_inner(optimizer) or optimizer
     if isinstance(optimizer, (_DynamicOptimizerMixin, V1DynamicOptimizerMixin)):
         return
     if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.compat.v1.train.Optimizer)):

@@ -130,9 +130,7 @@ class EmbeddingBag(tf.keras.layers.Layer):
         else:
             request = LookupRequest(self.name, ids, self.combiner, owner=self)
             out = own_lookup(self.embeddings, self.name, self.input_dim, [request])[0]
-        if out.dtype != self.compute_dtype:
-            out = tf.cast(out, self.compute_dtype)
-        return out
+        return to_compute_dtype(out, self.compute_dtype)
 
     def compute_output_shape(self, input_shape):
         return tf.TensorShape([tf.TensorShape(input_shape)[0], self.output_dim])

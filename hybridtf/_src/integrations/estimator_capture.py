@@ -35,6 +35,7 @@ from tensorflow.python.saved_model import save_context
 from tensorflow.python.util import dispatch
 
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.capture.layers import EmbeddingBag
 from hybridtf._src.capture.lookup_api import Tables, plain_lookup, prepare_ids
 from hybridtf._src.capture.subclassing import runtime_subclass
@@ -192,9 +193,7 @@ class EstimatorBagMixin:
             return super()._own_lookup(inputs)
         ids = prepare_ids(inputs, self.combiner, self.name, cast_floats=True)
         out = table.lookup(ids, self.combiner)
-        if out.dtype != self.compute_dtype:
-            out = tf.cast(out, self.compute_dtype)
-        return out
+        return to_compute_dtype(out, self.compute_dtype)
 
 
 def capture_bag(layer) -> None:

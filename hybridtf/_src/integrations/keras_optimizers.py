@@ -428,11 +428,12 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
             shards out of the allreduce).
     """
     world = storage.world
-    if loss_scale_inner(optimizer) is not None:
+    inner = loss_scale_inner(optimizer)
+    if inner is not None:
         # Mixed precision: the loss-scale wrapper unscales the gradients and skips non-finite steps,
         # then calls its inner optimizer, which holds every slot: that one gets the fused updates and
         # the plain-layout state; the wrapper's Keras files delegate to it.
-        hybridize_optimizer(optimizer.inner_optimizer, storage, fused_updates, plain_order)
+        hybridize_optimizer(inner, storage, fused_updates, plain_order)
         if not isinstance(optimizer, _LossScaleDelegate):
             optimizer.__class__ = runtime_subclass(_LossScaleDelegate, type(optimizer))
         return

@@ -65,7 +65,7 @@ from hybridtf._src.caching.member_unique import unique_member_fields
 from hybridtf._src.caching.table import HybridHashTable, MemberInit, TableConfig
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
-from hybridtf._src.capture.keras_capture import SkippedLayer
+from hybridtf._src.capture.keras_capture import SkippedLayer, to_compute_dtype
 from hybridtf._src.capture.lookup_api import prepare_ids
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
@@ -315,10 +315,7 @@ def _output(layer, ids, out, dim: int):
     """A StitchCombine field output in the shape (and compute dtype) of the layer's own output."""
     if layer.combiner is None:
         out = _reshape(out, ids, dim)
-    if layer.compute_dtype != "float32":
-        cast = lambda t: tf.cast(t, layer.compute_dtype)  # noqa: E731
-        out = out.with_flat_values(cast(out.flat_values)) if isinstance(out, tf.RaggedTensor) else cast(out)
-    return out
+    return to_compute_dtype(out, layer.compute_dtype)
 
 
 class _PackedMemberMixin(PlainConstruction):
