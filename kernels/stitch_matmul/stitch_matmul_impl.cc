@@ -316,7 +316,14 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   std::fill(dk, dk + w * n, T(0));
   TransposeBlock(kernel, piece.column, w, n, &scratch->kt);
   const T* kt = scratch->kt.data();
-  scratch->block.resize(w * n);
+  if (job.group >= 0 && job.project) {  // summed per distinct row: no row-by-row block below
+    const ConcatGroup<T, Idx>& g = groups[job.group];
+    const Combiner combiner = g.layout->combiner(job.field);
+    const bool divide = combiner == Combiner::kMean || combiner == Combiner::kSqrtn;
+    BackwardProjected<D>(g, job, kt, n, batch, grad, divide, width, d_rows, dk, scratch);
+    return;
+  }
+  scratch->block.assign(w * n, T(0));
   T* block = scratch->block.data();
   // dk += block, which then starts over (at the end of every kRowBlock rows and of the batch)
   auto end_block = [&](int64_t r) HYBRIDTF_LAMBDA_INLINE {
@@ -324,7 +331,6 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
     for (int64_t i = 0; i < w * n; ++i) dk[i] += block[i];
     std::fill(block, block + w * n, T(0));
   };
-  std::fill(block, block + w * n, T(0));
   if (job.group < 0) {
     for (int64_t b = 0; b < batch; ++b) {
       const T* gb = grad + b * n;
@@ -341,10 +347,6 @@ HYBRIDTF_MULTIVERSION void BackwardJob(const std::vector<ConcatGroup<T, Idx>>& g
   const bool one_hot = g.layout->combiner(job.field) == Combiner::kNone;
   const bool sum = g.layout->combiner(job.field) == Combiner::kSum;
   const bool divide = !one_hot && !sum;
-  if (job.project) {
-    BackwardProjected<D>(g, job, kt, n, batch, grad, divide, width, d_rows, dk, scratch);
-    return;
-  }
   scratch->values.assign(2 * w, T(0));
   T* t = scratch->values.data();  // the row's gradient times the kernel block's transpose
   T* pooled = t + w;              // the combined row
