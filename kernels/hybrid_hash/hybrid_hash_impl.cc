@@ -19,6 +19,7 @@ Store::Store(const Config& config) : config_(config), inits_(MemberInits(config)
   key_bytes_ = config.members.size() > 1 ? 8 : 0;
   record_bytes_ = RecordBytes();
   map_.assign(16, kEmpty);
+  tracking_ = config.count_decay == 1.f && config.ttl_steps == 0;
 }
 
 Store::~Store() = default;
@@ -171,6 +172,7 @@ ImplStatus Store::AllocRecord(uint32_t* index) {
       chunks_.pop_back();
       return ImplStatus::Internal(Quoted(config_) + ": out of memory growing the row arena.");
     }
+    if (tracking_) touched_.resize(chunks_.size() * (kChunkRows / 64), 0);
   }
   *index = next_record_++;
   return ImplStatus::Ok();
@@ -201,6 +203,7 @@ void Store::MakeHotIfRoom(uint32_t index) {
   Header* h = Record(index);
   std::memcpy(hot_.data() + e * RowFloats(), ColdFloats(h), 4 * RowFloats());
   hot_owner_[e] = index;
+  hot_count_[e] = h->count;
   h->hot = static_cast<int32_t>(e);
 }
 
@@ -267,6 +270,7 @@ void Store::EvictIndices(const std::vector<uint32_t>& victims) {
 
 void Store::RelayoutLocked(int num_slots, const float* slot_init) {
   ++layout_epoch_;  // every record moves to new chunks
+  touch_complete_ = false;
   WriteBackLocked();
   const int64_t dim = config_.dim;
   const int64_t old_bytes = record_bytes_;
@@ -334,9 +338,10 @@ Stats Store::GetStats() const {
   s.last_step_hits = last_step_hits_.load();
   s.bytes = static_cast<int64_t>(chunks_.size()) * kChunkRows * record_bytes_ +
             static_cast<int64_t>(map_.capacity() + free_.capacity()) * 4 +
+            static_cast<int64_t>(touched_.capacity()) * 8 +
             hinted_bytes_.load(std::memory_order_relaxed);
-  s.hot_bytes =
-      static_cast<int64_t>(hot_.capacity()) * 4 + static_cast<int64_t>(hot_owner_.capacity()) * 4;
+  s.hot_bytes = static_cast<int64_t>(hot_.capacity()) * 4 +
+                static_cast<int64_t>(hot_owner_.capacity() + hot_count_.capacity()) * 4;
   s.num_slots = num_slots_;
   return s;
 }

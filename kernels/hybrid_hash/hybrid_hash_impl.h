@@ -22,8 +22,11 @@
 //     smaller member) become the hot tier, each row with its slots, so a
 //     flush never changes a value. Rows that stay hot stay in their entries;
 //     only the rows leaving are written back and only the ones entering are
-//     copied in. The selection reads the arena once (a count histogram finds
-//     the k-th count; a radix selection orders only the ids tied at it). If
+//     copied in. The candidates are every record (an arena pass), or, with
+//     count_decay 1 and no TTL, only the tier's rows and the records touched
+//     since the last flush (touched_: no other record can outrank the tier)
+//     when those are few; a count histogram finds the k-th count, and only
+//     the candidates tied at it are ordered (a radix selection on the id). If
 //     every row fits, every row becomes hot, and ids inserted later go to
 //     free hot entries.
 //   * after a flush counts are multiplied by count_decay (1 = never decay,
@@ -293,6 +296,12 @@ class Store {
   void Flush(const ParallelFor& pf = SequentialFor);
 
   Stats GetStats() const;
+  // The (member, id) keys of the rows in the hot tier, in entry order.
+  void HotKeys(std::vector<int64_t>* ids, std::vector<int64_t>* members) const;
+  // How many records the last re-selecting flush compared: every live record
+  // (an arena pass), or the tier's rows and the records touched since the
+  // flush before (see touched_).
+  int64_t LastFlushCandidates() const;
   void Export(Snapshot* out);
   // Replaces the content. ids distinct; rows [n, dim]; slots [n, num_slots, dim].
   // members (nullptr: member 0) give each row's member. only_member >= 0
@@ -356,6 +365,16 @@ class Store {
   void WriteRecord(Header* h, uint32_t member, int64_t id, const float* row) const;
   // Gives a new record a free hot entry after a flush (everything fits).
   void MakeHotIfRoom(uint32_t index);
+  // Marks record index as counted since the last flush (see touched_).
+  void Touch(uint32_t index) const {
+    if (!tracking_) return;
+    uint64_t* word = const_cast<uint64_t*>(touched_.data()) + (index >> 6);
+    const uint64_t bit = uint64_t{1} << (index & 63);
+    if ((__atomic_load_n(word, __ATOMIC_RELAXED) & bit) == 0) {
+      __atomic_fetch_or(word, bit, __ATOMIC_RELAXED);
+    }
+  }
+  bool Touched(uint32_t index) const { return touched_[index >> 6] >> (index & 63) & 1; }
   // The ids of one training lookup (hybrid_hash_lookup_impl.cc).
   struct LookupBatch {
     const int64_t* ids;
@@ -392,6 +411,25 @@ class Store {
   // decay < 1: also multiplies every kept record's count by it once the
   // selection has read it (EndStep's count decay); returns whether it did.
   bool FlushLocked(const ParallelFor& pf = SequentialFor, float decay = 1.f);
+  // The end of every flush: clears the touched bits; the tier is the top-k.
+  void SelectionDone();
+  // A flush's candidate: a record with its count and, if it is in the tier,
+  // its entry (else -1). id: kUnknownId for a tier row the flush did not read
+  // (its count is hot_count_), fetched only if the row's count is tied.
+  struct Candidate {
+    uint32_t count;
+    uint32_t record;
+    int64_t id;
+    int32_t entry;
+    bool id_known;
+  };
+  // The wanted-th (1-based) of tied[0, n) in the flush's order (count desc,
+  // id asc, member asc); tied: candidates of one count bucket (one_count: of
+  // one count) with known ids.
+  Candidate CutoffOfTied(const Candidate* tied, int64_t n, int64_t wanted, bool one_count) const;
+  // A flush reads only the tier and the touched records when they are fewer
+  // than 1/kTouchedOnlyRatio of the records (random reads against a scan).
+  static constexpr int64_t kTouchedOnlyRatio = 4;
   static constexpr int64_t kFlushBlocks = 16;  // the arena scan's blocks (fixed: deterministic)
   void RelayoutLocked(int num_slots, const float* slot_init);
   void ClearLocked();
@@ -456,6 +494,22 @@ class Store {
   int64_t size_ = 0;
   std::vector<float, LineAllocator<float>> hot_;  // hot_rows * RowFloats()
   std::vector<uint32_t> hot_owner_;
+  // Each hot entry's count as its last flush or MakeHotIfRoom read it: equal
+  // to the owner's count while the owner is untouched (see touched_).
+  std::vector<uint32_t> hot_count_;
+  // Touched-only flushes (count_decay 1, no TTL: tracking_). One bit per
+  // record slot of the arena, set by every training lookup that counts the
+  // record (Touch: atomic, under the shared or the exclusive lock) and cleared
+  // by each flush. touch_complete_: the bits hold every record counted since
+  // a flush that left the hot tier the exact top-k (or every row), and no
+  // count changed otherwise since (an import, relayout or clear resets it).
+  // Then no untouched cold record can outrank a row of the tier, so the next
+  // top-k is among the tier's rows and the touched records
+  // (hybrid_hash_flush_impl.cc).
+  std::vector<uint64_t> touched_;
+  bool tracking_ = false;
+  bool touch_complete_ = false;
+  int64_t last_flush_candidates_ = 0;
   int64_t hot_used_ = 0;
   bool hot_phase_ = false;  // a flush happened: free hot entries take new rows
   uint32_t step_ = 0;

@@ -54,8 +54,11 @@ void Store::ClearLocked() {
   size_ = 0;
   hot_.clear();
   hot_owner_.clear();
+  hot_count_.clear();
   hot_used_ = 0;
   hot_phase_ = false;
+  touched_.clear();
+  touch_complete_ = false;
 }
 
 ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slots,
@@ -97,7 +100,8 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     return ImplStatus::InvalidArgument(t + ": the imported ids are not distinct.");
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
-  ++layout_epoch_;  // records are freed and rows rewritten
+  ++layout_epoch_;          // records are freed and rows rewritten
+  touch_complete_ = false;  // counts are set, not counted
   if (only_member < 0) {
     ClearLocked();
     num_slots_ = static_cast<int>(num_slots);

@@ -133,6 +133,7 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
           if (insert) {
             AddSaturatingAtomic(&h->count, c);
             __atomic_store_n(&h->last_step, step, __ATOMIC_RELAXED);
+            Touch(r);
             occ += c;
             if (h->hot >= 0) {
               ++hits;
@@ -217,6 +218,7 @@ ImplStatus Store::InsertSerial(const std::vector<int64_t>& todo, const LookupBat
       std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
     }
     occ += NoteRead(b, i, r, Record(r), step_);
+    Touch(r);
   }
   occurrences_.fetch_add(occ, std::memory_order_relaxed);
   return ImplStatus::Ok();
@@ -311,6 +313,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
         std::memcpy(b.out + i * dim, Floats(Record(r)), 4 * dim);
       }
       occ += NoteRead(b, i, r, Record(r), step);
+      Touch(r);
     }
     total_new.fetch_add(news, std::memory_order_relaxed);
     total_occ.fetch_add(occ, std::memory_order_relaxed);

@@ -144,6 +144,16 @@ void BindHybridHash(py::module_& m) {
           "Algorithm 1's flush check for the step that ends, then step + 1.")
       .def(
           "flush", [](Store& s) { s.Flush(); }, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "hot_ids",
+          [](const Store& s) {
+            std::vector<int64_t> ids, members;
+            s.HotKeys(&ids, &members);
+            return py::array_t<int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+          },
+          "The ids of the rows in the hot tier, in entry order.")
+      .def("last_flush_candidates", &Store::LastFlushCandidates,
+           "Records the last re-selecting flush compared (all, or the tier + touched ones).")
       .def("stats",
            [](const Store& s) {
              const hybrid_hash::Stats st = s.GetStats();
