@@ -130,32 +130,31 @@ def test_unique_partition_int32_bounds_not_truncated():
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("seed,hot_rows", [(0, 40), (1, 40), (2, 1000)])
-def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(seed, hot_rows):
+@pytest.mark.parametrize("seed,hot_rows,capacity", [(0, 40, 0), (1, 40, 0), (2, 1000, 0), (3, 40, 2400)])
+def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(seed, hot_rows, capacity):
     """With count_decay 1 and no TTL a flush compares only the tier's rows and the records touched since
     the last flush (no untouched cold row can outrank the tier). On a large table with a small tier it
     reads far fewer records than the table holds, and it keeps exactly the top-k that a full pass keeps
     (here: the same stream through a store with a never-expiring TTL, which passes over every record: in two
-    passes for the small tier, in one for the large). Here, not in test_hybrid_hash.py: tools/sanitize.sh
-    runs this file under ASan/UBSan."""
+    passes for the small tier, in one for the large), evictions (a capacity) included. Here, not in
+    test_hybrid_hash.py: tools/sanitize.sh runs this file under ASan/UBSan."""
     rng = np.random.default_rng(seed)
     ids = np.unique(
         np.concatenate([rng.integers(-(2**63), 2**63 - 1, 2500, dtype=np.int64), np.arange(-300, 300)])
     ).astype(np.int64)
-    kw = dict(dim=4, hot_rows=hot_rows, warmup_steps=0, flush_every=10**6)
+    kw = dict(dim=4, hot_rows=hot_rows, warmup_steps=0, flush_every=10**6, capacity=capacity)
     touched_only = native.HybridHashStore("touched", **kw)
     full = native.HybridHashStore("full", ttl_steps=10**9, **kw)
-    counts = dict.fromkeys(ids.tolist(), 0)
 
     def step(batch, add):
         for s in (touched_only, full):
             s.lookup(batch, add)
             grad = np.tile((batch % 7).astype(np.float32)[:, None] * 0.01, (1, 4))
             s.apply_adagrad(batch, grad, 0.1)
-        for i, c in zip(batch.tolist(), add.tolist()):
-            counts[i] += c
+            s.end_step()  # step 0 flushes (flush_every 10**6), the others do not
 
-    step(ids, rng.integers(0, 4, len(ids)))
+    for chunk in np.array_split(ids, 6):  # a capacity evicts only rows not used in the current step
+        step(chunk, rng.integers(0, 4, len(chunk)))
     for s in (touched_only, full):
         s.flush()
     for round_ in range(10):
@@ -170,13 +169,18 @@ def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(s
         before = touched_only.export()
         for s in (touched_only, full):
             s.flush()
-        for a, b in zip(before, touched_only.export()):  # a flush never changes a value
+        after = touched_only.export()
+        for a, b in zip(before, after):  # a flush never changes a value
             np.testing.assert_array_equal(a, b)
         if hot_rows == 40:  # a small tier: the touched-only path (a large one passes over the arena)
             assert touched_only.last_flush_candidates() <= hot_rows + len(batch)
-        assert full.last_flush_candidates() == len(ids)
-        expected = {i for i, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:hot_rows]}
+        assert full.last_flush_candidates() == len(after[0])
+        if capacity:
+            assert len(after[0]) <= capacity
+            assert touched_only.stats()["evictions"] > 0
+        stored, counts = after[0].tolist(), after[3].tolist()
+        expected = {i for _, i in sorted(zip([-c for c in counts], stored))[:hot_rows]}
         assert set(touched_only.hot_ids().tolist()) == expected, round_
         assert set(full.hot_ids().tolist()) == expected, round_
-        for a, b in zip(touched_only.export(), full.export()):
+        for a, b in zip(after, full.export()):
             np.testing.assert_array_equal(a, b)
