@@ -8,10 +8,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
 #include "kernels/hybrid_hash/hybrid_hash_impl.h"
 
 namespace hybridtf {
@@ -19,39 +15,24 @@ namespace hybrid_hash {
 
 namespace {
 
-// A flush's scratch array (uninitialized): big ones are asked for in huge
-// pages, so that first touching tens of MB costs a few page faults, not
-// thousands (the memory is returned at the end of the flush).
+// A flush's scratch array, uninitialized: a freshly mapped array's pages are
+// first touched by the workers that fill it, in parallel. (Transparent huge
+// pages made first touching it cheaper on an idle machine, but a page fault
+// that has to compact memory stalled a flush by tens of ms: not used.)
 template <typename T>
 class TransientArray {
  public:
-  explicit TransientArray(int64_t n) : size_(n) {
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t bytes = static_cast<size_t>(n) * sizeof(T);
-    if (bytes >= kHuge) {
-      const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
-      data_.reset(static_cast<T*>(std::aligned_alloc(kHuge, rounded)));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-      if (data_) madvise(data_.get(), rounded, MADV_HUGEPAGE);
-#endif
-    } else if (bytes > 0) {
-      data_.reset(static_cast<T*>(std::malloc(bytes)));
-    }
-    if (bytes > 0 && !data_) throw std::bad_alloc();
-  }
+  explicit TransientArray(int64_t n)
+      : data_(n > 0 ? new T[static_cast<size_t>(n)] : nullptr), size_(n) {}
   T* data() { return data_.get(); }
   int64_t size() const { return size_; }
-  T& operator[](int64_t i) { return data_.get()[i]; }
   void reset() {
     data_.reset();
     size_ = 0;
   }
 
  private:
-  struct Free {
-    void operator()(T* p) const { std::free(p); }
-  };
-  std::unique_ptr<T, Free> data_;
+  std::unique_ptr<T[]> data_;
   int64_t size_;
 };
 
