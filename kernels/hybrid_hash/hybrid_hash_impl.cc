@@ -136,7 +136,7 @@ void Store::MapErase(uint32_t member, int64_t id) {  // backward-shift deletion
   map_[i] = kEmpty;
 }
 
-ImplStatus Store::GrowMap() {
+ImplStatus Store::GrowMap(const ParallelFor& pf) {
   const uint64_t size = map_.size() * 2;
   if (size > (uint64_t{1} << 33)) {
     return ImplStatus::InvalidArgument(Quoted(config_) + " cannot hold more than " +
@@ -144,10 +144,66 @@ ImplStatus Store::GrowMap() {
   }
   map_.assign(size, kEmpty);
   ++map_epoch_;
-  for (uint32_t r = 0; r < next_record_; ++r) {
-    Header* h = Record(r);
-    if (h->mark != kDead) MapInsert(MemberOf(h), h->id, r);
+  const int map_bits = __builtin_ctzll(size);
+  const int part_bits = std::min(kInsertPartBits, map_bits);
+  const int64_t parts = int64_t{1} << part_bits;
+  const int64_t records = next_record_;
+  constexpr int64_t kBlocks = kFlushBlocks;  // fixed: the grouping below does not depend on threads
+  auto part = [](int64_t total, int64_t b) { return total * b / kBlocks; };
+  constexpr uint64_t kNone = ~uint64_t{0};
+  std::vector<uint64_t> home(static_cast<size_t>(records));
+  std::vector<int64_t> counts(static_cast<size_t>(kBlocks * parts), 0);  // [block][part]
+  pf(kBlocks, records / kBlocks * 20 + 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t r = part(records, b); r < part(records, b + 1); ++r) {
+        const Header* h = Record(static_cast<uint32_t>(r));
+        if (h->mark == kDead) {
+          home[r] = kNone;
+          continue;
+        }
+        home[r] = Slot(MemberOf(h), h->id);
+        ++counts[b * parts + static_cast<int64_t>(home[r] >> (map_bits - part_bits))];
+      }
+    }
+  });
+  // The records grouped by part; within a part, in record order.
+  std::vector<int64_t> start(static_cast<size_t>(kBlocks * parts));
+  std::vector<int64_t> part_begin(static_cast<size_t>(parts + 1), 0);
+  int64_t live = 0;
+  for (int64_t p = 0; p < parts; ++p) {
+    part_begin[p] = live;
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      start[b * parts + p] = live;
+      live += counts[b * parts + p];
+    }
   }
+  part_begin[parts] = live;
+  std::vector<uint32_t> order(static_cast<size_t>(live));
+  pf(kBlocks, records / kBlocks * 4 + 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      int64_t* next = start.data() + b * parts;
+      for (int64_t r = part(records, b); r < part(records, b + 1); ++r) {
+        if (home[r] != kNone)
+          order[next[home[r] >> (map_bits - part_bits)]++] = static_cast<uint32_t>(r);
+      }
+    }
+  });
+  uint32_t* map = map_.data();
+  const uint64_t mask = size - 1;
+  pf(parts, (live / parts + 1) * 40, [&](int64_t p0, int64_t p1) {
+    constexpr int64_t kAhead = 16;
+    for (int64_t k = part_begin[p0]; k < part_begin[p1]; ++k) {
+      if (k + kAhead < part_begin[p1]) __builtin_prefetch(&map[home[order[k + kAhead]]], 1);
+      const uint32_t r = order[k];
+      for (uint64_t s = home[r];; s = (s + 1) & mask) {  // a probe may run into the next part
+        uint32_t expected = kEmpty;
+        if (__atomic_compare_exchange_n(&map[s], &expected, r, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+          break;
+        }
+      }
+    }
+  });
   return ImplStatus::Ok();
 }
 

@@ -400,7 +400,12 @@ class Store {
   static uint32_t M(const int64_t* members, int64_t i) {
     return members ? static_cast<uint32_t>(members[i]) : 0u;
   }
-  ImplStatus GrowMap();
+  // Doubles the map and re-inserts every record (exclusive lock held). pf's
+  // workers: home slots from an arena pass, then the records grouped into
+  // 2^kInsertPartBits parts by home slot, each part inserted by one worker
+  // (claiming the first free slot with a compare-and-swap: keys are distinct,
+  // so no key is compared and no header read).
+  ImplStatus GrowMap(const ParallelFor& pf = SequentialFor);
   ImplStatus AllocRecord(uint32_t* index);
   ImplStatus EvictFor(int64_t needed);
   void EvictIndices(const std::vector<uint32_t>& victims);

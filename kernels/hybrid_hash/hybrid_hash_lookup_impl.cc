@@ -235,7 +235,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
                                        std::to_string(kMaxRows) + " rows.");
   }
   while (needed * 10 > static_cast<int64_t>(map_.size()) * 7) {
-    ImplStatus status = GrowMap();
+    ImplStatus status = GrowMap(pf);
     if (!status.ok()) return status;
   }
   // Home slots, then the candidates ordered by part (stable: batch order within a part).
@@ -325,10 +325,13 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
     }
   }
   if (hot_phase_) {  // free hot entries go to new rows in batch order, as one by one
+    const int64_t hot_before = hot_used_;
     for (int64_t j = 0; j < m && hot_used_ < static_cast<int64_t>(hot_owner_.size()); ++j) {
       if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
     }
-    if (b.records) {  // the hints of this pass (new rows, repeats of them) with their hot entries
+    // The hints of this pass (new rows, repeats of them) with their hot entries,
+    // if a new row took one (the workers' hints are right otherwise).
+    if (b.records && hot_used_ != hot_before) {
       for (int64_t j = 0; j < m; ++j) {
         const uint32_t r = static_cast<uint32_t>(b.records[todo[j]]);
         b.records[todo[j]] = RecordHint(r, Record(r)->hot);
