@@ -42,7 +42,7 @@ std::unique_ptr<Store> Make(const std::string& name, int64_t dim, int64_t hot_ro
                             int64_t capacity, int64_t warmup_steps, int64_t flush_every,
                             uint64_t seed, const std::string& initializer, float init_a,
                             float init_b, float count_decay, const std::string& evict_policy,
-                            int64_t ttl_steps) {
+                            int64_t ttl_steps, int64_t members) {
   Config c;
   c.name = name;
   c.dim = dim;
@@ -61,9 +61,27 @@ std::unique_ptr<Store> Make(const std::string& name, int64_t dim, int64_t hot_ro
   if (!hybrid_hash::ParseEvictPolicy(evict_policy, &c.evict_policy)) {
     throw py::value_error("evict_policy must be 'lfu' or 'lru'.");
   }
+  if (members < 1 || members > hybrid_hash::kMaxMembers) {
+    throw py::value_error("members must be in [1, 2^20].");
+  }
+  if (members > 1) {  // a packed store: member m's rows are those of a table with seed + m
+    for (int64_t m = 0; m < members; ++m) {
+      c.members.push_back({seed + static_cast<uint64_t>(m), c.initializer, init_a, init_b});
+    }
+  }
   std::unique_ptr<Store> store;
   Check(Store::Create(c, &store));
   return store;
+}
+
+// A members array like ids (None: every id is member 0's).
+I64 Members(const py::object& members, int64_t n) {
+  if (members.is_none()) return I64();
+  I64 out = I64::ensure(members);
+  if (!out || out.ndim() != 1 || out.shape(0) != n) {
+    throw py::value_error("members must be None or an integer array like ids.");
+  }
+  return out;
 }
 
 F32 Grad(const Store& s, const py::array& grad, int64_t n) {
@@ -83,12 +101,14 @@ void BindHybridHash(py::module_& m) {
            py::arg("capacity") = 0, py::arg("warmup_steps") = 0, py::arg("flush_every") = 1,
            py::arg("seed") = 0, py::arg("initializer") = "uniform", py::arg("init_a") = -0.05f,
            py::arg("init_b") = 0.05f, py::arg("count_decay") = 1.f, py::arg("evict_policy") = "lfu",
-           py::arg("ttl_steps") = 0)
+           py::arg("ttl_steps") = 0, py::arg("members") = 1)
       .def(
           "lookup",
-          [](Store& s, const py::array& ids_any, const py::object& counts_obj, bool insert) {
+          [](Store& s, const py::array& ids_any, const py::object& counts_obj, bool insert,
+             const py::object& members_obj) {
             I64 ids = Ids(ids_any);
             const int64_t n = ids.shape(0);
+            I64 members = Members(members_obj, n);
             I64 counts;
             if (!counts_obj.is_none()) {
               counts = I64::ensure(counts_obj);
@@ -101,12 +121,14 @@ void BindHybridHash(py::module_& m) {
             ImplStatus status;
             {
               py::gil_scoped_release release;
-              status = s.Lookup(ids.data(), c, n, insert, rows.mutable_data(), SequentialFor);
+              status = s.Lookup(ids.data(), c, n, insert, rows.mutable_data(), SequentialFor,
+                                members_obj.is_none() ? nullptr : members.data());
             }
             Check(status);
             return rows;
           },
-          py::arg("ids"), py::arg("counts") = py::none(), py::arg("insert") = true)
+          py::arg("ids"), py::arg("counts") = py::none(), py::arg("insert") = true,
+          py::arg("members") = py::none())
       .def(
           "apply_sgd",
           [](Store& s, const py::array& ids_any, const py::array& grad, float lr) {
@@ -118,14 +140,16 @@ void BindHybridHash(py::module_& m) {
       .def(
           "apply_adagrad",
           [](Store& s, const py::array& ids_any, const py::array& grad, float lr, float eps,
-             float acc0) {
+             float acc0, const py::object& members_obj) {
             I64 ids = Ids(ids_any);
             F32 g = Grad(s, grad, ids.shape(0));
+            I64 members = Members(members_obj, ids.shape(0));
             Check(s.EnsureSlots(1, &acc0));
-            Check(s.ApplyAdagrad(ids.data(), g.data(), ids.shape(0), lr, eps, SequentialFor));
+            Check(s.ApplyAdagrad(ids.data(), g.data(), ids.shape(0), lr, eps, SequentialFor,
+                                 members_obj.is_none() ? nullptr : members.data()));
           },
           py::arg("ids"), py::arg("grad"), py::arg("lr"), py::arg("epsilon") = 1e-7f,
-          py::arg("initial_accumulator_value") = 0.1f)
+          py::arg("initial_accumulator_value") = 0.1f, py::arg("members") = py::none())
       .def(
           "apply_adam",
           [](Store& s, const py::array& ids_any, const py::array& grad, float alpha, float c1,
@@ -145,13 +169,15 @@ void BindHybridHash(py::module_& m) {
       .def(
           "flush", [](Store& s) { s.Flush(); }, py::call_guard<py::gil_scoped_release>())
       .def(
-          "hot_ids",
+          "hot_keys",
           [](const Store& s) {
             std::vector<int64_t> ids, members;
             s.HotKeys(&ids, &members);
-            return py::array_t<int64_t>(static_cast<py::ssize_t>(ids.size()), ids.data());
+            const auto n = static_cast<py::ssize_t>(ids.size());
+            return py::make_tuple(py::array_t<int64_t>(n, ids.data()),
+                                  py::array_t<int64_t>(n, members.data()));
           },
-          "The ids of the rows in the hot tier, in entry order.")
+          "(ids, members) of the rows in the hot tier, in entry order.")
       .def("last_flush_candidates", &Store::LastFlushCandidates,
            "Records the last re-selecting flush compared (all, or the tier + touched ones).")
       .def("stats",
@@ -186,6 +212,18 @@ void BindHybridHash(py::module_& m) {
                                           snap.slot_init.data());
              return py::make_tuple(ids, rows, slots, counts, slot_init, snap.step);
            })
+      .def(
+          "export_members",
+          [](Store& s) {
+            hybrid_hash::Snapshot snap;
+            {
+              py::gil_scoped_release release;
+              s.Export(&snap);
+            }
+            return py::array_t<int64_t>(static_cast<py::ssize_t>(snap.members.size()),
+                                        snap.members.data());
+          },
+          "Each exported row's member (export() order: by member, then id).")
       .def_property_readonly("dim", &Store::dim);
   m.def(
       "hybrid_hash_initial_rows",

@@ -130,42 +130,62 @@ def test_unique_partition_int32_bounds_not_truncated():
         np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("seed,hot_rows,capacity", [(0, 40, 0), (1, 40, 0), (2, 1000, 0), (3, 40, 2400)])
-def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(seed, hot_rows, capacity):
+@pytest.mark.parametrize(
+    "seed,hot_rows,capacity,members", [(0, 40, 0, 1), (1, 40, 0, 1), (2, 1000, 0, 1), (3, 40, 2400, 1), (4, 40, 0, 3)]
+)
+def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(seed, hot_rows, capacity, members):
     """With count_decay 1 and no TTL a flush compares only the tier's rows and the records touched since
     the last flush (no untouched cold row can outrank the tier). On a large table with a small tier it
     reads far fewer records than the table holds, and it keeps exactly the top-k that a full pass keeps
     (here: the same stream through a store with a never-expiring TTL, which passes over every record: in two
-    passes for the small tier, in one for the large), evictions (a capacity) included. Here, not in
-    test_hybrid_hash.py: tools/sanitize.sh runs this file under ASan/UBSan."""
+    passes for the small tier, in one for the large), evictions (a capacity) and a packed store (one id in
+    several members: ties broken by member) included. Here, not in test_hybrid_hash.py: tools/sanitize.sh
+    runs this file under ASan/UBSan."""
     rng = np.random.default_rng(seed)
     ids = np.unique(
-        np.concatenate([rng.integers(-(2**63), 2**63 - 1, 2500, dtype=np.int64), np.arange(-300, 300)])
+        np.concatenate([rng.integers(-(2**63), 2**63 - 1, 2500 // members, dtype=np.int64), np.arange(-300, 300)])
     ).astype(np.int64)
-    kw = dict(dim=4, hot_rows=hot_rows, warmup_steps=0, flush_every=10**6, capacity=capacity)
+    keys_id = np.tile(ids, members)  # every id in every member
+    keys_member = np.repeat(np.arange(members, dtype=np.int64), len(ids))
+    kw = dict(dim=4, hot_rows=hot_rows, warmup_steps=0, flush_every=10**6, capacity=capacity, members=members)
     touched_only = native.HybridHashStore("touched", **kw)
     full = native.HybridHashStore("full", ttl_steps=10**9, **kw)
+    packed = members > 1
 
-    def step(batch, add):
+    def step(pick, add):
+        batch, member = keys_id[pick], keys_member[pick] if packed else None
         for s in (touched_only, full):
-            s.lookup(batch, add)
+            s.lookup(batch, add, members=member)
             grad = np.tile((batch % 7).astype(np.float32)[:, None] * 0.01, (1, 4))
-            s.apply_adagrad(batch, grad, 0.1)
+            s.apply_adagrad(batch, grad, 0.1, members=member)
             s.end_step()  # step 0 flushes (flush_every 10**6), the others do not
 
-    for chunk in np.array_split(ids, 6):  # a capacity evicts only rows not used in the current step
-        step(chunk, rng.integers(0, 4, len(chunk)))
+    def check_top_k(what):
+        stored = touched_only.export()
+        rows = zip(stored[3].tolist(), stored[0].tolist(), touched_only.export_members().tolist())
+        expected = {(i, m) for _, i, m in sorted((-c, i, m) for c, i, m in rows)[:hot_rows]}
+        for s in (touched_only, full):
+            hot_id, hot_member = s.hot_keys()
+            assert set(zip(hot_id.tolist(), hot_member.tolist())) == expected, what
+        for a, b in zip(stored, full.export()):
+            np.testing.assert_array_equal(a, b)
+
+    # The same first counts for an id in every member: the k-th splits an id's members (ties by member).
+    first = np.tile(rng.integers(0, 4, len(ids)), members)
+    for chunk in np.array_split(np.arange(len(keys_id)), 6):  # a capacity evicts only rows not used in this step
+        step(chunk, first[chunk])
     for s in (touched_only, full):
         s.flush()
+    check_top_k("first flush")
     for round_ in range(10):
-        batch = rng.choice(ids, 90, replace=False)
-        if round_ % 3 == 0:  # ties at the k-th count, broken by id
-            add = rng.choice([1, 2, 3], size=len(batch))
+        pick = rng.choice(len(keys_id), 90, replace=False)
+        if round_ % 3 == 0:  # ties at the k-th count, broken by id (and member)
+            add = rng.choice([1, 2, 3], size=len(pick))
         elif round_ % 3 == 1:  # counts past the histogram's last bucket
-            add = rng.integers(4095, 10**5, len(batch))
+            add = rng.integers(4095, 10**5, len(pick))
         else:
-            add = rng.integers(0, 50, len(batch))
-        step(batch, add)
+            add = rng.integers(0, 50, len(pick))
+        step(pick, add)
         before = touched_only.export()
         for s in (touched_only, full):
             s.flush()
@@ -173,14 +193,9 @@ def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(s
         for a, b in zip(before, after):  # a flush never changes a value
             np.testing.assert_array_equal(a, b)
         if hot_rows == 40:  # a small tier: the touched-only path (a large one passes over the arena)
-            assert touched_only.last_flush_candidates() <= hot_rows + len(batch)
+            assert touched_only.last_flush_candidates() <= hot_rows + len(pick)
         assert full.last_flush_candidates() == len(after[0])
         if capacity:
             assert len(after[0]) <= capacity
             assert touched_only.stats()["evictions"] > 0
-        stored, counts = after[0].tolist(), after[3].tolist()
-        expected = {i for _, i in sorted(zip([-c for c in counts], stored))[:hot_rows]}
-        assert set(touched_only.hot_ids().tolist()) == expected, round_
-        assert set(full.hot_ids().tolist()) == expected, round_
-        for a, b in zip(after, full.export()):
-            np.testing.assert_array_equal(a, b)
+        check_top_k(round_)
