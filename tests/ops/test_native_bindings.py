@@ -199,3 +199,18 @@ def test_hybrid_hash_touched_only_flushes_select_the_same_top_k_as_a_full_pass(s
             assert len(after[0]) <= capacity
             assert touched_only.stats()["evictions"] > 0
         check_top_k(round_)
+
+
+def test_hybrid_hash_packed_store_bad_members():
+    """A packed store's binding: a member outside the store, or a members array unlike ids, is a clear error."""
+    with pytest.raises(ValueError, match="members must be in"):
+        native.HybridHashStore("p", dim=2, hot_rows=2, members=0)
+    s = native.HybridHashStore("p", dim=2, hot_rows=2, members=2)
+    ids = np.array([1, 2], np.int64)
+    with pytest.raises(ValueError, match="member"):
+        s.lookup(ids, members=np.array([0, 2], np.int64))
+    with pytest.raises(ValueError, match="like ids"):
+        s.lookup(ids, members=np.array([0], np.int64))
+    rows = s.lookup(ids, members=np.array([0, 1], np.int64))
+    assert rows.shape == (2, 2) and not np.array_equal(rows[0], rows[1])  # member 1 has its own seed
+    np.testing.assert_array_equal(s.lookup(ids[1:], members=np.array([1], np.int64), insert=False), rows[1:])
