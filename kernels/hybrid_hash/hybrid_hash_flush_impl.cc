@@ -111,8 +111,8 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   const int64_t blocks = kFlushBlocks;
   auto part = [blocks](int64_t total, int64_t b) { return total * b / blocks; };  // block b's start
   const int64_t words = (records + 63) / 64;
-  std::vector<int64_t> offset(static_cast<size_t>(2 * blocks + 1),
-                              0);  // block b: [offset[b], offset[b+1])
+  // Block b's candidates go to [offset[b], offset[b + 1]) of one array.
+  std::vector<int64_t> offset(static_cast<size_t>(2 * blocks + 1), 0);
   bool touched_only = false;
   if (reuse && touch_complete_ && decay == 1.f) {
     // Blocks [0, blocks): tier entries; [blocks, 2 * blocks): bitmap words.
