@@ -293,7 +293,9 @@ def test_monitored_training_session_with_hooks():
 
 def test_unsupported_layers_are_reported_not_packed():
     def fn(features, labels, mode):
-        reg = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_regularizer="l2", name="with_reg")
+        reg = tf.keras.layers.Embedding(
+            VOCAB, DIM, embeddings_regularizer=lambda w: 1e-3 * tf.reduce_sum(tf.abs(w)), name="with_reg"
+        )
         tied = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(3), name="tied")
         ok = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(4), name="ok")
         x = tf.concat([reg(features["C0"]), tied(features["C1"]), ok(features["C2"])], axis=1)

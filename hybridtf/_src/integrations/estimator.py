@@ -51,7 +51,6 @@ from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_r
 from hybridtf._src.integrations.estimator_saver import with_saver
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
-from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite import interleave
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.packed_storage import PackedTables
@@ -426,10 +425,7 @@ def build(
                 f"before the model_fn's first lookup: {lookup.problem}. Compute ids in the input_fn (or from the "
                 "features with stateless ops)."
             )
-    specs = [
-        TableSpec(name, int(info.variable.shape[0]), int(info.variable.shape[1]), "float32", "model")
-        for name, info in record.tables.items()
-    ]
+    specs = [capture.table_spec(name, info.variable, info.view.layer) for name, info in record.tables.items()]
     if specs:
         if plan is None:
             if max_shards is None:

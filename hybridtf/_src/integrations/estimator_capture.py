@@ -16,7 +16,10 @@ layer itself is not changed. ``EmbeddingBag`` (hybridtf's own layer) gets a
 per-instance run-time subclass whose ``_own_lookup`` does the same. Any other
 use of the table as a tensor (tied weights, one-hot matmul, SparseTensor ids)
 converts the view to its rows; in the record pass that marks the table as not
-packable, so the real pass leaves it a plain variable.
+packable, so the real pass leaves it a plain variable. The exception is the
+layer's own Keras L1/L2/L1L2 ``embeddings_regularizer``: its penalty reads the
+view's rows (in the real pass a slice of the packed variable, whose gradient
+TensorFlow makes dense over the table, as Keras does for the plain table).
 
 The layer that owns a new variable is the ``self`` of the nearest
 ``add_weight`` frame on the Python stack (``Tables`` sets: of the nearest
@@ -38,7 +41,10 @@ from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.capture.layers import EmbeddingBag
 from hybridtf._src.capture.lookup_api import Tables, plain_lookup, prepare_ids
+from hybridtf._src.capture.regularizers import regularizer_spec
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute.world import current_world
+from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import TableView
 
 
@@ -69,8 +75,16 @@ def unsupported_reason(layer, kwargs) -> str | None:
     """Why the table ``layer`` is creating cannot be packed (checked before it is built), or None."""
     if getattr(layer, "sparse", False):
         return "sparse=True returns tf.SparseTensor outputs"
-    if getattr(layer, "embeddings_regularizer", None) is not None:
-        return "embeddings_regularizer needs the table's own variable"
+    regularizer = getattr(layer, "embeddings_regularizer", None)
+    if regularizer is not None:
+        _, reason = regularizer_spec(regularizer)
+        if reason is not None:
+            return reason
+        if current_world().size > 1:
+            return (
+                "a regularized table is packed in one process only (its penalty reads the whole table, which a "
+                "Horovod job shards over the ranks); drop embeddings_regularizer to pack it under Horovod"
+            )
     if getattr(layer, "embeddings_constraint", None) is not None:
         return "embeddings_constraint needs the table's own variable"
     if getattr(layer, "_use_one_hot_matmul", False):
@@ -162,7 +176,40 @@ class CapturedTable(TableView):
         return LookupRequest(self.table, ids, combiner, owner=self.layer)
 
 
+def table_spec(name: str, variable, layer) -> TableSpec:
+    """The planner's view of a captured table.
+
+    A table whose Keras L1/L2/L1L2 regularizer adds a gradient to every row
+    (dense, as in Keras) gets the optimizer layout ``model_regularized``, so
+    it shares a packed variable only with other such tables and the tables
+    without one keep their sparse updates (momentum and FTRL tell them apart).
+
+    Example:
+        >>> table_spec("emb_C1", variable, layer).pack_key
+        (8, 'float32', 'model')
+    """
+    spec, _ = regularizer_spec(getattr(layer, "embeddings_regularizer", None))
+    layout = "model_regularized" if spec is not None else "model"
+    return TableSpec(name, int(variable.shape[0]), int(variable.shape[1]), "float32", layout)
+
+
+def _in_weight_regularizer(value: CapturedTable, max_depth: int = 40) -> bool:
+    """Whether the caller runs inside Keras's regularization loss of ``value`` (``_loss_for_variable(v)``)."""
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_loss_for_variable" and frame.f_locals.get("v") is value:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
+    # The layer's L1/L2 penalty reads its rows (a slice of the packed variable in the real pass: TensorFlow's
+    # gradient is dense over the table, as in the plain model); any other use keeps the table unpacked.
+    if _in_weight_regularizer(value):
+        return value.rows_as(dtype)
     if value.dense_use is None:
         value.dense_use = "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, ...)"
     return value.rows_as(dtype)
