@@ -14,6 +14,7 @@ import logging
 import sys
 
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
@@ -64,9 +65,53 @@ def unsupported_reason(layer: tf.keras.layers.Embedding) -> str | None:
         )
     if not layer.trainable:
         return "frozen (trainable=False) tables are not packed; set trainable=True before optimize() to pack it"
+    if _reaches_base_call(layer) is False:
+        cls = type(layer).__name__
+        return (
+            f"its class {cls} overrides call() and looks the table up itself, without Embedding.call: hybridtf "
+            f"packs Embedding's own lookup; call super().call(ids) in {cls}.call to pack it (or keep it unpacked)"
+        )
     if layer.embeddings.dtype != tf.float32:
         return f"dtype {layer.embeddings.dtype.name} is not supported yet (float32 only); use float32 to pack it"
     return None
+
+
+_REACHED: set = set()  # ids of layers whose probe (_reaches_base_call) reached Embedding.call
+
+
+class _BaseCallProbe:
+    """Stands in for ``Embedding.call`` while ``_reaches_base_call`` traces a subclass's ``call``."""
+
+    def call(self, inputs, *args, **kwargs):
+        _REACHED.add(id(self))
+        return tf.zeros(tf.concat([tf.shape(inputs), [self.output_dim]], 0), self.compute_dtype)
+
+
+def _reaches_base_call(layer) -> bool | None:
+    """Whether ``layer``'s own ``call`` (a subclass of Keras's Embedding that overrides it) reaches
+    ``Embedding.call``: traced once in a scratch graph, with the base's ``call`` standing in. True for
+    a layer that does not override it; None where it cannot be told (no recorded input shape, or the
+    trace fails): then the layer is packed and a direct read of its table fails with a clear error."""
+    cls = type(layer)
+    if not isinstance(layer, tf.keras.layers.Embedding) or is_captured(layer) or cls.call is _BASE_CALL:
+        return True
+    shape = getattr(layer, "_build_input_shape", None)
+    if shape is None:
+        return None
+    try:  # the ids' dtype where the layer has one input (a functional model), else int64
+        dtype = tf.as_dtype(layer.input.dtype)
+    except (AttributeError, ValueError, TypeError):
+        dtype = tf.int64
+    _REACHED.discard(id(layer))
+    try:
+        layer.__class__ = runtime_subclass(_BaseCallProbe, cls, behind=tf.keras.layers.Embedding)
+        with func_graph.FuncGraph("hybridtf_probe").as_default():
+            cls.call(layer, tf.compat.v1.placeholder(dtype, tf.TensorShape(shape)))
+    except Exception:  # noqa: BLE001 - any failure only means "cannot tell"
+        return None
+    finally:
+        layer.__class__ = cls
+    return id(layer) in _REACHED
 
 
 def is_embedding_layer(layer) -> bool:
@@ -251,9 +296,28 @@ class _HybridEmbeddingMixin(PlainConstruction):
             v.assign(store[f"{i}"])
 
 
+def _lookup_base(cls: type) -> type | None:
+    """The class whose ``call`` does the lookup hybridtf replaces: Keras's Embedding, or the class that names
+    its capture mixin (``EmbeddingBag``)."""
+    return next((c for c in cls.__mro__ if c is tf.keras.layers.Embedding or "_htf_capture_mixin" in vars(c)), None)
+
+
+_BASE_CALL = tf.keras.layers.Embedding.call
+
+
 def hybrid_class(cls: type) -> type:
-    """The run-time subclass of ``cls`` used for captured instances (same name)."""
-    return runtime_subclass(getattr(cls, "_htf_capture_mixin", None) or _HybridEmbeddingMixin, cls)
+    """The run-time subclass of ``cls`` used for captured instances (same name).
+
+    A user's subclass that overrides ``call`` (scaling the rows, remapping ids,
+    an extra ``training`` argument) keeps it: the capture mixin then replaces
+    only the base layer's ``call``, so the user's ``super().call(ids)`` is the
+    packed lookup and everything around it runs as written.
+    """
+    mixin = getattr(cls, "_htf_capture_mixin", None) or _HybridEmbeddingMixin
+    base = _lookup_base(cls)
+    if base is None or cls.call is base.call:
+        return runtime_subclass(mixin, cls)
+    return runtime_subclass(mixin, cls, behind=base)
 
 
 def is_captured(layer) -> bool:

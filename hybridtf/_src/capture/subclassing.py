@@ -9,13 +9,13 @@ load without hybridtf. Nothing in TensorFlow or Keras is patched.
 
 from __future__ import annotations
 
-_CACHE: dict[tuple[type, type], type] = {}
+_CACHE: dict[tuple[type, type, type | None], type] = {}
 
 
 def plain_class(cls: type) -> type:
     """The class under ``cls``'s run-time subclasses and their mixins (e.g. ``Functional``, ``Embedding``)."""
     made = set(_CACHE.values())
-    mixins = {base for mixin, _ in _CACHE for base in mixin.__mro__ if base is not object}
+    mixins = {base for mixin, _, _ in _CACHE for base in mixin.__mro__ if base is not object}
     return next(c for c in cls.__mro__ if c not in made and c not in mixins)
 
 
@@ -40,12 +40,17 @@ class PlainConstruction:
         return following(cls, *args, **kwargs)
 
 
-def runtime_subclass(mixin: type, cls: type) -> type:
+def runtime_subclass(mixin: type, cls: type, behind: type | None = None) -> type:
     """The (cached) subclass ``(mixin, cls)`` that presents itself as ``cls``.
 
     Args:
         mixin: the class whose methods take precedence.
         cls: the object's current class.
+        behind: a base class of ``cls``. If given, the mixin takes precedence
+            over ``behind`` only, not over the classes between ``cls`` and it:
+            the subclass is ``(cls, (mixin, behind))``, so a user's subclass
+            that overrides a method and calls ``super()`` reaches the mixin's
+            version where it would have reached ``behind``'s.
 
     Returns:
         A subclass named like ``cls`` (same ``__name__`` and ``__module__``),
@@ -54,9 +59,13 @@ def runtime_subclass(mixin: type, cls: type) -> type:
     Example:
         >>> layer.__class__ = runtime_subclass(_HybridEmbeddingMixin, type(layer))
     """
-    key = (mixin, cls)
+    key = (mixin, cls, behind)
     if key not in _CACHE:
-        sub = type(cls.__name__, (mixin, cls), {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+        bases = (mixin, cls)
+        if behind is not None:
+            inner = type(f"{mixin.__name__}_{behind.__name__}", (mixin, behind), {"__module__": mixin.__module__})
+            bases = (cls, inner)
+        sub = type(cls.__name__, bases, {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
         from keras.src.saving import object_registration
 
         registered = object_registration._GLOBAL_CUSTOM_NAMES.get(cls)
