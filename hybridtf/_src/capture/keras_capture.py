@@ -107,7 +107,7 @@ def _reaches_base_call(layer) -> bool | None:
         layer.__class__ = runtime_subclass(_BaseCallProbe, cls, behind=tf.keras.layers.Embedding)
         with func_graph.FuncGraph("hybridtf_probe").as_default():
             cls.call(layer, tf.compat.v1.placeholder(dtype, tf.TensorShape(shape)))
-    except Exception:  # noqa: BLE001 - any failure only means "cannot tell"
+    except Exception:  # any failure only means "cannot tell"
         return None
     finally:
         layer.__class__ = cls
