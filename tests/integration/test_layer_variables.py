@@ -121,3 +121,18 @@ def test_user_code_reading_a_packed_layers_variables_is_told_once(caplog):
         assert model.get_layer("deep1").trainable_variables == []
     told = [r.getMessage() for r in caplog.records if "layer_variables" in r.getMessage()]
     assert len(told) == 1 and "'wide0' is packed" in told[0] and "packed_1d" in told[0]
+
+
+def test_model_weights_and_variables_hold_the_packed_tables():
+    """``model.weights`` / ``variables`` (``count_params``, an EMA over ``model.variables``) list the packed
+    variables: no layer of the optimized model holds them among its own weights."""
+    plain = _wide_and_deep()
+    optimized = _wide_and_deep(optimize=True)
+    assert optimized.count_params() == plain.count_params()
+    packed = list(optimized._htf_runtime.storage.packed.values())
+    for weights in (optimized.weights, optimized.variables, optimized.trainable_weights):
+        assert all(any(w is p for w in weights) for p in packed)
+        assert len({id(w) for w in weights}) == len(weights)  # each once
+    ema = tf.train.ExponentialMovingAverage(0.9)
+    ema.apply(optimized.variables)
+    assert all(ema.average(p) is not None for p in packed)

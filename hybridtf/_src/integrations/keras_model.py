@@ -113,6 +113,12 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
             return weights
         return weights + list(self._htf_runtime.storage.packed.values())
 
+    @property
+    def _undeduplicated_weights(self):
+        # ``weights`` / ``variables`` (and so ``count_params``, ``summary``'s total, an EMA over
+        # ``model.variables``) hold the packed variables too: no layer lists them among its own weights.
+        return super()._undeduplicated_weights + list(self._htf_runtime.storage.packed.values())
+
     def _trackable_children(self, save_type="checkpoint", **kwargs):
         children = super()._trackable_children(save_type, **kwargs)
         if save_type == "savedmodel":  # traced functions capture the packed variables
