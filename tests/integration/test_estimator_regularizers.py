@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 import hybridtf.estimator as htf_estimator
+from tests.integration.test_estimator import LOSS_KEY, LossHook
 
 FIELDS, VOCAB, DIM, BATCH = 6, 400, 4, 32
-LOSS_KEY = "test_estimator_regularizers_loss"
 
 
 def _data(n=BATCH * 20, seed=3):
@@ -85,17 +85,6 @@ def make_model_fn(optimizer, deep_regularizer=_deep_regularizer):
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     return model_fn
-
-
-class LossHook(tf.compat.v1.train.SessionRunHook):
-    def __init__(self):
-        self.losses = []
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
-
-    def after_run(self, run_context, run_values):
-        self.losses.append(float(run_values.results))
 
 
 def _train(fn, model_dir, steps, hooks=()):
