@@ -35,25 +35,20 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
 from hybridtf._src.capture.lookup_api import Tables
-from hybridtf._src.distribute.layout import ShardLayout
-from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_capture as capture
-from hybridtf._src.integrations import estimator_dynamic, estimator_warm_start
+from hybridtf._src.integrations import estimator_dynamic, estimator_storage, estimator_updates, estimator_warm_start
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_saver import with_saver
-from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.rewrite import interleave
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
-from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
 
@@ -166,12 +161,6 @@ class _Record:
         return found
 
 
-def _own_slice(layout: ShardLayout, world) -> slice:
-    """Positions of ``world.rank``'s rows in ``layout.gather_order(0, num_rows)`` (rank-ordered)."""
-    start = sum(layout.local_rows(r) for r in range(world.rank))
-    return slice(start, start + layout.local_rows(world.rank))
-
-
 class _RuntimeOwner:
     """Stands for the layers in requests given to ``lookup_all`` (the layers' runtime)."""
 
@@ -200,55 +189,9 @@ class _Real:
         self.outputs: dict[int, object] = {}  # id(_Lookup) -> output
         self.done_groups: set = set()
         if packed:
-            self._create_storage()
-
-    # -- storage -------------------------------------------------------------------------------
-    def _create_storage(self):
-        inits = {}
-        for pt in self.plan.packed_tables:
-            parts = []
-            for m in pt.members:
-                init = self.record.tables[m.name].variable.initial_value
-                problem = graph_util.liftable_problem([init], self.op_map, allow_random=True)
-                if problem is not None:
-                    raise CaptureError(
-                        f"hybridtf.estimator: the initial value of embedding table {m.name!r} cannot be computed "
-                        f"in the real graph: {problem}. Use a Keras initializer or a constant."
-                    )
-                parts.append(
-                    graph_util.copy_to_graph([init], self.op_map, self.record.graph, self.graph, "hybridtf_init")[0]
-                )
-            with self.graph.as_default(), tf.name_scope("hybridtf"):
-                inits[pt.name] = tf.concat(parts, axis=0) if len(parts) > 1 else parts[0]
-
-        world = current_world()
-
-        def substitute(next_creator, **kwargs):
-            name = kwargs.get("name")
-            if name in inits:
-                full = inits[name]
-                if self.plan.placement(name, world.size) == "sharded":  # this rank's rows, in local order
-                    layout = ShardLayout(self.plan.packed_table(name).num_rows, world.size, self.plan.shard_strategy)
-                    full = tf.gather(full, layout.gather_order(0, layout.num_rows)[_own_slice(layout, world)])
-                given = tuple(np.shape(kwargs["initial_value"]))
-                if given != tuple(full.shape.as_list()):
-                    raise CaptureError(
-                        f"hybridtf.estimator: packed table {name!r} is stored with shape {given} here but its "
-                        f"initial value has shape {tuple(full.shape.as_list())}."
-                    )
-                kwargs["initial_value"] = full
-            return next_creator(**kwargs)
-
-        # PackedTables takes arrays in graph mode: zero-stride stand-ins, replaced by the copied initializers.
-        stand_ins = {}
-        for pt in self.plan.packed_tables:
-            for m in pt.members:
-                stand_ins[m.name] = np.broadcast_to(np.zeros((), pt.dtype), (m.num_rows, pt.dim))
-        with self.graph.as_default(), tf.name_scope("hybridtf"), tf.variable_creator_scope(substitute):
-            self.storage = PackedTables(self.plan, stand_ins)
-        for var in self.storage.sharded_variables():  # rank-local: kept out of broadcasts and allreduces
-            tf.compat.v1.add_to_collection(LOCAL_VARIABLES, var)
-        self.runtime = PackedRuntime(self.plan, self.storage)
+            tables = {name: info.variable for name, info in record.tables.items()}
+            self.storage = estimator_storage.create(plan, tables, self.op_map, record.graph, real_graph)
+            self.runtime = PackedRuntime(plan, self.storage)
 
     # -- variable creation ---------------------------------------------------------------------
     def creator(self, next_creator, **kwargs):
@@ -425,7 +368,10 @@ def build(
                 f"before the model_fn's first lookup: {lookup.problem}. Compute ids in the input_fn (or from the "
                 "features with stateless ops)."
             )
-    specs = [capture.table_spec(name, info.variable, info.view.layer) for name, info in record.tables.items()]
+    groups = estimator_updates.update_groups({name: info.variable for name, info in record.tables.items()})
+    specs = [
+        capture.table_spec(name, info.variable, info.view.layer, groups[name]) for name, info in record.tables.items()
+    ]
     if specs:
         if plan is None:
             if max_shards is None:
@@ -460,8 +406,19 @@ def build(
     with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
-        spec = user_fn(**kwargs)
+        try:
+            spec = user_fn(**kwargs)
+        except (CaptureError, tf.errors.OpError):
+            raise
+        except Exception as error:  # it ran in the record pass: the packed variables are what differs
+            if real.storage is None:
+                raise
+            raise estimator_updates.real_pass_error(error, real.storage.packed) from error
     real.check_done()
+    if real.storage is not None:
+        estimator_updates.check_updates(
+            plan, real.storage.packed, {name: info.variable for name, info in record.tables.items()}
+        )
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}

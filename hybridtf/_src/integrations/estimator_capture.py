@@ -176,13 +176,15 @@ class CapturedTable(TableView):
         return LookupRequest(self.table, ids, combiner, owner=self.layer)
 
 
-def table_spec(name: str, variable, layer) -> TableSpec:
+def table_spec(name: str, variable, layer, update_group: int = 0) -> TableSpec:
     """The planner's view of a captured table.
 
     A table whose Keras L1/L2/L1L2 regularizer adds a gradient to every row
     (dense, as in Keras) gets the optimizer layout ``model_regularized``, so
     it shares a packed variable only with other such tables and the tables
     without one keep their sparse updates (momentum and FTRL tell them apart).
+    ``update_group`` (``estimator_updates.update_groups``) keeps tables that the
+    plain model_fn updates with different optimizers apart as well.
 
     Example:
         >>> table_spec("emb_C1", variable, layer).pack_key
@@ -190,6 +192,8 @@ def table_spec(name: str, variable, layer) -> TableSpec:
     """
     spec, _ = regularizer_spec(getattr(layer, "embeddings_regularizer", None))
     layout = "model_regularized" if spec is not None else "model"
+    if update_group:
+        layout += f"_u{update_group}"
     return TableSpec(name, int(variable.shape[0]), int(variable.shape[1]), "float32", layout)
 
 
