@@ -207,6 +207,27 @@ def test_wrapped_checkpoint_restores_into_plain_estimator(wdl):
     np.testing.assert_allclose(losses, wrapped_losses, rtol=1e-5)
 
 
+def test_restore_of_a_table_with_another_vocabulary_names_the_entry(wdl, tmp_path):
+    """A checkpoint entry of another shape fails the restore naming it (it would resize the packed variable)."""
+
+    def grown_model_fn(features, labels, mode):
+        deep, wide = [], []
+        for i in range(FIELDS):
+            rows = VOCAB - i + (10 if i == 2 else 0)
+            ids = features[f"C{i}"]
+            deep.append(tf.keras.layers.Embedding(rows, DIM, embeddings_initializer=_init(i), name=f"emb_C{i}")(ids))
+            init = _init(50 + i)
+            wide.append(tf.keras.layers.Embedding(rows, 1, embeddings_initializer=init, name=f"wide_C{i}")(ids))
+        deep.append(EmbeddingBag(30, DIM, combiner="mean", name="hist")(features["hist"]))
+        return _head(mode, labels, _mlp(tf.concat(deep, axis=1)) + tf.add_n(wide))
+
+    target = tmp_path / "grown"
+    shutil.copytree(wdl["wrapped"].model_dir, target)
+    expected = r"(emb|wide)_C2/embeddings\S* is not the model.{1,3}s table of shape \[58, "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        _train(htf_estimator.model_fn(grown_model_fn), target, 1)
+
+
 def test_nothing_to_pack_runs_unchanged_and_hooks_say_so(tmp_path):
     lines = []
     hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lines.append)

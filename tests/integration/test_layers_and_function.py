@@ -197,6 +197,32 @@ def test_custom_loop_over_optimized_model_matches_tf_function(keras_data):
     np.testing.assert_allclose(packed_losses, plain_losses, rtol=1e-5, atol=0)
 
 
+def test_custom_loop_optimizer_checkpoints_in_the_plain_layout(keras_data, tmp_path):
+    """An optimizer the step uses but ``compile`` never saw: ``htf.function`` hooks it into the model's tables,
+    so ``tf.train.Checkpoint(model=..., optimizer=...)`` holds the plain model's layout and loads both ways."""
+    plain, wrapped = _model_pair()
+    plain_opt, packed_opt = tf.keras.optimizers.Adam(0.01), tf.keras.optimizers.Adam(0.01)
+    plain_step = _train_step(plain, plain_opt, tf.function)
+    packed_step = _train_step(wrapped, packed_opt, htf.function)
+    for x, y in keras_data[:5]:
+        plain_step(x, y), packed_step(x, y)
+    plain_path = tf.train.Checkpoint(model=plain, optimizer=plain_opt).write(str(tmp_path / "plain" / "ckpt"))
+    packed_path = tf.train.Checkpoint(model=wrapped, optimizer=packed_opt).write(str(tmp_path / "packed" / "ckpt"))
+    assert dict(tf.train.list_variables(packed_path)) == dict(tf.train.list_variables(plain_path))
+    # The plain checkpoint into a fresh optimized model and its optimizer, the packed one into a plain pair.
+    resumed = {}
+    for kind, path in (("into_packed", plain_path), ("into_plain", packed_path)):
+        model = htf.keras.optimize(_model()) if kind == "into_packed" else _model()
+        opt = tf.keras.optimizers.Adam(0.01)
+        step = _train_step(model, opt, htf.function if kind == "into_packed" else tf.function)
+        step(*keras_data[0])  # builds the optimizer, then the restore overwrites every value
+        tf.train.Checkpoint(model=model, optimizer=opt).read(path).assert_consumed()
+        resumed[kind] = np.array([step(x, y).numpy() for x, y in keras_data[5:15]])
+    expected = np.array([plain_step(x, y).numpy() for x, y in keras_data[5:15]])
+    for kind, losses in resumed.items():
+        np.testing.assert_allclose(losses, expected, rtol=1e-5, err_msg=kind)
+
+
 TABLES = {"user": 50, "item": 60, "cate": 40}
 
 

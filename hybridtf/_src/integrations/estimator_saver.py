@@ -57,10 +57,24 @@ class PackedSaveable(saveable_object.SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
+        dim = self._variable.shape[1]
+        checks = []
         for (key, _, num), value in zip(self._parts, restored_tensors):
             if value.shape.rank is not None and value.shape[0] is not None and value.shape[0] != num:
                 raise ValueError(f"checkpoint entry {key!r} has {value.shape[0]} rows, the model's table has {num}.")
-        values = list(restored_tensors)
+            # A graph's restored tensors have no static shape: checked when the restore runs (a wrong-sized
+            # entry would otherwise resize the packed variable and fail later in a lookup).
+            checks.append(
+                tf.debugging.assert_equal(
+                    tf.shape(value, out_type=tf.int64),
+                    tf.constant([num, dim], tf.int64),
+                    message=f"checkpoint entry {key!r} is not the model's table of shape [{num}, {dim}]: the "
+                    "checkpoint was written by a model with another vocabulary size or dim for this table "
+                    "(restore a checkpoint of this model, or warm-start only the tables that match)",
+                )
+            )
+        with tf.control_dependencies(checks):
+            values = [tf.identity(v) for v in restored_tensors]
         if self._shard is not None:  # keep this rank's rows of every member (consecutive local rows)
             layout, world = self._shard
             values = [layout.own_rows(v, offset, num, world.rank) for (_, offset, num), v in zip(self._parts, values)]

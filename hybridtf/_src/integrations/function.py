@@ -257,6 +257,47 @@ class _ServedOutputs:
         self._cursor = version
 
 
+def _referenced(python_function, args, kwargs) -> list:
+    """The objects a step reaches directly: its arguments, closure cells and the globals it names."""
+    found = [*args, *kwargs.values()]
+    fn = getattr(python_function, "__func__", python_function)
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            found.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    code, module = getattr(fn, "__code__", None), getattr(fn, "__globals__", {})
+    found += [module[name] for name in (code.co_names if code is not None else ()) if name in module]
+    return found
+
+
+def attach_optimizers(python_function, args, kwargs) -> None:
+    """Hooks the Keras optimizers a step uses into the optimized model it uses, as ``compile`` would.
+
+    A custom loop's optimizer is often never given to ``model.compile``; then
+    its state for the packed tables would be checkpointed in the packed
+    layout (``tf.train.Checkpoint(model=..., optimizer=...)`` would not load
+    into the plain model, nor the plain model's into it) and its updates
+    would not be fused. When the step reaches exactly one optimized model
+    and some optimizers (arguments, closure, globals), each optimizer not
+    yet hooked gets ``hybridize_optimizer`` with that model's tables.
+    """
+    from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
+
+    objects = _referenced(python_function, args, kwargs)
+    models = {}
+    for obj in objects:
+        if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
+            models[id(obj._htf_runtime.storage)] = obj
+    if len(models) != 1:
+        return
+    (model,) = models.values()
+    storage = model._htf_runtime.storage
+    for obj in objects:
+        if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
+            hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable)
+
+
 class _PackedStep:
     """The Python function tf.function traces: record pass (scratch graph), then real pass (replay)."""
 
@@ -272,6 +313,7 @@ class _PackedStep:
         return autograph_api.converted_call(self._python_function, args, kwargs, options=self._options)
 
     def __call__(self, *args, **kwargs):
+        attach_optimizers(self._python_function, args, kwargs)
         real = ops.get_default_graph()
         if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
             return self._run(args, kwargs)  # tf.config.run_functions_eagerly(True): lookups run one by one
