@@ -125,6 +125,34 @@ def test_field_feeding_a_fusion_and_another_op_gets_both_gradients(batches):
     assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 1
 
 
+@pytest.mark.parametrize("take", ["index", "squeeze"])
+def test_indexing_away_the_ids_axis_is_seen_through_like_squeeze(take, batches):
+    """``emb(ids)[:, 0, :]`` of a ``[B, 1, d]`` lookup keeps every value in order: fused as ``tf.squeeze`` is."""
+
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embs = [tf.keras.layers.Embedding(v, 4, name=f"e{i}") for i, v in enumerate(VOCABS[:4])]
+            self.hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")
+            self.out = tf.keras.layers.Dense(1, activation="sigmoid", name="out")
+
+        def call(self, x):
+            looked_up = [layer(x[f"f{i}"]) for i, layer in enumerate(self.embs)]
+            e = [t[:, 0, :] if take == "index" else tf.squeeze(t, 1) for t in looked_up]
+            return self.out(self.hidden(tf.concat(e, axis=1)))
+
+    models = []
+    for _ in range(2):
+        tf.keras.utils.set_random_seed(3)
+        models.append(Model())
+        models[-1](batches[0][0])
+    plain, fused = models[0], htf.keras.optimize(models[1])
+    np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
+    ops = _hybrid_ops(_counted_types(step_graph(fused, batches)))
+    assert ops["HybridTF>StitchConcatMatMul"] == 1 and ops["HybridTF>StitchCombine"] == 0
+    assert fused.hybridtf_fused_dense == ["hidden"]
+
+
 def test_eager_and_exported_calls_run_the_users_ops(batches, tmp_path):
     model = htf.keras.optimize(hm.wide_and_deep("custom_layer", "add_n", VOCABS))
     plain = hm.wide_and_deep("custom_layer", "add_n", VOCABS)

@@ -39,8 +39,32 @@ LAYOUT_OPS = frozenset({"Identity", "Reshape", "ExpandDims", "Squeeze"})
 FLOAT_DTYPES = (tf.float32, tf.float64)
 
 
+def _whole_slice(op) -> bool:
+    """A ``StridedSlice`` that keeps every value in order: ``x[:, 0, :]`` of a ``[B, 1, d]`` ``x`` (the index
+    only drops an axis of size 1). Unit strides, the batch axis whole, and as many values per example out as in."""
+    if op.type != "StridedSlice" or op.get_attr("ellipsis_mask") or op.get_attr("new_axis_mask"):
+        return False
+    if not op.get_attr("begin_mask") & 1 or not op.get_attr("end_mask") & 1 or op.get_attr("shrink_axis_mask") & 1:
+        return False
+    strides = tf.get_static_value(op.inputs[3])
+    if strides is None or any(int(s) != 1 for s in strides):
+        return False
+    x, y = op.inputs[0].shape, op.outputs[0].shape
+    if x.rank is None or y.rank is None or x.rank < 2 or y.rank < 1:
+        return False
+    inner_x, inner_y = x.as_list()[1:], y.as_list()[1:]
+    if None in inner_x or None in inner_y:
+        return False
+    return math.prod(inner_x) == math.prod(inner_y)
+
+
+def is_layout_op(op) -> bool:
+    """Whether ``op`` only changes its first input's shape, never the row-major order of its values."""
+    return bool(op.inputs) and (op.type in LAYOUT_OPS or _whole_slice(op))
+
+
 def _through_layout(t: tf.Tensor) -> tf.Tensor:
-    while t.op.type in LAYOUT_OPS and t.op.inputs:
+    while is_layout_op(t.op):
         t = t.op.inputs[0]
     return t
 

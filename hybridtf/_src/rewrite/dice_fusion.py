@@ -44,7 +44,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, LAYOUT_OPS
+from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, is_layout_op
 from hybridtf._src.run.dice import dice
 
 
@@ -57,7 +57,7 @@ def _skip_identity(t: tf.Tensor) -> tf.Tensor:
 def _layout_chain(t: tf.Tensor) -> list[tf.Tensor]:
     """``t`` and the tensors it is a reshaping of (``Squeeze`` / ``Reshape`` / ``Identity`` ...), ``t`` first."""
     chain = [t]
-    while t.op.type in LAYOUT_OPS and t.op.inputs:
+    while is_layout_op(t.op):
         t = t.op.inputs[0]
         chain.append(t)
     return chain

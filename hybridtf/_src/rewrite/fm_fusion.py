@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, LAYOUT_OPS, stitch_concat_source
+from hybridtf._src.rewrite.concat_fusion import FLOAT_DTYPES, is_layout_op, stitch_concat_source
 from hybridtf._src.run.stitch_fm import fm_of_stitch_concat
 
 
@@ -36,7 +36,7 @@ def _skip_identity(t: tf.Tensor) -> tf.Tensor:
 
 def _skip_layout(t: tf.Tensor) -> tf.Tensor:
     """``t`` seen through shape-only ops (``Squeeze`` of a keepdims sum; the caller checks the shapes)."""
-    while t.op.type in LAYOUT_OPS and t.op.inputs:
+    while is_layout_op(t.op):
         t = t.op.inputs[0]
     return t
 

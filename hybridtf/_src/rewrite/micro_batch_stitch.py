@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridtf._src.rewrite.concat_fusion import LAYOUT_OPS
+from hybridtf._src.rewrite.concat_fusion import is_layout_op
 from hybridtf._src.run.stitch_combine import OP_NAME as STITCH_COMBINE
 from hybridtf._src.run.stitch_combine import stitch_combine
 
@@ -37,7 +37,7 @@ def _source(t):
     if not isinstance(t, tf.Tensor) or t.shape.rank is None or t.shape.rank < 2:
         return None
     src = t
-    while src.op.type in LAYOUT_OPS and src.op.inputs:
+    while is_layout_op(src.op):
         src = src.op.inputs[0]
     if src.op.type != STITCH_COMBINE:
         return None
