@@ -159,6 +159,7 @@ class FusionScope:
         self.model = model
         self.log = FusionLog()
         self._pending: dict = {}  # ref of a user's field sum -> (the fields it adds, where it was written)
+        self._named: dict = {}  # layer name -> id of the first layer ``where`` gave it to
         self._fused_sums: dict = {}  # ref of a user's field sum -> its fused replacement, once a consumer needs it
         self._untracked: dict = {}
 
@@ -205,13 +206,22 @@ class FusionScope:
             op._update_input(i, copy)
 
     def where(self, op: tf.Operation) -> str:
-        """The innermost Keras layer being called (its name), else ``op``'s name."""
+        """The innermost Keras layer being called (its name), else ``op``'s name.
+
+        Layers nested in different parents may share a name (DeepCTR's ``dice``
+        inside each ``DNN``): a second layer of a name already given is named by
+        its path in ``op``'s name scope instead (``.../dnn_1/dice``).
+        """
         from keras.src.engine import base_layer_utils
 
         layer = base_layer_utils.call_context().layer
         if layer is None or layer is self.model:
             return op.name
-        return layer.name
+        owner = self._named.setdefault(layer.name, id(layer))
+        if owner == id(layer):
+            return layer.name
+        cut = op.name.rfind(f"/{layer.name}/")
+        return op.name[: cut + len(layer.name) + 1] if cut >= 0 else f"{layer.name}@{op.name}"
 
     def note(self, kind: list, op: tf.Operation) -> None:
         name = self.where(op)
