@@ -133,6 +133,11 @@ def test_model_weights_and_variables_hold_the_packed_tables():
     for weights in (optimized.weights, optimized.variables, optimized.trainable_weights):
         assert all(any(w is p for w in weights) for p in packed)
         assert len({id(w) for w in weights}) == len(weights)  # each once
+    paths, plain_paths = optimized.get_weight_paths(), plain.get_weight_paths()
+    tables = sorted(k for k in plain_paths if k.endswith(".embeddings"))  # (the Dense layers' names differ)
+    assert len(tables) == 2 * FIELDS and sorted(k for k in paths if k.endswith(".embeddings")) == tables
+    assert len(paths) == len(plain_paths)  # each table at its plain path (its view of the packed rows)
+    np.testing.assert_array_equal(np.asarray(paths["deep2.embeddings"]), plain_paths["deep2.embeddings"].numpy())
     ema = tf.train.ExponentialMovingAverage(0.9)
     ema.apply(optimized.variables)
     assert all(ema.average(p) is not None for p in packed)

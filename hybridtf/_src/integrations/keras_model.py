@@ -113,6 +113,21 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
             return weights
         return weights + list(self._htf_runtime.storage.packed.values())
 
+    def get_weight_paths(self):
+        """Keras's paths, and each packed table at its plain path (``emb.embeddings``) as its ``TableView``.
+
+        Keras lists ``tf.Variable`` objects only; a packed layer's table is a view of
+        the packed variable (it reads, assigns and converts like the table's variable).
+        """
+        paths = super().get_weight_paths()
+        roots = [(layer, f"{layer.name}.") for layer in self.layers] if self._is_graph_network else [(self, "")]
+        for root, prefix in roots:
+            descendants, object_paths = tf.__internal__.tracking.ObjectGraphView(root).breadth_first_traversal()
+            for obj in descendants:
+                if isinstance(obj, TableView):
+                    paths.setdefault(prefix + ".".join(ref.name for ref in object_paths[obj]), obj)
+        return paths
+
     @property
     def _undeduplicated_weights(self):
         # ``weights`` / ``variables`` (and so ``count_params``, ``summary``'s total, an EMA over

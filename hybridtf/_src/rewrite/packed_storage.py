@@ -117,6 +117,9 @@ class TableView(tf.__internal__.tracking.Trackable):
     def numpy(self) -> np.ndarray:
         return self.read_value().numpy()
 
+    def __array__(self, dtype=None):  # np.asarray(view), as for a variable
+        return np.asarray(self.numpy(), dtype=dtype)
+
     def gather(self, ids) -> tf.Tensor:
         """Rows ``ids`` of this table with plain TensorFlow ops (used for SavedModel export).
 
