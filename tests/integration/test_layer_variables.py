@@ -35,7 +35,22 @@ class TwoOptimizers(tf.keras.Model):
         return {"loss": loss}
 
 
-def _wide_and_deep(wide_dim=1, optimize=False, **optimize_kwargs):
+class TwoOptimizersByName(tf.keras.Model):
+    """The same split by variable name, as a user without ``layer_variables`` writes it."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(y, self(x, training=True))
+        wide = [v for v in self.trainable_variables if "wide" in v.name]
+        deep = [v for v in self.trainable_variables if "wide" not in v.name]
+        wide_grads, deep_grads = tape.gradient(loss, [wide, deep])
+        self.wide_optimizer.apply_gradients(zip(wide_grads, wide))
+        self.optimizer.apply_gradients(zip(deep_grads, deep))
+        return {"loss": loss}
+
+
+def _wide_and_deep(wide_dim=1, optimize=False, model_class=TwoOptimizers, **optimize_kwargs):
     tf.keras.utils.set_random_seed(4)
     inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(FIELDS)]
     wide_layers = [L.Embedding(VOCAB, wide_dim, name=f"wide{i}") for i in range(FIELDS)]
@@ -43,7 +58,7 @@ def _wide_and_deep(wide_dim=1, optimize=False, **optimize_kwargs):
     wide = L.Dense(1, use_bias=False)(L.Concatenate()([L.Flatten()(w(x)) for w, x in zip(wide_layers, inputs)]))
     deep = L.Concatenate()([L.Flatten()(d(x)) for d, x in zip(deep_layers, inputs)])
     logit = L.Add()([wide, L.Dense(1)(L.Dense(8, "relu")(deep))])
-    model = TwoOptimizers(inputs, L.Activation("sigmoid")(logit))
+    model = model_class(inputs, L.Activation("sigmoid")(logit))
     if optimize:
         model = htf.keras.optimize(model, **optimize_kwargs)
     model.wide_layers = [model.get_layer(f"wide{i}") for i in range(FIELDS)]
@@ -75,6 +90,16 @@ def test_two_optimizers_split_by_layer_train_as_the_plain_model():
     wide = htf.keras.layer_variables(packed, packed.wide_layers)
     assert len(wide) == 1 and wide[0].shape.as_list() == [FIELDS * VOCAB, 1]  # the wide packed table, once
     assert all(layer.trainable_variables == [] for layer in packed.wide_layers)  # why the helper exists
+    np.testing.assert_allclose(_train(packed, batches), _train(plain, batches), rtol=1e-5, atol=0)
+
+
+def test_two_optimizers_split_by_variable_name_train_as_the_plain_model():
+    """Each packed variable is named under its tables' shared prefix (``wide/packed_1d_float32_model``)."""
+    batches = _batches()
+    plain = _wide_and_deep(model_class=TwoOptimizersByName)
+    packed = _wide_and_deep(optimize=True, model_class=TwoOptimizersByName)
+    names = sorted(v.name for v in packed._htf_runtime.storage.packed.values())
+    assert names == ["deep/packed_4d_float32_model:0", "wide/packed_1d_float32_model:0"]
     np.testing.assert_allclose(_train(packed, batches), _train(plain, batches), rtol=1e-5, atol=0)
 
 

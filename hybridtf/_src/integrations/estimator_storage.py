@@ -4,7 +4,7 @@ Each packed variable is created in the real graph, initialized from copies of
 its member tables' own initializers (the record pass's initial values, copied
 by ``estimator_graph.copy_to_graph``; under Horovod only this rank's rows of a
 sharded table), and named in the name scope its tables share
-(``estimator_updates.shared_scope``), so that a model_fn choosing each
+(``packed_storage.shared_scope``), so that a model_fn choosing each
 optimizer's variables by scope or name picks it with its tables.
 """
 
@@ -17,10 +17,9 @@ from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import estimator_graph as graph_util
-from hybridtf._src.integrations.estimator_updates import shared_scope
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 from hybridtf._src.plan.packing import PackingPlan
-from hybridtf._src.rewrite.packed_storage import PackedTables
+from hybridtf._src.rewrite.packed_storage import PackedTables, shared_scope
 
 
 def _own_slice(layout: ShardLayout, world) -> slice:

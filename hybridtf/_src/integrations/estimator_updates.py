@@ -10,7 +10,7 @@ deep part. A packed variable holds several tables, so the wrapper
   apart by the optimizer's name scope and op type), and
   packs only tables with the same updates together (``update_groups``);
 * names a packed variable under the name scope its member tables share
-  (``shared_scope``: ``wide/packed_1d_float32_model``), so the usual scope and
+  (``packed_storage.shared_scope``: ``wide/packed_1d_float32_model``), so the usual scope and
   name filters select it with its tables;
 * checks, after the real pass, that each packed variable gets exactly the
   updates its tables got in the plain model_fn (``check_updates``), and raises
@@ -57,25 +57,6 @@ def update_groups(variables: dict) -> dict[str, int]:
     """Table name -> index of its updates among the distinct ones, in first-seen order (0: the first kind)."""
     kinds: dict[frozenset, int] = {}
     return {name: kinds.setdefault(updaters(var), len(kinds)) for name, var in variables.items()}
-
-
-def shared_scope(names) -> str:
-    """The start of the name scopes of the variables ``names`` (``a/b/embeddings``) that all share, or ``""``.
-
-    Keras uniquifies a re-entered scope (``deep``, ``deep_1``, ...), which a
-    filter like ``scope="deep"`` or ``"deep" in v.name`` still matches; so this
-    is the common prefix of the scope strings, without trailing separators.
-
-    Example:
-        >>> shared_scope(["wide/wide_u/embeddings:0", "wide_1/wide_i/embeddings:0"])
-        'wide'
-    """
-    scopes = [name.split(":")[0].rpartition("/")[0] for name in names]
-    first, last = min(scopes, default=""), max(scopes, default="")  # their common prefix is everyone's
-    n = 0
-    while n < len(first) and first[n] == last[n]:
-        n += 1
-    return first[:n].rstrip("/_-.")
 
 
 def _describe(kinds) -> str:

@@ -30,6 +30,26 @@ class CheckpointLayoutError(HybridTFError, ValueError):
     """A checkpoint's table does not fit the model's table (shape or dtype)."""
 
 
+def shared_scope(names) -> str:
+    """The start of the name scopes of the variables ``names`` (``a/b/embeddings:0``) that all share, or ``""``.
+
+    A packed variable is named under it (``wide/packed_1d_float32_model``), so code that picks
+    variables by name or scope (``"wide" in v.name``) picks it with its tables. Keras uniquifies
+    names (``wide``, ``wide_1``; layers ``wide_C1``, ``wide_C2``), which such a filter still matches;
+    so this is the common prefix of the scope strings, without trailing separators.
+
+    Example:
+        >>> shared_scope(["wide/wide_u/embeddings:0", "wide_1/wide_i/embeddings:0"])
+        'wide'
+    """
+    scopes = [name.split(":")[0].rpartition("/")[0] for name in names]
+    first, last = min(scopes, default=""), max(scopes, default="")  # their common prefix is everyone's
+    n = 0
+    while n < len(first) and first[n] == last[n]:
+        n += 1
+    return first[:n].rstrip("/_-.")
+
+
 class TableView(tf.__internal__.tracking.Trackable):
     """One table's rows ``[offset, offset + num_rows)`` inside a packed variable.
 
@@ -260,6 +280,9 @@ class PackedTables(tf.Module):
             and ``packed[name]`` is this rank's shard, or replicated; initial
             values are taken from rank 0 (broadcast), so every rank starts
             from the same tables.
+        variable_names: packed table name -> the name of its variable in eager
+            mode (default: the packed table's name); graph-mode callers name it
+            with a variable creator.
     """
 
     def __init__(
@@ -269,6 +292,7 @@ class PackedTables(tf.Module):
         trainable: bool = True,
         release: Callable[[PackedTables, list[str]], None] | None = None,
         world: World | None = None,
+        variable_names: Mapping[str, str] | None = None,
     ):
         super().__init__(name="hybridtf_packed_tables")
         self.plan = plan
@@ -296,7 +320,8 @@ class PackedTables(tf.Module):
             rows = layout.local_rows(self.world.rank) if layout else pt.num_rows
             if tf.executing_eagerly():
                 # Zeros, then each member's rows copied in place: no concatenated temporary.
-                var = tf.Variable(tf.zeros([rows, pt.dim], pt.dtype), name=pt.name, trainable=trainable)
+                name = (variable_names or {}).get(pt.name, pt.name)
+                var = tf.Variable(tf.zeros([rows, pt.dim], pt.dtype), name=name, trainable=trainable)
                 for m in pt.members:
                     value = tf.cast(initial_values[m.name], pt.dtype)
                     if self.world.distributed:
