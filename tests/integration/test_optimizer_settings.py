@@ -77,8 +77,6 @@ def test_keras_updated_optimizers_train_packed_tables_exactly_without_a_warning(
 
 
 INEXACT = {
-    "clipnorm": (lambda: K.Adam(0.01, clipnorm=0.01), "clipnorm: Keras clips each variable's gradient"),
-    "global_clipnorm": (lambda: K.Adam(0.01, global_clipnorm=0.01), "global_clipnorm: Keras's global norm"),
     "clipvalue": (lambda: K.Adagrad(0.05, clipvalue=0.001), "clipvalue: Keras clips each lookup's gradient row"),
     "nadam": (lambda: K.Nadam(0.01), "legacy.Nadam has no such dependence"),
     "adafactor": (lambda: K.Adafactor(0.01), "Adafactor: its factored second moments"),

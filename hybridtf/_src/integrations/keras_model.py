@@ -30,7 +30,7 @@ from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclas
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_notices, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
-from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
+from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
 from hybridtf._src.rewrite.packed_storage import TableView
@@ -73,6 +73,8 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         return super().call
 
     def _htf_fusion_options(self) -> dict:
+        if getattr(self._htf_runtime.storage, "gradient_norms", None) is not None:
+            return {"enabled": False}  # exact clipping measures the lookups' own gradients
         return getattr(self, "_htf_fusion", None) or {"enabled": False}
 
     def _htf_note_fusions(self, scope) -> None:
@@ -89,7 +91,11 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         keras_notices.run_without_xla(self)
         hook_dynamic_optimizer(self, self.optimizer)  # dynamic tables beside the packed ones
         hybridize_optimizer(
-            self.optimizer, self._htf_runtime.storage, self._htf_fused_updates, self._htf_plain_trainable
+            self.optimizer,
+            self._htf_runtime.storage,
+            self._htf_fused_updates,
+            self._htf_plain_trainable,
+            exact_clipping=clipping_can_be_exact(self),
         )
 
     def fit(self, *args, **kwargs):

@@ -23,7 +23,7 @@ import tensorflow as tf
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
 from hybridtf._src.integrations import keras_slots
-from hybridtf._src.rewrite import regularization
+from hybridtf._src.rewrite import gradient_norms, regularization
 from hybridtf._src.run import regularized_apply, sparse_apply
 
 
@@ -122,7 +122,30 @@ def _user_class(optimizer, skip: tuple = ()) -> type:
 _log = logging.getLogger("hybridtf")
 
 
-def inexact_settings(optimizer) -> list[str]:
+def clipping_can_be_exact(model) -> bool:
+    """Whether ``clipnorm`` / ``global_clipnorm`` of ``model``'s compiled optimizer can be made exact.
+
+    Its packed tables' per-lookup gradient norms are measured (``rewrite/gradient_norms.py``) in one
+    process, for a Keras optimizer without a loss-scale wrapper (its gradients are scaled), in a model
+    without micro-batches or dynamic tables (their updates take other routes).
+    """
+    from hybridtf._src.caching.layer import DynamicEmbedding
+
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or loss_scale_inner(optimizer) is not None:
+        return False
+    if not (optimizer.clipnorm or optimizer.global_clipnorm) or optimizer.clipvalue:
+        return False
+    storage = model._htf_runtime.storage
+    micro = getattr(model, "_htf_micro", None)
+    if storage.world.distributed or getattr(model, "_htf_pending", None) is not None:
+        return False
+    if micro is not None and micro.num_micro_batches > 1:
+        return False
+    return not any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers(include_self=False))
+
+
+def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     """The settings of ``optimizer`` whose math differs on packed tables, each with the reason and the fix.
 
     Keras hands an embedding table's gradient to the optimizer as one row per
@@ -134,12 +157,12 @@ def inexact_settings(optimizer) -> list[str]:
     found = []
     base = _user_class(optimizer)
     clip_fix = "clip the dense layers' gradients yourself in a custom step, or train without clipping"
-    if getattr(optimizer, "clipnorm", None) is not None:
+    if getattr(optimizer, "clipnorm", None) is not None and not exact_clipping:
         found.append(
             "clipnorm: Keras clips each variable's gradient by its own norm, taken over the per-lookup rows; a "
             f"packed variable's gradient spans several tables and has one summed row per distinct id ({clip_fix})"
         )
-    if getattr(optimizer, "global_clipnorm", None) is not None:
+    if getattr(optimizer, "global_clipnorm", None) is not None and not exact_clipping:
         found.append(
             "global_clipnorm: Keras's global norm counts an embedding gradient's per-lookup rows (a repeated id's "
             f"rows separately); a packed table's gradient has one summed row per distinct id ({clip_fix})"
@@ -218,6 +241,15 @@ class _HybridOptimizerMixin:
                 else (g, v)
                 for g, v in grads_and_vars
             ]
+        norms = getattr(storage, "gradient_norms", None)
+        clips = bool(self.clipnorm or self.global_clipnorm)
+        if norms is not None and clips and not fused:  # exact clipping: hybridtf clips, Keras must not clip again
+            grads_and_vars = gradient_norms.clip(norms, grads_and_vars, self.clipnorm, self.global_clipnorm)
+            object.__setattr__(self, "_htf_clipped", True)
+            try:
+                return super().apply_gradients(grads_and_vars, *args, **kwargs)
+            finally:
+                object.__setattr__(self, "_htf_clipped", False)
         if not fused:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         fused_ids = {id(v) for _, v in fused}
@@ -230,6 +262,11 @@ class _HybridOptimizerMixin:
         if rest:
             return super().apply_gradients(rest, *args, **kwargs)
         return self.iterations.assign_add(1)
+
+    def _clip_gradients(self, grads):
+        if self.__dict__.get("_htf_clipped"):  # clipped already, per table (rewrite/gradient_norms.py)
+            return grads
+        return super()._clip_gradients(grads)
 
     def _use_weight_decay(self, variable):
         # Weight decay is per variable: a packed variable is decayed when every member table would be, and
@@ -403,7 +440,13 @@ def _horovod_hybrid_class(cls: type) -> type:
     return _HOROVOD_CLASSES[cls]
 
 
-def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_order: list | None = None) -> None:
+def hybridize_optimizer(
+    optimizer,
+    storage,
+    fused_updates: bool = True,
+    plain_order: list | None = None,
+    exact_clipping: bool | None = None,
+) -> None:
     """Hooks ``optimizer`` (in place, this instance only) into training of ``storage``'s packed tables.
 
     * Fused updates (``fused_updates``): one fused op per packed table whose
@@ -421,6 +464,12 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
       one slot per table (``keras_slots``). An optimizer already built for
       the plain model keeps its state: it is rebuilt for the packed
       variables and its slots are copied in per table.
+    * ``exact_clipping`` (``clipping_can_be_exact`` of the compiled model):
+      ``clipnorm`` / ``global_clipnorm`` measure each table's per-lookup
+      gradient rows (``storage.gradient_norms``) and clip as Keras clips the
+      plain model; False turns that off (they are named in the
+      inexact-settings warning); None leaves it as it is (an optimizer a
+      custom step uses beside the compiled one).
 
     Raises:
         TypeError: in a Horovod job, an optimizer that is not a
@@ -445,8 +494,12 @@ def hybridize_optimizer(optimizer, storage, fused_updates: bool = True, plain_or
                 "keep the shards' gradients out of the allreduce."
             )
         return
+    if exact_clipping and getattr(storage, "gradient_norms", None) is None:
+        object.__setattr__(storage, "gradient_norms", gradient_norms.GradientNorms(storage))
+    if exact_clipping is False:
+        object.__setattr__(storage, "gradient_norms", None)
     if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:
-        inexact = inexact_settings(optimizer)
+        inexact = inexact_settings(optimizer, bool(exact_clipping))
         if inexact:
             _log.warning(
                 "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",

@@ -95,6 +95,9 @@ class PackedRuntime:
                 results = stitch_outputs(prepared, rows, unique.inverse, variable.shape[-1])
             for i, out in zip(by_table[name], results):
                 outputs[i] = out
+        norms = getattr(self.storage, "gradient_norms", None)  # exact clipping (rewrite/gradient_norms.py)
+        if norms is not None:
+            outputs = [norms.track(req, out) for req, out in zip(requests, outputs)]
         return outputs
 
     def _unique_sources(self, table_requests: dict[str, list[LookupRequest]]) -> dict[str, UniqueSource]:

@@ -1,0 +1,113 @@
+"""``clipnorm`` / ``global_clipnorm`` on packed tables clip exactly as Keras clips the plain model's gradients.
+
+Keras measures a table's gradient as one row per lookup position; a packed table's gradient has one summed row per
+distinct id and spans several tables. hybridtf measures each table on its lookups' own gradients
+(``rewrite/gradient_norms.py``): a table looked up twice, a sequence, a regularized table (dense in Keras), a bag
+(one row per id in its own chain) and ordinary one-hot tables, with clipping that really clips.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+from hybridtf._src.capture.layers import EmbeddingBag
+
+L = tf.keras.layers
+BATCH, STEPS = 32, 15
+
+
+def _model():
+    tf.keras.utils.set_random_seed(1)
+    a = tf.keras.Input((1,), dtype=tf.int64, name="a")
+    seq = tf.keras.Input((3,), dtype=tf.int64, name="seq")
+    c = tf.keras.Input((1,), dtype=tf.int64, name="c")
+    bag = tf.keras.Input((None,), dtype=tf.int64, ragged=True, name="bag")
+    shared = L.Embedding(30, 4, name="shared")  # looked up twice: its rows of both lookups count
+    parts = [
+        L.Flatten()(shared(a)),
+        L.Flatten()(shared(c)),
+        L.GlobalAveragePooling1D()(L.Embedding(20, 4, name="sequence")(seq)),
+        L.Flatten()(L.Embedding(25, 4, embeddings_regularizer=tf.keras.regularizers.l2(1e-3), name="reg")(a)),
+        EmbeddingBag(15, 4, combiner="mean", name="bag_table")(bag),
+        L.Flatten()(L.Embedding(12, 1, name="wide")(c)),
+    ]
+    hidden = L.Dense(8, activation="relu")(L.Concatenate()(parts))
+    return tf.keras.Model([a, seq, c, bag], L.Dense(1, activation="sigmoid")(hidden))
+
+
+def _batches():
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(STEPS):
+        lengths = rng.integers(0, 4, BATCH)
+        bag = tf.RaggedTensor.from_row_lengths(rng.integers(0, 15, int(lengths.sum())), lengths)
+        x = {
+            "a": rng.integers(0, 10, (BATCH, 1)),  # few distinct ids: many repeated rows
+            "seq": rng.integers(0, 20, (BATCH, 3)),
+            "c": rng.integers(0, 10, (BATCH, 1)),
+            "bag": bag,
+        }
+        out.append((x, rng.integers(0, 2, (BATCH, 1)).astype(np.float32)))
+    return out
+
+
+OPTIMIZERS = {
+    "adam_clipnorm": lambda: tf.keras.optimizers.Adam(0.05, clipnorm=0.02),
+    "adam_global_clipnorm": lambda: tf.keras.optimizers.Adam(0.05, global_clipnorm=0.05),
+    "sgd_clipnorm": lambda: tf.keras.optimizers.SGD(0.5, clipnorm=0.01),
+    "adagrad_global_clipnorm": lambda: tf.keras.optimizers.Adagrad(0.1, global_clipnorm=0.02),
+}
+
+
+def _train(model, optimizer, batches):
+    model.compile(optimizer=optimizer, loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches])
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_clipping_that_clips_trains_packed_tables_as_the_plain_model(name, caplog):
+    batches = _batches()
+    expected = _train(_model(), OPTIMIZERS[name](), batches)
+    packed = htf.keras.optimize(_model())
+    assert packed.hybridtf_skipped == []
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        got = _train(packed, OPTIMIZERS[name](), batches)
+    assert not [r for r in caplog.records if "NOT equal" in r.getMessage()]
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    unclipped = OPTIMIZERS[name]().get_config()
+    unclipped.update(clipnorm=None, global_clipnorm=None)
+    free = _train(_model(), type(OPTIMIZERS[name]()).from_config(unclipped), batches)
+    assert np.max(np.abs(free - expected)) > 1e-3  # the clipping clipped
+    assert packed.hybridtf_fused_concats == []  # the fusions are off while the lookups' gradients are measured
+
+
+def test_clipvalue_is_still_named_inexact(caplog):
+    packed = htf.keras.optimize(_model())
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        packed.compile(optimizer=tf.keras.optimizers.Adam(0.01, clipvalue=0.01), loss="binary_crossentropy")
+    (message,) = [r.getMessage() for r in caplog.records if "NOT equal" in r.getMessage()]
+    assert "clipvalue" in message and "clipnorm" not in message.replace("clipvalue", "")
+
+
+def test_a_custom_loops_clipping_optimizer_is_named_inexact(caplog):
+    """Outside ``compile`` (an optimizer ``htf.function`` hooks), the lookups' gradients are not measured."""
+    packed = htf.keras.optimize(_model())
+    optimizer = tf.keras.optimizers.Adam(0.01, clipnorm=0.01)
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, packed(x, training=True)))
+        grads = tape.gradient(loss, packed.trainable_variables)
+        optimizer.apply_gradients(zip(grads, packed.trainable_variables))
+        return loss
+
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        step(*_batches()[0])
+    (message,) = [r.getMessage() for r in caplog.records if "NOT equal" in r.getMessage()]
+    assert "clipnorm" in message
