@@ -280,7 +280,9 @@ def attach_optimizers(python_function, args, kwargs) -> None:
     into the plain model, nor the plain model's into it) and its updates
     would not be fused. When the step reaches exactly one optimized model
     and some optimizers (arguments, closure, globals), each optimizer not
-    yet hooked gets ``hybridize_optimizer`` with that model's tables.
+    yet hooked gets ``hybridize_optimizer`` with that model's tables. Not in
+    a Horovod job: there the step's tape averages the gradients, and a
+    hooked optimizer would average the shards' gradients a second time.
     """
     from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
 
@@ -293,6 +295,10 @@ def attach_optimizers(python_function, args, kwargs) -> None:
         return
     (model,) = models.values()
     storage = model._htf_runtime.storage
+    if storage.world.distributed:
+        # A Horovod step averages its gradients itself (htf.horovod.DistributedGradientTape, or Horovod's tape
+        # with the shards as local sources); a hooked optimizer would average the shards' gradients again.
+        return
     for obj in objects:
         if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
             hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable)
