@@ -15,7 +15,14 @@ Example:
 import sys
 
 from hybridtf._src.data.convert import FORMATS, TextFormat, convert_text, main
-from hybridtf._src.data.errors import ColumnTypeError, DataError, ParquetFileError, ParquetSchemaError, TextFormatError
+from hybridtf._src.data.errors import (
+    ColumnTypeError,
+    DataError,
+    DataValueError,
+    ParquetFileError,
+    ParquetSchemaError,
+    TextFormatError,
+)
 from hybridtf._src.data.hashing import DEFAULT_BUCKETS, MISSING_ID, hash_strings
 from hybridtf._src.data.layout import (
     FeatureSpec,
@@ -32,6 +39,7 @@ __all__ = [
     "MISSING_ID",
     "ColumnTypeError",
     "DataError",
+    "DataValueError",
     "FeatureSpec",
     "ParquetFileError",
     "ParquetSchemaError",

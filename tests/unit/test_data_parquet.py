@@ -313,8 +313,9 @@ def good_file(tmp_path):
 def test_argument_and_column_errors(good_file, kwargs, error, match):
     kw = dict(batch_size=4)
     kw.update(kwargs)
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match) as raised:
         hd.parquet_dataset(good_file, **kw)
+    assert isinstance(raised.value, hd.DataError)  # every hybridtf.data error, as the data guide says
 
 
 def test_list_column_as_multi_hot_explains_the_layout(tmp_path):

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from hybridtf._src.data.errors import TextFormatError
+from hybridtf._src.data.errors import DataValueError, TextFormatError
 from hybridtf._src.data.hashing import DEFAULT_BUCKETS, check_buckets, hash_strings
 from hybridtf._src.data.layout import (
     DEFAULT_ROW_GROUP_ROWS,
@@ -301,22 +301,22 @@ def convert_text(
     import pyarrow.csv as pcsv
 
     if format not in FORMATS:
-        raise ValueError(f"unknown text format {format!r}; choose one of {sorted(FORMATS)}.")
+        raise DataValueError(f"unknown text format {format!r}; choose one of {sorted(FORMATS)}.")
     fmt = FORMATS[format]
     ids = fmt.one_hot + fmt.sequences
     if isinstance(buckets, Mapping):
         unknown = sorted(set(buckets) - set(ids))
         if unknown:
-            raise ValueError(f"buckets for {unknown}, which are not {format} id columns ({', '.join(ids)}).")
+            raise DataValueError(f"buckets for {unknown}, which are not {format} id columns ({', '.join(ids)}).")
         per_column = {c: check_buckets(buckets.get(c, DEFAULT_BUCKETS), f"buckets[{c!r}]") for c in ids}
     else:
         n = check_buckets(buckets)
         per_column = dict.fromkeys(ids, n)
     if row_group_rows < 1:
-        raise ValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
+        raise DataValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
     paths = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
     if not paths:
-        raise ValueError("convert_text needs at least one input file.")
+        raise DataValueError("convert_text needs at least one input file.")
     for p in paths:
         if not os.path.isfile(p):
             raise TextFormatError(f"text input {p!r} does not exist or is not a file.")

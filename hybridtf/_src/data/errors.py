@@ -15,6 +15,10 @@ class DataError(HybridTFError):
     """Base class of the errors raised by ``hybridtf.data``."""
 
 
+class DataValueError(DataError, ValueError):
+    """A bad argument (batch size, rank, paths, buckets, ...) or a value the inputs cannot hold."""
+
+
 class ParquetFileError(DataError, OSError):
     """A Parquet input is missing, unreadable, or not a Parquet file."""
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridtf._src.data.errors import DataValueError
+
 MISSING_ID = 0
 DEFAULT_BUCKETS = 2**20
 
@@ -25,7 +27,7 @@ def check_buckets(buckets: int, what: str = "buckets") -> int:
     if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer)):
         raise TypeError(f"{what} must be an int, got {type(buckets).__name__}.")
     if not 2 <= buckets <= 2**62:
-        raise ValueError(f"{what} must be in [2, 2**62] (id 0 is reserved for missing values), got {buckets}.")
+        raise DataValueError(f"{what} must be in [2, 2**62] (id 0 is reserved for missing values), got {buckets}.")
     return int(buckets)
 
 

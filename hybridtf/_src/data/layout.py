@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from hybridtf._src.data.errors import DataValueError
+
 # tensorflow-io 0.36 misreads a binary (multi-hot) column when one read spans several PLAIN-encoded
 # data pages; Arrow's writer falls back from dictionary to PLAIN pages once a column chunk's
 # dictionary passes its limit (1 MiB by default). hybridtf's writers raise the limit so that
@@ -99,7 +101,7 @@ class FeatureSpec:
         for role, names in self.roles():
             for name in names:
                 if name in seen:
-                    raise ValueError(
+                    raise DataValueError(
                         f"column {name!r} is requested as {seen[name]} and as {role}; give each column one role."
                     )
                 seen[name] = role
@@ -107,9 +109,9 @@ class FeatureSpec:
         ids = set(self.one_hot) | set(self.multi_hot)
         for name, n in buckets.items():
             if name not in ids:
-                raise ValueError(f"buckets given for {name!r}, which is not a one-hot or multi-hot column.")
+                raise DataValueError(f"buckets given for {name!r}, which is not a one-hot or multi-hot column.")
             if n < 1:
-                raise ValueError(f"buckets[{name!r}] must be >= 1, got {n}.")
+                raise DataValueError(f"buckets[{name!r}] must be >= 1, got {n}.")
         object.__setattr__(self, "buckets", buckets)
 
     def roles(self) -> list[tuple[str, tuple[str, ...]]]:
@@ -143,7 +145,7 @@ class FeatureSpec:
         d = json.loads(text)
         version = d.get("layout_version", LAYOUT_VERSION)
         if version != LAYOUT_VERSION:
-            raise ValueError(f"feature spec has layout version {version}; this hybridtf reads {LAYOUT_VERSION}.")
+            raise DataValueError(f"feature spec has layout version {version}; this hybridtf reads {LAYOUT_VERSION}.")
         return cls(
             label=d.get("label"),
             dense=d.get("dense", ()),
@@ -205,7 +207,7 @@ def multi_hot_from_lengths(lengths: np.ndarray, values: np.ndarray):
     if values.size and not np.issubdtype(values.dtype, np.integer):
         raise TypeError(f"multi-hot ids must be integers, got {values.dtype}.")
     if lengths.sum() != values.size:
-        raise ValueError(f"row lengths sum to {lengths.sum()} but {values.size} ids were given.")
+        raise DataValueError(f"row lengths sum to {lengths.sum()} but {values.size} ids were given.")
     data = np.ascontiguousarray(values, dtype="<i8").tobytes()
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths * ID_BYTES, out=offsets[1:])
@@ -236,7 +238,7 @@ def decode_multi_hot(values: Any) -> list[np.ndarray]:
     out = []
     for i, v in enumerate(values):
         if len(v) % ID_BYTES:
-            raise ValueError(f"multi-hot value {i} has {len(v)} bytes, not a multiple of {ID_BYTES}.")
+            raise DataValueError(f"multi-hot value {i} has {len(v)} bytes, not a multiple of {ID_BYTES}.")
         out.append(np.frombuffer(v, dtype="<i8").astype(np.int64))
     return out
 
@@ -279,11 +281,11 @@ def write_parquet(
     """
     pa, pq = pyarrow_modules()
     if row_group_rows < 1:
-        raise ValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
+        raise DataValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
     if spec is not None:
         missing = [c for c in spec.columns if c not in columns]
         if missing:
-            raise ValueError(f"write_parquet: spec columns {missing} are not in the given columns {list(columns)}.")
+            raise DataValueError(f"write_parquet: spec columns {missing} are not in the given columns {list(columns)}.")
     arrays = {}
     for name, values in columns.items():
         if spec is not None and name in spec.multi_hot:
@@ -297,10 +299,10 @@ def write_parquet(
             arrays[name] = pa.array(np.asarray(values))
     lengths = {name: len(a) for name, a in arrays.items()}
     if len(set(lengths.values())) > 1:
-        raise ValueError(f"write_parquet: columns have different lengths {lengths}.")
+        raise DataValueError(f"write_parquet: columns have different lengths {lengths}.")
     nulls = {name: a.null_count for name, a in arrays.items() if a.null_count}
     if nulls:
-        raise ValueError(
+        raise DataValueError(
             f"write_parquet: columns hold nulls {nulls}; fill them first (tensorflow-io cannot read nulls)."
         )
     # Required (non-nullable) columns: tensorflow-io reads them faster, and they cannot hold nulls.

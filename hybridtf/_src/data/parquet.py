@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from hybridtf._src.data.errors import ParquetFileError, ParquetSchemaError
+from hybridtf._src.data.errors import DataValueError, ParquetFileError, ParquetSchemaError
 from hybridtf._src.data.layout import ID_BYTES, FeatureSpec
 from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths
 from hybridtf._src.distribute.world import current_world
@@ -82,16 +82,16 @@ def resolve_rank(rank: int | None, size: int | None) -> tuple[int, int]:
         world = current_world()
         return world.rank, world.size
     if rank is None or size is None:
-        raise ValueError(
+        raise DataValueError(
             f"give both rank and size (or neither, to take them from Horovod); got rank={rank}, size={size}."
         )
     for name, v in (("rank", rank), ("size", size)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {type(v).__name__}.")
     if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}.")
+        raise DataValueError(f"size must be >= 1, got {size}.")
     if not 0 <= rank < size:
-        raise ValueError(f"rank must be in [0, size) = [0, {size}), got {rank}.")
+        raise DataValueError(f"rank must be in [0, size) = [0, {size}), got {rank}.")
     return int(rank), int(size)
 
 
@@ -327,16 +327,16 @@ def parquet_dataset(
             label="label" if label is _UNSET else label, dense=dense, one_hot=one_hot, multi_hot=multi_hot
         )
     elif label is not _UNSET or dense or one_hot or multi_hot:
-        raise ValueError("give either spec or label/dense/one_hot/multi_hot, not both.")
+        raise DataValueError("give either spec or label/dense/one_hot/multi_hot, not both.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+        raise DataValueError(f"batch_size must be a positive int, got {batch_size!r}.")
     if isinstance(read_rows, bool) or not isinstance(read_rows, (int, np.integer)) or read_rows < 1:
-        raise ValueError(f"read_rows must be a positive int, got {read_rows!r}.")
+        raise DataValueError(f"read_rows must be a positive int, got {read_rows!r}.")
     if not spec.columns:
-        raise ValueError("parquet_dataset needs at least one column (label, dense, one_hot or multi_hot).")
+        raise DataValueError("parquet_dataset needs at least one column (label, dense, one_hot or multi_hot).")
     feature_names = set(spec.one_hot) | set(spec.multi_hot) | (set(spec.dense) if dense_key is None else set())
     if spec.dense and dense_key is not None and dense_key in feature_names | {"__label__"}:
-        raise ValueError(f"dense_key {dense_key!r} is also a column name; choose another dense_key.")
+        raise DataValueError(f"dense_key {dense_key!r} is also a column name; choose another dense_key.")
     rank, size = resolve_rank(rank, size)
     files = [open_parquet(p) for p in resolve_paths(paths)]
     physical = check_columns(files, spec)

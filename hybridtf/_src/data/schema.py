@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from hybridtf._src.data.errors import ColumnTypeError, ParquetFileError, ParquetSchemaError
+from hybridtf._src.data.errors import ColumnTypeError, DataValueError, ParquetFileError, ParquetSchemaError
 from hybridtf._src.data.layout import SPEC_METADATA_KEY, FeatureSpec, pyarrow_modules
 
 _GLOB_CHARS = "*?["
@@ -138,7 +138,7 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
         paths = [paths]
     paths = [os.fspath(p) for p in paths]
     if not paths:
-        raise ValueError("parquet_dataset needs at least one Parquet file; got an empty list of paths.")
+        raise DataValueError("parquet_dataset needs at least one Parquet file; got an empty list of paths.")
     files: list[str] = []
     for p in paths:
         if any(c in p for c in _GLOB_CHARS):
@@ -159,7 +159,7 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
             files.append(p)
     dupes = sorted({f for f in files if files.count(f) > 1})
     if dupes:
-        raise ValueError(f"Parquet files listed more than once (their rows would be read twice): {dupes}.")
+        raise DataValueError(f"Parquet files listed more than once (their rows would be read twice): {dupes}.")
     return files
 
 

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from hybridtf._src.data.errors import DataValueError
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def zipf_ranks(n: int, vocab: int, alpha: float = 1.1, seed: int = 0) -> np.ndarray:
     """``n`` ranks in ``[0, vocab)`` with P(rank k) proportional to 1 / (k + 1)**alpha."""
     if vocab < 1 or n < 0:
-        raise ValueError(f"need vocab >= 1 and n >= 0, got vocab={vocab}, n={n}.")
+        raise DataValueError(f"need vocab >= 1 and n >= 0, got vocab={vocab}, n={n}.")
     rng = np.random.default_rng(seed)
     weights = 1.0 / np.arange(1, vocab + 1, dtype=np.float64) ** alpha
     cdf = np.cumsum(weights)
@@ -42,7 +44,7 @@ def zipf_ids(n: int, vocab: int, alpha: float = 1.1, seed: int = 0, dtype=np.int
     ranks = zipf_ranks(n, vocab, alpha, seed)
     if scatter and vocab > 1:
         if vocab > 2**31:
-            raise ValueError(f"scatter supports vocab <= 2**31, got {vocab}.")
+            raise DataValueError(f"scatter supports vocab <= 2**31, got {vocab}.")
         # k -> (a * k + b) mod vocab with gcd(a, vocab) == 1 is a bijection;
         # a, k < 2**31 keeps a * k inside int64.
         a = int(_GOLDEN % np.uint64(vocab)) | 1
