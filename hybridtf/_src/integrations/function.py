@@ -281,10 +281,13 @@ def attach_optimizers(python_function, args, kwargs) -> None:
     would not be fused. When the step reaches exactly one optimized model
     and some optimizers (arguments, closure, globals), each optimizer not
     yet hooked gets ``hybridize_optimizer`` with that model's tables. Not in
-    a Horovod job: there the step's tape averages the gradients, and a
-    hooked optimizer would average the shards' gradients a second time.
+    a Horovod job (there the step's tape averages the gradients, and a
+    hooked optimizer would average the shards' gradients a second time), nor
+    for a model with L1/L2-regularized tables (a hooked optimizer adds their
+    penalties' gradients, right only when the step's loss holds
+    ``model.losses``).
     """
-    from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
+    from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
 
     objects = _referenced(python_function, args, kwargs)
     models = {}
@@ -295,13 +298,16 @@ def attach_optimizers(python_function, args, kwargs) -> None:
         return
     (model,) = models.values()
     storage = model._htf_runtime.storage
-    if storage.world.distributed:
+    if storage.world.distributed or storage.regularizers:
         # A Horovod step averages its gradients itself (htf.horovod.DistributedGradientTape, or Horovod's tape
         # with the shards as local sources); a hooked optimizer would average the shards' gradients again.
+        # A hooked optimizer also adds the L1/L2 penalties' gradients itself (rewrite/regularization.py),
+        # which is right only when the loss holds model.losses, as compile's does; a custom step may not.
         return
     for obj in objects:
         if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
-            hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable)
+            exact = clipping_can_be_exact(model, obj) or None  # None: leave the model's clipping as it is
+            hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
 
 
 class _PackedStep:

@@ -122,8 +122,9 @@ def _user_class(optimizer, skip: tuple = ()) -> type:
 _log = logging.getLogger("hybridtf")
 
 
-def clipping_can_be_exact(model) -> bool:
-    """Whether ``clipnorm`` / ``global_clipnorm`` of ``model``'s compiled optimizer can be made exact.
+def clipping_can_be_exact(model, optimizer=None) -> bool:
+    """Whether ``clipnorm`` / ``global_clipnorm`` of ``optimizer`` (default: ``model``'s compiled one) can be
+    made exact on ``model``'s packed tables.
 
     Its packed tables' per-lookup gradient norms are measured (``rewrite/gradient_norms.py``) in one
     process, for a Keras optimizer without a loss-scale wrapper (its gradients are scaled), in a model
@@ -131,7 +132,7 @@ def clipping_can_be_exact(model) -> bool:
     """
     from hybridtf._src.caching.layer import DynamicEmbedding
 
-    optimizer = getattr(model, "optimizer", None)
+    optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or loss_scale_inner(optimizer) is not None:
         return False
     if not (optimizer.clipnorm or optimizer.global_clipnorm) or optimizer.clipvalue:
