@@ -122,3 +122,16 @@ def _custom_loop_against_plain(regularized, **clipping):
 
     expected = loop(_model(regularized), tf.function)
     np.testing.assert_allclose(loop(htf.keras.optimize(_model(regularized)), htf.function), expected, rtol=1e-5)
+
+
+def test_clipping_beside_dynamic_tables_is_named_inexact(caplog):
+    """A DynamicEmbedding's update takes its own route: hybridtf does not measure it, and says so."""
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+    x = L.Concatenate()(
+        [L.Flatten()(htf.layers.DynamicEmbedding(4, name="dyn")(ids)), L.Flatten()(L.Embedding(10, 4)(ids))]
+    )
+    packed = htf.keras.optimize(tf.keras.Model(ids, L.Dense(1)(x)))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        packed.compile(optimizer=tf.keras.optimizers.Adam(0.01, clipnorm=0.01), loss="mse")
+    assert any("clipnorm" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
+    assert packed._htf_runtime.storage.gradient_norms is None

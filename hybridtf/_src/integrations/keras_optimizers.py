@@ -130,8 +130,6 @@ def clipping_can_be_exact(model, optimizer=None) -> bool:
     process, for a Keras optimizer without a loss-scale wrapper (its gradients are scaled), in a model
     without micro-batches or dynamic tables (their updates take other routes).
     """
-    from hybridtf._src.caching.layer import DynamicEmbedding
-
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or loss_scale_inner(optimizer) is not None:
         return False
@@ -143,7 +141,8 @@ def clipping_can_be_exact(model, optimizer=None) -> bool:
         return False
     if micro is not None and micro.num_micro_batches > 1:
         return False
-    return not any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers(include_self=False))
+    # A dynamic table's distinct-rows buffer names its layer (caching/optimizer.py reads the same attribute).
+    return not any(getattr(v, "_htf_dynamic_embedding", None) is not None for v in model.trainable_variables)
 
 
 def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
