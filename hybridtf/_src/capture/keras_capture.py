@@ -111,7 +111,9 @@ def _reaches_base_call(layer) -> bool | None:
         return None
     finally:
         layer.__class__ = cls
-    return id(layer) in _REACHED
+    reached = id(layer) in _REACHED
+    _REACHED.discard(id(layer))
+    return reached
 
 
 def is_embedding_layer(layer) -> bool:

@@ -143,6 +143,11 @@ class _Record:
         self.lookups.append(_Lookup(table.request(ids, combiner), "layer", self.graph))
         return None  # the plain lookup on the table's own variable
 
+    @property
+    def variables(self) -> dict:
+        """Table name -> the table's own variable in the scratch graph."""
+        return {name: info.variable for name, info in self.tables.items()}
+
     def unpacked_lookups(self) -> list[str]:
         """Variables gathered from in the scratch graph that hybridtf does not manage."""
         known = {info.variable.op.name for info in self.tables.values()}
@@ -189,8 +194,7 @@ class _Real:
         self.outputs: dict[int, object] = {}  # id(_Lookup) -> output
         self.done_groups: set = set()
         if packed:
-            tables = {name: info.variable for name, info in record.tables.items()}
-            self.storage = estimator_storage.create(plan, tables, self.op_map, record.graph, real_graph)
+            self.storage = estimator_storage.create(plan, record.variables, self.op_map, record.graph, real_graph)
             self.runtime = PackedRuntime(plan, self.storage)
 
     # -- variable creation ---------------------------------------------------------------------
@@ -368,7 +372,7 @@ def build(
                 f"before the model_fn's first lookup: {lookup.problem}. Compute ids in the input_fn (or from the "
                 "features with stateless ops)."
             )
-    groups = estimator_updates.update_groups({name: info.variable for name, info in record.tables.items()})
+    groups = estimator_updates.update_groups(record.variables)
     specs = [
         capture.table_spec(name, info.variable, info.view.layer, groups[name]) for name, info in record.tables.items()
     ]
@@ -416,9 +420,7 @@ def build(
             raise estimator_updates.real_pass_error(error, real.storage.packed) from error
     real.check_done()
     if real.storage is not None:
-        estimator_updates.check_updates(
-            plan, real.storage.packed, {name: info.variable for name, info in record.tables.items()}
-        )
+        estimator_updates.check_updates(plan, real.storage.packed, record.variables)
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}

@@ -48,22 +48,25 @@ from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import TableView
 
 
+def _frame_locals(function: str, max_depth: int = 40):
+    """The locals of the frames on the Python stack (nearest first) that run a function named ``function``."""
+    frame = sys._getframe(1)
+    for _ in range(max_depth):
+        if frame is None:
+            return
+        if frame.f_code.co_name == function:
+            yield frame.f_locals
+        frame = frame.f_back
+
+
 def frame_owner(method: str, cls: type, max_depth: int = 40):
     """The ``self`` of the nearest frame running ``cls.<method>`` on the Python stack, or None.
 
     Example:
         >>> frame_owner("add_weight", tf.keras.layers.Layer)  # inside a layer's add_weight
     """
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == method:
-            obj = frame.f_locals.get("self")
-            if isinstance(obj, cls):
-                return obj
-        frame = frame.f_back
-    return None
+    owners = (f.get("self") for f in _frame_locals(method, max_depth))
+    return next((obj for obj in owners if isinstance(obj, cls)), None)
 
 
 def is_table_layer(layer) -> bool:
@@ -197,16 +200,9 @@ def table_spec(name: str, variable, layer, update_group: int = 0) -> TableSpec:
     return TableSpec(name, int(variable.shape[0]), int(variable.shape[1]), "float32", layout)
 
 
-def _in_weight_regularizer(value: CapturedTable, max_depth: int = 40) -> bool:
+def _in_weight_regularizer(value: CapturedTable) -> bool:
     """Whether the caller runs inside Keras's regularization loss of ``value`` (``_loss_for_variable(v)``)."""
-    frame = sys._getframe(2)
-    for _ in range(max_depth):
-        if frame is None:
-            return False
-        if frame.f_code.co_name == "_loss_for_variable" and frame.f_locals.get("v") is value:
-            return True
-        frame = frame.f_back
-    return False
+    return any(f.get("v") is value for f in _frame_locals("_loss_for_variable"))
 
 
 def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):

@@ -101,10 +101,11 @@ class GradientNorms:
         return tf.where(by_rows, row_squares, tracked), member
 
 
-def _scaled(grad, factor):
+def _map_values(grad, fn):
+    """``grad`` (a tensor or IndexedSlices) with ``fn`` applied to its values."""
     if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values * factor, grad.indices, grad.dense_shape)
-    return grad * factor
+        return tf.IndexedSlices(fn(grad.values), grad.indices, grad.dense_shape)
+    return fn(grad)
 
 
 def clip(norms: GradientNorms, grads_and_vars: list, clipnorm, global_clipnorm) -> list:
@@ -128,11 +129,7 @@ def clip(norms: GradientNorms, grads_and_vars: list, clipnorm, global_clipnorm) 
             positive = squares > 0
             norm = tf.where(positive, tf.sqrt(tf.where(positive, squares, tf.ones_like(squares))), squares)
             denominator = tf.gather(tf.maximum(norm, clipnorm), member)[:, None]
-            values = g.values if isinstance(g, tf.IndexedSlices) else g
-            clipped = values * clipnorm / denominator
-            if isinstance(g, tf.IndexedSlices):
-                clipped = tf.IndexedSlices(clipped, g.indices, g.dense_shape)
-            out.append((clipped, v))
+            out.append((_map_values(g, lambda values, d=denominator: values * clipnorm / d), v))
         return out
     halves = []  # tf.linalg.global_norm: sqrt(2 * sum of l2_loss)
     for g, v in grads_and_vars:
@@ -146,4 +143,4 @@ def clip(norms: GradientNorms, grads_and_vars: list, clipnorm, global_clipnorm) 
     use_norm = tf.sqrt(tf.reduce_sum(tf.stack(halves)) * 2)
     scale = global_clipnorm * tf.minimum(1.0 / use_norm, 1.0 / global_clipnorm)
     scale = tf.where(tf.math.is_finite(use_norm), scale, float("nan"))
-    return [(g if g is None else _scaled(g, tf.cast(scale, g.dtype)), v) for g, v in grads_and_vars]
+    return [(g if g is None else _map_values(g, lambda x: x * tf.cast(scale, x.dtype)), v) for g, v in grads_and_vars]
