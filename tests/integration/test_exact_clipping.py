@@ -1,9 +1,10 @@
-"""``clipnorm`` / ``global_clipnorm`` on packed tables clip exactly as Keras clips the plain model's gradients.
+"""``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` on packed tables clip exactly as Keras clips the plain model.
 
-Keras measures a table's gradient as one row per lookup position; a packed table's gradient has one summed row per
-distinct id and spans several tables. hybridtf measures each table on its lookups' own gradients
-(``rewrite/gradient_norms.py``): a table looked up twice, a sequence, a regularized table (dense in Keras), a bag
-(one row per id in its own chain) and ordinary one-hot tables, with clipping that really clips.
+Keras measures (and ``clipvalue`` clips) a table's gradient as one row per lookup position; a packed table's
+gradient has one summed row per distinct id and spans several tables. hybridtf measures (or clips) each table on
+its lookups' own gradients (``rewrite/gradient_norms.py``): a table looked up twice, a sequence, a regularized
+table (dense in Keras), a bag (one row per id in its own chain) and ordinary one-hot tables, with clipping that
+really clips.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ OPTIMIZERS = {
     "adam_global_clipnorm": lambda: tf.keras.optimizers.Adam(0.05, global_clipnorm=0.05),
     "sgd_clipnorm": lambda: tf.keras.optimizers.SGD(0.5, clipnorm=0.01),
     "adagrad_global_clipnorm": lambda: tf.keras.optimizers.Adagrad(0.1, global_clipnorm=0.02),
+    "adam_clipvalue": lambda: tf.keras.optimizers.Adam(0.05, clipvalue=0.002),
+    "adagrad_clipvalue": lambda: tf.keras.optimizers.Adagrad(0.3, clipvalue=0.004),
+    "sgd_clipvalue_and_clipnorm": lambda: tf.keras.optimizers.SGD(0.5, clipnorm=0.01, clipvalue=1e-4),  # Keras: norm
 }
 
 
@@ -81,21 +85,38 @@ def test_clipping_that_clips_trains_packed_tables_as_the_plain_model(name, caplo
     assert not [r for r in caplog.records if "NOT equal" in r.getMessage()]
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     unclipped = OPTIMIZERS[name]().get_config()
-    unclipped.update(clipnorm=None, global_clipnorm=None)
+    unclipped.update(clipnorm=None, global_clipnorm=None, clipvalue=None)
     free = _train(_model(), type(OPTIMIZERS[name]()).from_config(unclipped), batches)
     assert np.max(np.abs(free - expected)) > 1e-3  # the clipping clipped
     assert packed.hybridtf_fused_concats == []  # the fusions are off while the lookups' gradients are measured
 
 
-def test_clipvalue_is_still_named_inexact(caplog):
-    packed = htf.keras.optimize(_model())
-    with caplog.at_level(logging.WARNING, logger="hybridtf"):
-        packed.compile(optimizer=tf.keras.optimizers.Adam(0.01, clipvalue=0.01), loss="binary_crossentropy")
-    (message,) = [r.getMessage() for r in caplog.records if "NOT equal" in r.getMessage()]
-    assert "clipvalue" in message and "clipnorm" not in message.replace("clipvalue", "")
+def test_clipvalue_clips_each_lookups_rows_before_a_repeated_id_sums_them():
+    """Clipping the summed rows instead would train differently: the check above can tell the two apart."""
+    batches = _batches()
+    expected = _train(_model(regularized=False), tf.keras.optimizers.SGD(1.0, clipvalue=0.002), batches)
+    packed = htf.keras.optimize(_model(regularized=False))
+    got = _train(packed, tf.keras.optimizers.SGD(1.0, clipvalue=0.002), batches)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    summed = packed._htf_runtime.storage.gradient_norms
+    assert summed is not None and summed.clipvalue == 0.002
+    # the same packed model with the rows clipped after summing: measurably another training run
+    repacked = htf.keras.optimize(_model(regularized=False))
+    repacked.compile(optimizer=tf.keras.optimizers.SGD(1.0), loss="binary_crossentropy")
+    after_sum = []
+    for x, y in batches:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, repacked(x, training=True)))
+        grads = tape.gradient(loss, repacked.trainable_variables)
+        clipped = [tf.clip_by_value(g, -0.002, 0.002) for g in grads]
+        repacked.optimizer.apply_gradients(zip(clipped, repacked.trainable_variables))
+        after_sum.append(loss.numpy())
+    assert np.max(np.abs(np.array(after_sum) - expected)) > 1e-5
 
 
-@pytest.mark.parametrize("clipping", [{"clipnorm": 0.02}, {"global_clipnorm": 0.05}], ids=lambda c: next(iter(c)))
+@pytest.mark.parametrize(
+    "clipping", [{"clipnorm": 0.02}, {"global_clipnorm": 0.05}, {"clipvalue": 0.002}], ids=lambda c: next(iter(c))
+)
 def test_a_custom_loops_clipping_optimizer_clips_exactly(clipping):
     """An optimizer ``compile`` never saw, hooked by ``htf.function``: measured and clipped the same way."""
     _custom_loop_against_plain(regularized=False, **clipping)
@@ -124,7 +145,8 @@ def _custom_loop_against_plain(regularized, **clipping):
     np.testing.assert_allclose(loop(htf.keras.optimize(_model(regularized)), htf.function), expected, rtol=1e-5)
 
 
-def test_clipping_beside_dynamic_tables_is_named_inexact(caplog):
+@pytest.mark.parametrize("clipping", [{"clipnorm": 0.01}, {"clipvalue": 0.01}], ids=lambda c: next(iter(c)))
+def test_clipping_beside_dynamic_tables_is_named_inexact(caplog, clipping):
     """A DynamicEmbedding's update takes its own route: hybridtf does not measure it, and says so."""
     ids = tf.keras.Input((1,), dtype=tf.int64)
     x = L.Concatenate()(
@@ -132,6 +154,7 @@ def test_clipping_beside_dynamic_tables_is_named_inexact(caplog):
     )
     packed = htf.keras.optimize(tf.keras.Model(ids, L.Dense(1)(x)))
     with caplog.at_level(logging.WARNING, logger="hybridtf"):
-        packed.compile(optimizer=tf.keras.optimizers.Adam(0.01, clipnorm=0.01), loss="mse")
-    assert any("clipnorm" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
+        packed.compile(optimizer=tf.keras.optimizers.Adam(0.01, **clipping), loss="mse")
+    (kind,) = clipping
+    assert any(f"{kind}:" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
     assert packed._htf_runtime.storage.gradient_norms is None

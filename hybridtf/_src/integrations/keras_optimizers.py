@@ -123,17 +123,17 @@ _log = logging.getLogger("hybridtf")
 
 
 def clipping_can_be_exact(model, optimizer=None) -> bool:
-    """Whether ``clipnorm`` / ``global_clipnorm`` of ``optimizer`` (default: ``model``'s compiled one) can be
-    made exact on ``model``'s packed tables.
+    """Whether ``clipnorm`` / ``global_clipnorm`` / ``clipvalue`` of ``optimizer`` (default: ``model``'s compiled
+    one) can be made exact on ``model``'s packed tables.
 
-    Its packed tables' per-lookup gradient norms are measured (``rewrite/gradient_norms.py``) in one
+    Its packed tables' per-lookup gradients are measured or clipped (``rewrite/gradient_norms.py``) in one
     process, for a Keras optimizer without a loss-scale wrapper (its gradients are scaled), in a model
     without micro-batches or dynamic tables (their updates take other routes).
     """
     optimizer = optimizer if optimizer is not None else getattr(model, "optimizer", None)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or loss_scale_inner(optimizer) is not None:
         return False
-    if not (optimizer.clipnorm or optimizer.global_clipnorm) or optimizer.clipvalue:
+    if not (optimizer.clipnorm or optimizer.global_clipnorm or optimizer.clipvalue):
         return False
     storage = model._htf_runtime.storage
     micro = getattr(model, "_htf_micro", None)
@@ -167,7 +167,7 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
             "global_clipnorm: Keras's global norm counts an embedding gradient's per-lookup rows (a repeated id's "
             f"rows separately); a packed table's gradient has one summed row per distinct id ({clip_fix})"
         )
-    if getattr(optimizer, "clipvalue", None) is not None:
+    if getattr(optimizer, "clipvalue", None) is not None and not exact_clipping:
         found.append(
             "clipvalue: Keras clips each lookup's gradient row before repeated ids are summed; a packed table "
             f"clips the summed row ({clip_fix})"
@@ -242,9 +242,11 @@ class _HybridOptimizerMixin:
                 for g, v in grads_and_vars
             ]
         norms = getattr(storage, "gradient_norms", None)
-        clips = bool(self.clipnorm or self.global_clipnorm)
+        clips = bool(self.clipnorm or self.global_clipnorm or self.clipvalue)
         if norms is not None and clips and not fused:  # exact clipping: hybridtf clips, Keras must not clip again
-            grads_and_vars = gradient_norms.clip(norms, grads_and_vars, self.clipnorm, self.global_clipnorm)
+            grads_and_vars = gradient_norms.clip(
+                norms, grads_and_vars, self.clipnorm, self.global_clipnorm, self.clipvalue
+            )
             object.__setattr__(self, "_htf_clipped", True)
             try:
                 return super().apply_gradients(grads_and_vars, *args, **kwargs)
@@ -466,8 +468,8 @@ def hybridize_optimizer(
       variables and its slots are copied in per table.
     * ``exact_clipping`` (``clipping_can_be_exact`` of the compiled model):
       ``clipnorm`` / ``global_clipnorm`` measure each table's per-lookup
-      gradient rows (``storage.gradient_norms``) and clip as Keras clips the
-      plain model; False turns that off (they are named in the
+      gradient rows (``storage.gradient_norms``; ``clipvalue`` clips them) and
+      clip as Keras clips the plain model; False turns that off (they are named in the
       inexact-settings warning); None leaves it as it is (an optimizer a
       custom step uses beside the compiled one).
 
@@ -494,8 +496,10 @@ def hybridize_optimizer(
                 "keep the shards' gradients out of the allreduce."
             )
         return
-    if exact_clipping and getattr(storage, "gradient_norms", None) is None:
-        object.__setattr__(storage, "gradient_norms", gradient_norms.GradientNorms(storage))
+    by_value = None if (optimizer.clipnorm or optimizer.global_clipnorm) else optimizer.clipvalue
+    kept = getattr(storage, "gradient_norms", None)
+    if exact_clipping and (kept is None or kept.clipvalue != by_value):  # measured, or clipped by value
+        object.__setattr__(storage, "gradient_norms", gradient_norms.GradientNorms(storage, by_value))
     if exact_clipping is False:
         object.__setattr__(storage, "gradient_norms", None)
     if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:

@@ -1,4 +1,4 @@
-"""Exact gradient clipping (``clipnorm``, ``global_clipnorm``) for packed tables.
+"""Exact gradient clipping (``clipnorm``, ``global_clipnorm``, ``clipvalue``) for packed tables.
 
 Keras measures an embedding table's gradient as one row per lookup position
 (a repeated id's rows separately): ``tf.clip_by_norm`` and
@@ -23,6 +23,14 @@ lookups' rows into it) is measured on the packed gradient's rows instead,
 which are then exactly those values. The dataflow fusions are off while the
 sums are tracked (a fused concatenation would read the chain's rows directly
 and bypass the identities).
+
+``clipvalue`` (when neither norm is set, as in Keras) clips where Keras does:
+Keras clips each per-position row of an embedding gradient before the
+optimizer sums a repeated id's rows, so the identity's gradient is
+``clip_by_value(dy)`` itself (the chain then sums the clipped rows); a
+table measured on its packed rows (a bag, a regularized table) has its
+packed rows clipped instead, and every other variable's gradient is clipped
+by ``tf.clip_by_value`` as Keras would.
 """
 
 from __future__ import annotations
@@ -36,14 +44,18 @@ class GradientNorms:
 
     Args:
         storage: the packed tables (one process, unsharded).
+        clipvalue: set (and no norm clipping): the lookups' per-position
+            gradient rows are clipped to ``[-clipvalue, clipvalue]`` instead
+            of measured.
 
     Example:
         >>> norms = GradientNorms(storage)
         >>> out = norms.track(request, out)  # in the runtime, for each lookup output
     """
 
-    def __init__(self, storage):
+    def __init__(self, storage, clipvalue: float | None = None):
         self.storage = storage
+        self.clipvalue = clipvalue
         names = [m.name for pt in storage.plan.packed_tables for m in pt.members]
         self.index = {name: i for i, name in enumerate(names)}
         with tf.init_scope():
@@ -55,17 +67,21 @@ class GradientNorms:
         if request.combiner != "none":  # a bag: its plain gradient has one summed row per id
             self.row_normed.add(request.table)
             return out
+        if self.clipvalue is not None and request.table in self.row_normed:  # clipped on its packed rows
+            return out
         if isinstance(out, tf.RaggedTensor):
             return out.with_flat_values(self._tracked(out.flat_values, self.index[request.table]))
         return self._tracked(out, self.index[request.table])
 
     def _tracked(self, x, i: int):
-        sums = self.sums
+        sums, clipvalue = self.sums, self.clipvalue
 
         @tf.custom_gradient
         def identity(t):
             def grad(dy):
                 dy = tf.convert_to_tensor(dy)
+                if clipvalue is not None:  # Keras clips each per-position row of the plain gradient
+                    return tf.clip_by_value(dy, -clipvalue, clipvalue)
                 add = sums.scatter_nd_add([[i]], [tf.reduce_sum(tf.square(tf.cast(dy, tf.float32)))])
                 with tf.control_dependencies([add]):
                     return tf.identity(dy)
@@ -82,16 +98,37 @@ class GradientNorms:
         with tf.control_dependencies([reset]):
             return tf.identity(value)
 
-    def member_squares(self, name: str, grad, sums) -> tuple:
-        """``(squares per member, member of each gradient row)`` of packed table ``name``'s gradient ``grad``."""
+    def row_members(self, name: str, grad):
+        """``(rows, values, member of each row)`` of packed table ``name``'s gradient ``grad``."""
         pt = self.storage.plan.packed_table(name)
         offsets = np.array([m.row_offset for m in pt.members], np.int64)
-        tracked = tf.gather(sums, [self.index[m.name] for m in pt.members])
         if isinstance(grad, tf.IndexedSlices):
             rows, values = tf.cast(grad.indices, tf.int64), grad.values
         else:
             rows, values = tf.range(tf.shape(grad, out_type=tf.int64)[0]), grad
-        member = tf.searchsorted(tf.constant(offsets), rows, side="right") - 1
+        return rows, values, tf.searchsorted(tf.constant(offsets), rows, side="right") - 1
+
+    def clip_values(self, name: str, grad):
+        """Packed table ``name``'s gradient with the rows of its tables measured on packed rows clipped.
+
+        The other tables' rows are sums of per-position rows the lookups' identities clipped already.
+        """
+        pt = self.storage.plan.packed_table(name)
+        own = [m.name in self.row_normed for m in pt.members]
+        if not any(own):
+            return grad
+        _, values, member = self.row_members(name, grad)
+        clipped = tf.clip_by_value(values, -self.clipvalue, self.clipvalue)
+        if all(own):
+            return _map_values(grad, lambda _: clipped)
+        mask = tf.gather(tf.constant(own), member)[:, None]
+        return _map_values(grad, lambda v: tf.where(mask, clipped, v))
+
+    def member_squares(self, name: str, grad, sums) -> tuple:
+        """``(squares per member, member of each gradient row)`` of packed table ``name``'s gradient ``grad``."""
+        pt = self.storage.plan.packed_table(name)
+        tracked = tf.gather(sums, [self.index[m.name] for m in pt.members])
+        _, values, member = self.row_members(name, grad)
         if not any(m.name in self.row_normed for m in pt.members):
             return tracked, member
         row_squares = tf.math.unsorted_segment_sum(
@@ -108,15 +145,31 @@ def _map_values(grad, fn):
     return fn(grad)
 
 
-def clip(norms: GradientNorms, grads_and_vars: list, clipnorm, global_clipnorm) -> list:
+def clip(norms: GradientNorms, grads_and_vars: list, clipnorm, global_clipnorm, clipvalue=None) -> list:
     """``grads_and_vars`` clipped as Keras clips the plain model's gradients (see the module docstring).
 
-    ``clipnorm`` (Keras applies it when set, else ``global_clipnorm``): each packed
-    table's rows of member ``m`` become ``g * clipnorm / max(norm_m, clipnorm)``,
-    every other gradient ``tf.clip_by_norm``. ``global_clipnorm``: the global norm
-    counts each member's squares in place of its packed rows.
+    ``clipnorm`` (Keras applies it when set, else ``global_clipnorm``, else
+    ``clipvalue``): each packed table's rows of member ``m`` become
+    ``g * clipnorm / max(norm_m, clipnorm)``, every other gradient
+    ``tf.clip_by_norm``. ``global_clipnorm``: the global norm counts each
+    member's squares in place of its packed rows. ``clipvalue``: the packed
+    tables' per-position rows were clipped in the backward pass already (only
+    their bags' and regularized tables' packed rows are clipped here), every
+    other gradient by ``tf.clip_by_value``.
     """
     packed = {id(v): name for name, v in norms.storage.packed.items()}
+    if not (clipnorm or global_clipnorm):
+        return [
+            (
+                g
+                if g is None
+                else norms.clip_values(packed[id(v)], g)
+                if id(v) in packed
+                else tf.clip_by_value(g, -clipvalue, clipvalue),
+                v,
+            )
+            for g, v in grads_and_vars
+        ]
     sums = norms.take()
     if clipnorm:
         out = []
