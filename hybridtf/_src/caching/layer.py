@@ -198,11 +198,15 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         ``[n + 1, dim]`` variable whose last row, the default row of unseen
         ids, is zeros (their initial rows need hybridtf's hash).
         """
+        # One snapshot per save: the same SaveOptions object (one per tf.saved_model.save call) and
+        # table content (a restore resets the statistics, not the store's import count).
+        options = save_context.get_save_options() if save_context.in_save_context() else None
+        store = getattr(self.table, "store", self.table)  # a packed member's store
         with tf.init_scope():
             s = self.table.stats()
-            version = (s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
+            version = (id(options), store.imports, s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
             current = getattr(self, "_serving", None)
-            if current is not None and current.version == version:  # unchanged: one snapshot per save
+            if current is not None and current.version == version and self._serving_options is options:
                 return current
             world = self._shard_world
             if world.distributed:  # every rank exports (a collective): the whole table
@@ -216,6 +220,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             serving.index = tf.lookup.StaticHashTable(init, default_value=n)
             serving.rows = tf.Variable(tf.concat([rows, tf.zeros([1, self.output_dim])], 0), trainable=False)
         object.__setattr__(self, "_serving", serving)
+        object.__setattr__(self, "_serving_options", options)  # held: its id stays this save's
         return serving
 
     def call(self, inputs, training=None):

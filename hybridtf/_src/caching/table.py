@@ -153,6 +153,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         self._config = config
         self._world = World()
         self._shared_name = f"{config.name}_hybrid_hash_{next(_uid)}"
+        self.imports = 0  # import_ calls (restores): a SavedModel snapshot of older content is stale
         super().__init__()
         with tf.init_scope():  # created once, outside any function being traced
             self.resource_handle  # noqa: B018
@@ -296,6 +297,7 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
 
         ``member >= 0`` replaces that member's rows only (a packed store).
         """
+        self.imports += 1
         return load_ops().hybrid_tf_hybrid_hash_import(
             self.resource_handle, ids, rows, slots, counts, slot_init, step, _members(members), member=member
         )
