@@ -300,15 +300,15 @@ def test_each_export_after_a_restore_serves_the_restored_rows(tmp_path):
     """Two checkpoints of equal statistics (a restore resets them): each export holds its own rows, not the last."""
     x, y = _data(steps=3)
     for name, lr in (("a", 0.1), ("b", 0.5)):
-        dyn, model, _ = _pair("sgd", hot_rows=8)
+        _, model, _ = _pair("sgd", hot_rows=8)
         model.optimizer.learning_rate.assign(lr)
         _fit(model, x, y)
         model.save_weights(str(tmp_path / name))
-    dyn, model, _ = _pair("sgd", hot_rows=8)
+    _, model, _ = _pair("sgd", hot_rows=8)
     for name in ("a", "b"):
         model.load_weights(str(tmp_path / name))
         tf.saved_model.save(model, str(tmp_path / f"export_{name}"))
         served = tf.saved_model.load(str(tmp_path / f"export_{name}")).signatures["serving_default"]
         np.testing.assert_allclose(
-            list(served(tf.constant(x[:8])).values())[0].numpy(), model.predict(x[:8], verbose=0), rtol=1e-6
+            next(iter(served(tf.constant(x[:8])).values())).numpy(), model.predict(x[:8], verbose=0), rtol=1e-6
         )
