@@ -148,6 +148,10 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     if (!status.ok()) return status;
     inserts_.fetch_sub(1, std::memory_order_relaxed);  // restored, not inserted
     Header* h = Record(r);
+    // Last seen before the checkpoint's step (the export keeps no per-row step): every restored
+    // row is an eviction candidate of the next step, as in the table that was saved; LRU order
+    // and TTL ages count from the restore.
+    h->last_step = step_ > 0 ? step_ - 1 : 0;
     h->count =
         static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(counts[i], 0), 0xFFFFFFFFll));
     float* f = Floats(h);  // a packed store's member import may place new rows in free hot entries

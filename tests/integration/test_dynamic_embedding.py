@@ -312,3 +312,32 @@ def test_each_export_after_a_restore_serves_the_restored_rows(tmp_path):
         np.testing.assert_allclose(
             next(iter(served(tf.constant(x[:8])).values())).numpy(), model.predict(x[:8], verbose=0), rtol=1e-6
         )
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+def test_a_full_capacity_table_keeps_training_after_a_restore(tmp_path, policy):
+    """Restored rows are eviction candidates of the next step (they were not all "used in this step")."""
+
+    def build():
+        dyn = htf.layers.DynamicEmbedding(
+            2, capacity=12, hot_rows=2, warmup_steps=1, flush_every=1, evict_policy=policy, name="u"
+        )
+        ids = tf.keras.Input((1,), dtype=tf.int64)
+        model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(dyn(ids))))
+        model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.1)), loss="mse")
+        return dyn, model
+
+    def batch(step):  # 4 new ids per step
+        return np.arange(4 * step, 4 * step + 4, dtype=np.int64)[:, None], np.ones((4, 1), np.float32)
+
+    dyn, model = build()
+    for step in range(10):
+        model.train_on_batch(*batch(step))
+    assert dyn.stats()["size"] == 12 and dyn.stats()["evictions"] == 28
+    model.save_weights(str(tmp_path / "ck"))
+    restored_layer, restored = build()
+    restored.load_weights(str(tmp_path / "ck"))
+    for step in range(10, 13):
+        restored.train_on_batch(*batch(step))
+    stats = restored_layer.stats()
+    assert stats["size"] == 12 and stats["evictions"] >= 12
