@@ -70,14 +70,19 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
     for (size_t e = 0; e < hot_owner_.size(); ++e) {
       if (hot_owner_[e] != kEmpty) Record(hot_owner_[e])->hot = -1;
     }
-    hot_owner_.assign(static_cast<size_t>(hot_rows), kEmpty);
-    hot_count_.assign(static_cast<size_t>(hot_rows), 0);
+    // As many entries as rows can be selected (k <= size_), not hot_rows up
+    // front: a tier larger than the table grows with it (MakeHotIfRoom).
+    const int64_t entries =
+        std::min(hot_rows, std::max<int64_t>(size_ + size_ / 2, kMinHotEntries));
+    hot_owner_.assign(static_cast<size_t>(entries), kEmpty);
+    hot_count_.assign(static_cast<size_t>(entries), 0);
     hot_used_ = 0;
     // Entries are written before they are read (below or by MakeHotIfRoom), so
     // the tier is not zeroed: a free entry's pages are first touched when a
     // row takes it.
-    hot_.resize(static_cast<size_t>(hot_rows * row_floats));
+    hot_.resize(static_cast<size_t>(entries * row_floats));
   }
+  const int64_t entries = static_cast<int64_t>(hot_owner_.size());  // >= min(hot_rows, size_)
   if (!reuse && config_.ttl_steps == 0 && size_ <= hot_rows) {
     // Every row fits (and none expires): the top-k is every live record, in
     // record order as below, so one pass over the arena copies them.
@@ -117,7 +122,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   if (reuse && touch_complete_ && decay == 1.f) {
     // Blocks [0, blocks): tier entries; [blocks, 2 * blocks): bitmap words.
     for (int64_t b = 0; b < blocks; ++b) {
-      offset[b + 1] = offset[b] + part(hot_rows, b + 1) - part(hot_rows, b);
+      offset[b + 1] = offset[b] + part(entries, b + 1) - part(entries, b);
     }
     for (int64_t b = 0; b < blocks; ++b) {
       int64_t bits = 0;
@@ -230,7 +235,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
           if (decay < 1.f) h->count = static_cast<uint32_t>(h->count * decay);
         }
       } else if (b < blocks) {  // tier entries: only a touched owner's count changed
-        const int64_t e0 = part(hot_rows, b), e1 = part(hot_rows, b + 1);
+        const int64_t e0 = part(entries, b), e1 = part(entries, b + 1);
         for (int64_t e = e0; e < e1; ++e) {
           if (e + kAhead < e1) {
             const uint32_t ahead = hot_owner_[e + kAhead];
@@ -348,7 +353,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   std::vector<int64_t> free_entries;
   free_entries.reserve(std::max(leave.size(), entering_rows));
   for (const auto& move : leave) free_entries.push_back(move.first);
-  for (int64_t e = 0; e < hot_rows && free_entries.size() < entering_rows; ++e) {
+  for (int64_t e = 0; e < entries && free_entries.size() < entering_rows; ++e) {
     if (hot_owner_[e] == kEmpty) free_entries.push_back(e);
   }
   enter.reserve(entering_rows);
@@ -387,7 +392,7 @@ bool Store::FlushLocked(const ParallelFor& pf, float decay) {
   move_rows(enter, true);
   // Occupied entries must be [0, k) (MakeHotIfRoom hands out the ones after):
   // rows above k move down into the free entries below it.
-  int64_t low = 0, high = hot_rows - 1;
+  int64_t low = 0, high = entries - 1;
   for (;;) {
     while (low < k && hot_owner_[low] != kEmpty) ++low;
     while (high >= k && hot_owner_[high] == kEmpty) --high;

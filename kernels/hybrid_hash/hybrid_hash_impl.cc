@@ -252,8 +252,30 @@ void Store::WriteRecord(Header* h, uint32_t member, int64_t id, const float* row
   }
 }
 
+bool Store::GrowHotTier(int64_t entries) {
+  entries = std::min(entries, config_.hot_rows);
+  if (entries <= static_cast<int64_t>(hot_owner_.size())) return true;
+  try {  // a failed allocation leaves the tier as it was (the rows stay cold)
+    hot_owner_.reserve(static_cast<size_t>(entries));
+    hot_count_.reserve(static_cast<size_t>(entries));
+    hot_.reserve(static_cast<size_t>(entries * RowFloats()));
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+  hot_owner_.resize(static_cast<size_t>(entries), kEmpty);
+  hot_count_.resize(static_cast<size_t>(entries), 0);
+  hot_.resize(static_cast<size_t>(entries * RowFloats()));  // not zeroed (written before read)
+  return true;
+}
+
 void Store::MakeHotIfRoom(uint32_t index) {
-  if (!hot_phase_ || hot_used_ >= static_cast<int64_t>(hot_owner_.size())) return;
+  if (!hot_phase_ || hot_used_ >= config_.hot_rows) return;
+  // The tier grows with the table (doubling) up to hot_rows entries, so a large
+  // hot_rows costs memory only once there are rows to fill it.
+  if (hot_used_ >= static_cast<int64_t>(hot_owner_.size()) &&
+      !GrowHotTier(std::max<int64_t>(2 * hot_used_, kMinHotEntries))) {
+    return;
+  }
   // Hot entries are only freed by a flush, which fills [0, hot_used_): the free ones follow.
   const int64_t e = hot_used_++;
   Header* h = Record(index);

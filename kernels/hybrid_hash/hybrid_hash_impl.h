@@ -324,7 +324,8 @@ class Store {
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
   static constexpr uint32_t kDead = 0xFFFFFFFFu;  // mark of a free record
   static constexpr int kStripes = 64;
-  static constexpr int64_t kBlock = 32;       // ids probed together (FindBlock)
+  static constexpr int64_t kMinHotEntries = 1024;  // a growing hot tier's first size
+  static constexpr int64_t kBlock = 32;            // ids probed together (FindBlock)
   static constexpr uint64_t kProbeAhead = 3;  // records prefetched per probe (FindBlock)
 
   explicit Store(const Config& config);
@@ -365,6 +366,9 @@ class Store {
   void WriteRecord(Header* h, uint32_t member, int64_t id, const float* row) const;
   // Gives a new record a free hot entry after a flush (everything fits).
   void MakeHotIfRoom(uint32_t index);
+  // Grows the hot tier's arrays to min(entries, hot_rows) entries (exclusive
+  // lock held); false (tier unchanged) if the memory cannot be had.
+  bool GrowHotTier(int64_t entries);
   // Marks record index as counted since the last flush (see touched_).
   void Touch(uint32_t index) const {
     if (!tracking_) return;

@@ -326,7 +326,7 @@ ImplStatus Store::InsertParallel(const std::vector<int64_t>& todo, const LookupB
   }
   if (hot_phase_) {  // free hot entries go to new rows in batch order, as one by one
     const int64_t hot_before = hot_used_;
-    for (int64_t j = 0; j < m && hot_used_ < static_cast<int64_t>(hot_owner_.size()); ++j) {
+    for (int64_t j = 0; j < m && hot_used_ < config_.hot_rows; ++j) {
       if (inserted[j] != kEmpty) MakeHotIfRoom(inserted[j]);
     }
     // The hints of this pass (new rows, repeats of them) with their hot entries,

@@ -341,3 +341,16 @@ def test_a_full_capacity_table_keeps_training_after_a_restore(tmp_path, policy):
         restored.train_on_batch(*batch(step))
     stats = restored_layer.stats()
     assert stats["size"] == 12 and stats["evictions"] >= 12
+
+
+def test_a_hot_tier_larger_than_the_table_costs_only_what_the_rows_need():
+    """hot_rows=1e9 ("keep everything hot"): the tier grows with the table instead of allocating 1e9 entries."""
+    dyn = htf.layers.DynamicEmbedding(16, hot_rows=10**9, warmup_steps=1, flush_every=1, name="user")
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(dyn(ids))))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adam(0.01)), loss="mse")
+    for step in range(4):
+        model.train_on_batch(np.arange(8)[:, None] + 8 * step, np.zeros((8, 1), np.float32))
+    stats = dyn.stats()
+    assert stats["size"] == 32 and stats["hot_used"] == 32 and stats["hot_rows"] == 10**9
+    assert stats["hot_bytes"] < 1 << 20
