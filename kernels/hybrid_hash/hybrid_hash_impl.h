@@ -326,7 +326,7 @@ class Store {
   static constexpr int kStripes = 64;
   static constexpr int64_t kMinHotEntries = 1024;  // a growing hot tier's first size
   static constexpr int64_t kBlock = 32;            // ids probed together (FindBlock)
-  static constexpr uint64_t kProbeAhead = 3;  // records prefetched per probe (FindBlock)
+  static constexpr uint64_t kProbeAhead = 3;       // records prefetched per probe (FindBlock)
 
   explicit Store(const Config& config);
   int64_t RowFloats() const { return (1 + num_slots_) * config_.dim; }
