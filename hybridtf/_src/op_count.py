@@ -238,6 +238,17 @@ def synthetic_batch(model: tf.keras.Model, batch_size: int = 256, seed: int = 0)
     return features, labels
 
 
+def _lists_as_tuples(spec):
+    """``spec`` with every list (a multi-input model's inputs, a multi-output model's labels) as a tuple."""
+    if isinstance(spec, list):
+        return tuple(_lists_as_tuples(s) for s in spec)
+    if isinstance(spec, dict):
+        return {k: _lists_as_tuples(s) for k, s in spec.items()}
+    if isinstance(spec, tuple) and not hasattr(spec, "_fields"):
+        return tuple(_lists_as_tuples(s) for s in spec)
+    return spec
+
+
 def train_function_concrete(model: tf.keras.Model, data):
     """The ConcreteFunction of ``model``'s Keras train function for batches shaped like ``data``.
 
@@ -257,7 +268,7 @@ def train_function_concrete(model: tf.keras.Model, data):
     """
     if not getattr(model, "_is_compiled", False) or getattr(model, "optimizer", None) is None:
         raise ValueError("count_ops needs a compiled model: call model.compile(optimizer=..., loss=...) first.")
-    spec = _element_spec(data)
+    spec = _lists_as_tuples(_element_spec(data))  # tf.data takes a list as one value, not as a structure
     empty = tf.data.Dataset.from_generator(lambda: iter(()), output_signature=spec)
     previous = model.train_function
     try:

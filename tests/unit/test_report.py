@@ -186,3 +186,20 @@ def test_report_of_a_plain_model_lists_every_table_unpacked(models):
     assert not r.optimized and r.plan is None and r.baseline_ops is None and r.ops_ratio is None
     assert r.table_totals()["unpacked_tables"] == 2 * N_FIELDS
     assert "no packing plan" in str(r)
+
+
+@pytest.mark.parametrize("labels", ["synthesized", "list", "dict"])
+def test_report_of_a_multi_input_multi_output_model(labels):
+    """Lists in the batch (a multi-input model's inputs, a multi-output model's labels) are structures, not values."""
+    import numpy as np
+
+    ids = [tf.keras.Input((1,), dtype="int64", name=f"f{i}") for i in range(2)]
+    emb = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(10, 4)(x)) for x in ids]
+    h = tf.keras.layers.Concatenate()(emb)
+    model = tf.keras.Model(ids, [tf.keras.layers.Dense(1, name="ctr")(h), tf.keras.layers.Dense(1, name="cvr")(h)])
+    model = htf.keras.optimize(model)
+    model.compile("adam", ["mse", "mse"])
+    x = [np.zeros((8, 1), "int64")] * 2
+    y = {"list": [np.zeros((8, 1), "float32")] * 2, "dict": {"ctr": np.zeros((8, 1), "float32")} | {"cvr": 0 * x[0]}}
+    report = htf_report.report(model, None if labels == "synthesized" else (x, y[labels]))
+    assert report.optimized and report.ops["total"] > 0 and report.plan is not None
