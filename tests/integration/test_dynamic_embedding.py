@@ -354,3 +354,40 @@ def test_a_hot_tier_larger_than_the_table_costs_only_what_the_rows_need():
     stats = dyn.stats()
     assert stats["size"] == 32 and stats["hot_used"] == 32 and stats["hot_rows"] == 10**9
     assert stats["hot_bytes"] < 1 << 20
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_initial_rows_stay_the_first_sight_rows_after_training(packed):
+    dyn, model, _ = _pair("sgd", hot_rows=8)
+    before = dyn.initial_rows(np.arange(V)).numpy()
+    if packed:
+        model = htf.keras.optimize(model)
+        model.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("sgd")), loss="mse")
+    x, y = _data(steps=3)
+    _fit(model, x, y)
+    trained = dyn.table.lookup(tf.constant(x[:4, 0]), insert=False).numpy()
+    assert not np.allclose(trained, before[x[:4, 0]])  # the rows did train
+    np.testing.assert_array_equal(dyn.initial_rows(np.arange(V)).numpy(), before)
+
+
+def test_one_hot_lookup_of_ragged_ids_is_ragged_and_trains_as_keras_embedding():
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 4, 16)
+    ids = tf.RaggedTensor.from_row_lengths(rng.integers(0, V, int(lengths.sum())), lengths)
+    y = rng.normal(size=(16, 1)).astype(np.float32)
+    dyn = htf.layers.DynamicEmbedding(D, name="seq", hot_rows=8)
+    plain = tf.keras.layers.Embedding(
+        V, D, embeddings_initializer=tf.keras.initializers.Constant(dyn.initial_rows(np.arange(V)).numpy())
+    )
+    losses = []
+    for layer, optimizer in ((dyn, htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.5))), (plain, "sgd")):
+        inputs = tf.keras.Input((None,), dtype=tf.int64, ragged=True)
+        out = layer(inputs)
+        assert isinstance(out.type_spec, tf.RaggedTensorSpec) and out.shape.as_list() == [None, None, D]
+        head = tf.keras.layers.Dense(1, kernel_initializer="ones")
+        model = tf.keras.Model(inputs, head(tf.reduce_sum(out, axis=1)))
+        model.compile(optimizer=optimizer, loss="mse")
+        if layer is plain:
+            model.optimizer.learning_rate.assign(0.5)
+        losses.append([model.train_on_batch(ids, y) for _ in range(5)])
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)

@@ -25,6 +25,7 @@ train what one process trains on the global batch.
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 
 import numpy as np
@@ -288,7 +289,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return f"hybridtf_dynamic_{self.name}"
 
     def _combine(self, ids, embedded):
-        if self.combiner is None:
+        if self.combiner is None and isinstance(ids, tf.RaggedTensor):  # as Keras Embedding: [B, None, dim]
+            out = ids.with_flat_values(embedded)
+        elif self.combiner is None:
             shape = tf.concat([tf.shape(ids), [self.output_dim]], 0)
             out = tf.reshape(embedded, shape)
         else:
@@ -337,10 +340,19 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         )
 
     def initial_rows(self, ids):
-        """The rows ``ids`` (int64) get on first sight; the table is not changed."""
+        """The rows ``ids`` (int64) get on first sight, also for ids already stored (trained); no table changes.
+
+        Read from an empty scratch table of the same seed and initializer, kept
+        untracked (never checkpointed).
+        """
         if not self.built:
             self.build(None)
-        return self.table.lookup(tf.reshape(tf.cast(ids, tf.int64), [-1]), insert=False)
+        scratch = getattr(self, "_initial_rows_table", None)
+        if scratch is None:
+            config = dataclasses.replace(self.table.config, hot_rows=1, capacity=0, members=())
+            scratch = HybridHashTable(config)
+            object.__setattr__(self, "_initial_rows_table", scratch)
+        return scratch.lookup(tf.reshape(tf.cast(ids, tf.int64), [-1]), insert=False)
 
     def stats(self) -> dict:
         """The table's statistics (eager): size, hot_used, inserts, evictions, lookups, hits, ..."""
