@@ -9,6 +9,7 @@ within 1e-5 relative (fp32), for every fused optimizer.
 from __future__ import annotations
 
 import csv
+import logging
 import pathlib
 
 import numpy as np
@@ -391,3 +392,35 @@ def test_one_hot_lookup_of_ragged_ids_is_ragged_and_trains_as_keras_embedding():
             model.optimizer.learning_rate.assign(0.5)
         losses.append([model.train_on_batch(ids, y) for _ in range(5)])
     np.testing.assert_allclose(losses[0], losses[1], rtol=1e-5)
+
+
+def _shared_layer_model():
+    dyn = htf.layers.DynamicEmbedding(2, name="shared", hot_rows=4)
+    a, b = tf.keras.Input((1,), dtype=tf.int64), tf.keras.Input((1,), dtype=tf.int64)
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(dyn(a)), tf.keras.layers.Flatten()(dyn(b))])
+    return tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
+
+
+def test_an_eager_step_that_looks_a_layer_up_twice_is_named(caplog):
+    """Graph mode refuses it (above); eagerly the second fill before the update is logged, not silent."""
+    model = _shared_layer_model()
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.5)), loss="mse", run_eagerly=True)
+    ids = np.array([[1], [2]], np.int64)
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        model.train_on_batch([ids, ids + 1], np.ones((2, 1), np.float32))
+    assert any("'shared' was looked up again in training mode" in r.getMessage() for r in caplog.records)
+
+
+def test_a_custom_loop_without_training_true_is_named(caplog):
+    dyn = htf.layers.DynamicEmbedding(2, name="user", hot_rows=4)
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(dyn(ids))))
+    optimizer = htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.5))
+    x, y = np.array([[1], [2]], np.int64), np.ones((2, 1), np.float32)
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))  # no training=True: a read-only lookup
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    assert dyn.stats()["size"] == 0
+    assert any("'user' got no gradient" in r.getMessage() for r in caplog.records)

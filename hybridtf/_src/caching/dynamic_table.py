@@ -162,6 +162,7 @@ class DynamicTable(tf.Module):
 
     # The fused update of the buffer's gradient with a Keras optimizer: the same as the layer's.
     apply_gradient = DynamicEmbedding.apply_gradient
+    _note_eager_fill = DynamicEmbedding._note_eager_fill
 
     @property
     def name(self) -> str:
@@ -206,6 +207,8 @@ class DynamicTable(tf.Module):
                         "the output), or declare one dynamic table per feature."
                     )
                 self._training_graph = graph
+            else:
+                self._note_eager_fill()
             received, name = getattr(self, "_received_ids", None), self._exchange_name
             rows, assigns = dynamic_exchange.training_rows(self.table, unique, counts, world, name, received)
             assigns.insert(0, self._ids_buffer.assign(unique))

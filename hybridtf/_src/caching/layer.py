@@ -26,6 +26,7 @@ train what one process trains on the global batch.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import zlib
 
 import numpy as np
@@ -40,6 +41,7 @@ from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World, current_world
 
+_log = logging.getLogger("hybridtf")
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 # A table's checkpoint entries (besides its name), as ``.keras`` files store them.
 _KERAS_ENTRIES = ("ids", "rows", "slots", "counts", "slot_init", "step")
@@ -251,6 +253,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                     "features' ids and split the output), or use one layer per feature."
                 )
             object.__setattr__(self, "_training_graph", graph)
+            if tf.executing_eagerly():
+                self._note_eager_fill()
             world = self._shard_world
             received, name = getattr(self, "_received_ids", None), self._exchange_name
             rows, assigns = dynamic_exchange.training_rows(self.table, unique, counts, world, name, received)
@@ -265,6 +269,24 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         else:
             embedded = tf.gather(self.table.lookup(unique, insert=False), inverse)
         return self._combine(ids, embedded)
+
+    def _note_eager_fill(self) -> None:
+        """Eager training calls: a second one before the buffer's update (a layer shared by two inputs) is named.
+
+        Graph mode refuses two calls per step; eagerly a step has no graph, so a
+        fill whose rows no update consumed yet is only known at the next fill (a
+        skipped loss-scale step also leaves one): logged once per layer.
+        """
+        if getattr(self, "_eager_unapplied", False) and not getattr(self, "_eager_warned", False):
+            _log.warning(
+                "hybridtf: dynamic table %r was looked up again in training mode before its table was updated. If both "
+                "calls feed one loss (a layer shared by two inputs), only the last call's rows are trained: look all "
+                "ids of the shared table up in one call (tf.concat them and split the output) or use one layer per "
+                "feature (fit without run_eagerly refuses such a model).",
+                self.name,
+            )
+            object.__setattr__(self, "_eager_warned", True)
+        object.__setattr__(self, "_eager_unapplied", True)
 
     def _check_sharding(self) -> None:
         """A table built in one process must not train on its own in each rank of a later Horovod job."""
@@ -306,6 +328,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def apply_gradient(self, grad, optimizer, kind: str):
         """The fused table update for the buffer's gradient (called by the hooked optimizer)."""
         from hybridtf._src.run import sparse_apply
+
+        if tf.executing_eagerly():
+            object.__setattr__(self, "_eager_unapplied", False)
 
         ids = self._ids_buffer.read_value()
         n = tf.shape(ids)[0]

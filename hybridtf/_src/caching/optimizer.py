@@ -15,12 +15,16 @@ as Horovod local variables (scaled by ``1 / size``, never allreduced).
 
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable, loss_scale_inner
+
+_log = logging.getLogger("hybridtf")
 
 
 def _layer_of(variable):
@@ -66,10 +70,26 @@ class _DynamicOptimizerMixin:
             for g, v in dynamic:
                 if g is not None:
                     updates.append(_layer_of(v).apply_gradient(g, self, kind))
+                else:
+                    _note_no_gradient(_layer_of(v))
         with tf.control_dependencies(updates):
             if rest:
                 return super().apply_gradients(rest, *args, **kwargs)
             return self.iterations.assign_add(1)
+
+
+def _note_no_gradient(layer) -> None:
+    """A dynamic table without a gradient in a step trains nothing: said once per table (a custom loop that calls
+    the model without ``training=True`` looks its ids up read-only)."""
+    if getattr(layer, "_no_gradient_warned", False):
+        return
+    object.__setattr__(layer, "_no_gradient_warned", True)
+    _log.warning(
+        "hybridtf: dynamic table %r got no gradient, so its rows are not trained in this step. A training step must "
+        "look its ids up in training mode: call the model (or layer) with training=True in a custom loop (Keras fit "
+        "does); without it the lookup only reads rows and inserts no ids.",
+        layer.name,
+    )
 
 
 def dynamic_optimizer(optimizer):
