@@ -94,12 +94,12 @@ def test_two_optimizers_split_by_layer_train_as_the_plain_model():
 
 
 def test_two_optimizers_split_by_variable_name_train_as_the_plain_model():
-    """Each packed variable is named under its tables' shared prefix (``wide/packed_1d_float32_model``)."""
+    """Each packed variable is named under its tables' shared prefix (``wide/packed_1d_float32_model/embeddings``)."""
     batches = _batches()
     plain = _wide_and_deep(model_class=TwoOptimizersByName)
     packed = _wide_and_deep(optimize=True, model_class=TwoOptimizersByName)
     names = sorted(v.name for v in packed._htf_runtime.storage.packed.values())
-    assert names == ["deep/packed_4d_float32_model:0", "wide/packed_1d_float32_model:0"]
+    assert names == ["deep/packed_4d_float32_model/embeddings:0", "wide/packed_1d_float32_model/embeddings:0"]
     np.testing.assert_allclose(_train(packed, batches), _train(plain, batches), rtol=1e-5, atol=0)
 
 

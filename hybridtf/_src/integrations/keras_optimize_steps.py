@@ -270,12 +270,13 @@ def pack_storage(
             object.__setattr__(layer, "_htf_runtime", runtime_box[0])
 
     world = current_world()
-    # Each packed variable is named under its tables' shared scope ("wide_C/packed_1d_float32_model"), so a
-    # custom step that picks variables by name ("wide" in v.name) finds it with its tables.
+    # Each packed variable is named under its tables' shared scope and ends as theirs do
+    # ("wide_C/packed_1d_float32_model/embeddings"), so a custom step that picks variables by name ("wide" in
+    # v.name, "embeddings" in v.name) finds it with its tables.
     names = {}
     for pt in plan.packed_tables:
         scope = shared_scope([values[m.name].name for m in pt.members])
-        names[pt.name] = f"{scope}/{pt.name}" if scope else pt.name
+        names[pt.name] = f"{scope}/{pt.name}/embeddings" if scope else f"{pt.name}/embeddings"
     PackedTables(plan, values, release=swap_in_views, world=world, variable_names=names)
     plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
     return PackedState(runtime_box[0], world, weighted_layers, plain_weights, plain_trainable)
