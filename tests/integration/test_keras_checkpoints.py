@@ -338,3 +338,22 @@ def test_backup_and_restore_resumes_an_interrupted_fit_exactly(tmp_path):
         fit([backup, _Interrupt()])
     resumed = fit([tf.keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))]).history["loss"]
     np.testing.assert_allclose(resumed, uninterrupted[2:], rtol=1e-6)
+
+
+def test_a_tower_of_an_optimized_model_exports_on_its_own(tmp_path):
+    """``tf.saved_model.save`` of a sub-model (a two-tower model's item tower): its export holds the packed rows."""
+    towers = []
+    for name, vocab in (("user", 40), ("item", 60)):
+        ids = tf.keras.Input((1,), dtype="int64")
+        emb = tf.keras.layers.Embedding(vocab, 8, name=f"{name}_emb")(ids)
+        towers.append(tf.keras.Model(ids, tf.keras.layers.Flatten()(emb), name=f"{name}_tower"))
+    uid, iid = tf.keras.Input((1,), dtype="int64"), tf.keras.Input((1,), dtype="int64")
+    model = htf.keras.optimize(
+        tf.keras.Model([uid, iid], tf.keras.layers.Dot(axes=1)([towers[0](uid), towers[1](iid)]))
+    )
+    assert len(model.hybridtf_plan.packed_tables) == 1  # both tables in one packed variable
+    ids = tf.constant([[14], [3], [59]], tf.int64)
+    tf.saved_model.save(towers[1], str(tmp_path / "item_tower"))
+    assert _hybridtf_ops(tmp_path / "item_tower") == set()
+    loaded = tf.saved_model.load(str(tmp_path / "item_tower"))
+    np.testing.assert_array_equal(loaded(ids).numpy(), towers[1](ids).numpy())

@@ -242,6 +242,17 @@ class _HybridEmbeddingMixin(PlainConstruction):
         out = context.dispatch(request, lambda: self._htf_placeholder(ids), lambda: self._htf_direct(request))
         return to_compute_dtype(out, self.compute_dtype)
 
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        packed = getattr(getattr(self, "embeddings", None), "_variable", None)
+        if save_type == "savedmodel" and packed is not None and not _in_keras_saved_model():
+            # The export's lookup reads the packed variable: a child of the layer itself, so a SavedModel of
+            # any model holding the layer (a sub-model or a tower, not only the optimized one) restores it.
+            # (Keras's own SavedModel format revives layers as plain Keras layers from their weights.)
+            children = dict(children)
+            children["hybridtf_packed_variable"] = packed
+        return children
+
     def _htf_export_lookup(self, ids):
         if isinstance(ids, tf.RaggedTensor):
             out = ids.with_flat_values(self.embeddings.gather(ids.flat_values))
@@ -305,6 +316,15 @@ def _lookup_base(cls: type) -> type | None:
 
 
 _BASE_CALL = tf.keras.layers.Embedding.call
+
+
+def _in_keras_saved_model() -> bool:
+    """Whether Keras's ``model.save(..., save_format="tf")`` is saving (not a plain ``tf.saved_model.save``)."""
+    try:
+        from keras.src.saving.legacy.saved_model import utils as keras_saved_model
+    except ImportError:  # another Keras layout: its format then gets the child too
+        return False
+    return keras_saved_model.in_tf_saved_model_scope()
 
 
 def hybrid_class(cls: type) -> type:
