@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
-from hybridtf._src.integrations import keras_slots
+from hybridtf._src.integrations import keras_legacy_slots, keras_slots
 from hybridtf._src.rewrite import gradient_norms, regularization
 from hybridtf._src.run import regularized_apply, sparse_apply
 
@@ -488,6 +488,8 @@ def hybridize_optimizer(
         if not isinstance(optimizer, _LossScaleDelegate):
             optimizer.__class__ = runtime_subclass(_LossScaleDelegate, type(optimizer))
         return
+    if keras_legacy_slots.is_legacy(optimizer):  # slots checkpointed per table through the object graph
+        keras_legacy_slots.hook_legacy_slots(optimizer, storage)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         if world.distributed and storage.sharded:
             raise TypeError(
