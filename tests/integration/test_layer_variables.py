@@ -166,3 +166,16 @@ def test_model_weights_and_variables_hold_the_packed_tables():
     ema = tf.train.ExponentialMovingAverage(0.9)
     ema.apply(optimized.variables)
     assert all(ema.average(p) is not None for p in packed)
+
+
+@pytest.mark.parametrize("source, target", [(False, True), (True, False)], ids=["plain-opt", "opt-plain"])
+def test_the_train_steps_own_optimizer_checkpoints_in_the_plain_layout(source, target, tmp_path):
+    """``model.wide_optimizer`` is hooked at ``compile`` as the compiled one: its state moves plain <-> optimized."""
+    batches = _batches()
+    model = _wide_and_deep(optimize=source)
+    _train(model, batches[:6])
+    model.save_weights(str(tmp_path / "ck"))
+    expected = _train(model, batches[6:])
+    resumed = _wide_and_deep(optimize=target)
+    resumed.load_weights(str(tmp_path / "ck"))
+    np.testing.assert_allclose(_train(resumed, batches[6:]), expected, rtol=1e-5, atol=0)

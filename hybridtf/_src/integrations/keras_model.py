@@ -31,6 +31,7 @@ from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_notices, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
+from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
 from hybridtf._src.rewrite.packed_storage import TableView
@@ -97,6 +98,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
             self._htf_plain_trainable,
             exact_clipping=clipping_can_be_exact(self),
         )
+        hook_attribute_optimizers(self)  # a custom train_step's own optimizers (self.wide_optimizer)
 
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage
