@@ -109,9 +109,14 @@ def _compile_args(model, optimizer: str, loss: str):
     """(optimizer factory, loss): the model's own when the builder compiled it, else the flags'."""
     import tensorflow as tf
 
+    from hybridtf._src.caching.layer import DynamicEmbedding
+    from hybridtf._src.caching.optimizer import dynamic_optimizer
+
     if getattr(model, "_is_compiled", False) and model.optimizer is not None and model.loss is not None:
         opt = model.optimizer
         return (lambda: type(opt).from_config(opt.get_config())), model.loss
+    if any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers()):  # tables train through it
+        return (lambda: dynamic_optimizer(tf.keras.optimizers.get(optimizer))), loss
     return (lambda: tf.keras.optimizers.get(optimizer)), loss
 
 

@@ -135,3 +135,30 @@ def test_synthetic_batch_needs_a_built_model():
     model = Subclassed()  # never called: its inputs are unknown
     with pytest.raises(ValueError, match="never been built or called"):
         htf_report.synthetic_batch(model)
+
+
+DYNAMIC_MODEL = textwrap.dedent(
+    """
+    import tensorflow as tf
+    import hybridtf as htf
+
+
+    def build_model():
+        ids = {n: tf.keras.Input((1,), dtype=tf.int64, name=n) for n in ("a", "b", "c")}
+        parts = [tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(8, name=f"d{n}")(ids[n])) for n in "ab"]
+        parts.append(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(100, 8, name="static")(ids["c"])))
+        out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(parts))
+        return tf.keras.Model(ids, out, name="dyn")
+    """
+)
+
+
+def test_report_on_an_uncompiled_model_with_dynamic_tables_on_two_ranks(tmp_path, capsys):
+    """The flags' optimizer is hooked for the dynamic tables; their traffic is estimated by id owner."""
+    path = tmp_path / "dynamic_model_for_report.py"
+    path.write_text(DYNAMIC_MODEL)
+    d = json.loads(_run(capsys, "--model", f"{path}:build_model", "--batch", "8", "--ranks", "2", "--json"))
+    tables = d["communication"]["tables"]
+    (store,) = [name for name, t in tables.items() if t["placement"] == "sharded by id (dynamic)"]
+    assert sum(tables[store]["unique_ids_per_rank"]) > 0
+    assert all(r["alltoall_bytes"] > 0 for r in d["communication"]["per_rank"])

@@ -20,7 +20,9 @@ import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.capture import context
+from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.layout import ShardLayout
+from hybridtf._src.errors import PlanKeyError
 
 _ID_BYTES = 8
 
@@ -87,8 +89,14 @@ def estimate_traffic(model, features, num_ranks: int) -> dict:
     sent_ar = np.zeros(num_ranks, np.int64)
     tables = {}
     by_packed: dict[str, list] = {}
+    dynamic: dict[str, list] = {}  # HybridHash store -> its lookups (sharded by id, not by row)
+    stores = {m: g.name for g in getattr(model, "hybridtf_dynamic_plan", None) or () for m in g.members}
     for req in requests:
-        name, offset = plan.location(req.table)
+        try:
+            name, offset = plan.location(req.table)
+        except PlanKeyError:  # a DynamicEmbedding: no rows in the static plan
+            dynamic.setdefault(stores.get(req.table, req.table), []).append(req)
+            continue
         by_packed.setdefault(name, []).append((req, offset))
     for pt in plan.packed_tables:
         reqs = by_packed.get(pt.name)
@@ -112,8 +120,33 @@ def estimate_traffic(model, features, num_ranks: int) -> dict:
             else:  # replicated: sparse gradient allgathered to every other rank
                 sent_ar[r] += (num_ranks - 1) * uniques[r] * (_ID_BYTES + row_bytes)
         tables[pt.name] = {"placement": placement, "unique_ids_per_rank": uniques}
+    for store, reqs in dynamic.items():
+        # (id, member, count) triples go to each id's owner (dynamic_exchange.owner_of), rows come back, and
+        # backward the gradient rows go to the owners again.
+        row_bytes = int(getattr(reqs[0].owner, "output_dim", 0)) * 4
+        member = {t: i for i, t in enumerate(dict.fromkeys(q.table for q in reqs))}
+        uniques = []
+        for r in range(num_ranks):
+            parts = []
+            for q in reqs:
+                ids = _rows(q.ids, r * per, (r + 1) * per)
+                parts.append(np.stack([ids, np.full_like(ids, member[q.table])], 1))
+            pairs = np.unique(np.concatenate(parts), axis=0)  # distinct (id, member) pairs
+            uniques.append(len(pairs))
+            owners = dynamic_exchange.owner_of_numpy(pairs[:, 0], num_ranks) if len(pairs) else np.zeros(0, int)
+            to_others = int(np.sum(owners != r))
+            sent_a2a[r] += to_others * (3 * _ID_BYTES + row_bytes)
+            for o in range(num_ranks):
+                if o != r:
+                    sent_a2a[o] += int(np.sum(owners == o)) * row_bytes  # the owner serves the rows
+        tables[store] = {"placement": "sharded by id (dynamic)", "unique_ids_per_rank": uniques}
     table_vars = {id(v) for v in runtime.storage.packed.values()}
-    dense = sum(int(np.prod(v.shape)) * v.dtype.size for v in model.trainable_variables if id(v) not in table_vars)
+    dense = sum(
+        int(np.prod(v.shape)) * v.dtype.size
+        for v in model.trainable_variables
+        # a DynamicEmbedding's distinct-rows buffer ([None, dim]) is its table's, exchanged above
+        if id(v) not in table_vars and getattr(v, "_htf_dynamic_embedding", None) is None
+    )
     ring = round(2 * (num_ranks - 1) / num_ranks * dense)
     sent_ar += ring + round(2 * (num_ranks - 1) / num_ranks * len(requests) * _ID_BYTES)
     return {
