@@ -281,3 +281,18 @@ def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
     out = next(iter(served(tf.constant(x[:64])).values()))
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_restore_of_another_dim_names_the_member_table(tmp_path):
+    def build(dim, pack):
+        a, b = tf.keras.Input((1,), dtype=tf.int64), tf.keras.Input((1,), dtype=tf.int64)
+        user = tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(dim, name="user")(a))
+        item = tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(8, name="item")(b))
+        model = tf.keras.Model([a, b], tf.keras.layers.Concatenate()([user, item]))
+        return htf.keras.optimize(model) if pack else model
+
+    model = build(4, False)
+    model([np.array([[1]]), np.array([[2]])], training=True)
+    tf.train.Checkpoint(model=model).write(str(tmp_path / "ck"))
+    with pytest.raises(ValueError, match=r"table 'user' has dim 8 .* output_dim=4"):
+        tf.train.Checkpoint(model=build(8, True)).read(str(tmp_path / "ck"))

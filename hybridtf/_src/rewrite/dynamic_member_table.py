@@ -111,6 +111,13 @@ class MemberTable(tf.__internal__.tracking.Trackable):
                 message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table",
             )
         ids, rows, slots, counts = t["ids"], t["rows"], t["slots"], t["counts"]
+        width = rows.shape[-1] if rows.shape.rank == 2 else None
+        if width is not None and width != self.config.dim:  # named here: the store's kernel names the store
+            raise ValueError(
+                f"HybridHash table {self.name!r} has dim {self.config.dim} but the checkpoint's rows are "
+                f"{rows.shape.as_list()}: it holds a table of dim {width}. Restore a checkpoint of this model, or "
+                f"build the layer with output_dim={width}."
+            )
         if self.world.distributed:  # the whole table was saved: keep this rank's ids
             ids, rows, slots, counts = dynamic_exchange.own_part(ids, rows, slots, counts, self.world)
         with tf.control_dependencies([check]):
