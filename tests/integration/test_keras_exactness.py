@@ -77,3 +77,38 @@ def test_losses_match_plain_model(model_name, optimizer, data):
     np.testing.assert_allclose(wrapped_losses, plain_losses, rtol=1e-5, atol=0)
     x = batches[-1][0]
     np.testing.assert_allclose(wrapped.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+
+
+class _TwoPasses(tf.keras.Model):
+    """A consistency loss: the model called twice in one step, so each packed table is looked up twice."""
+
+    def train_step(self, data):
+        x, y = data
+        shifted = {"a": x["b"] % 20, "b": x["b"]}
+        with tf.GradientTape() as tape:
+            first, second = self(x, training=True), self(shifted, training=True)
+            loss = self.compiled_loss(y, first) + tf.reduce_mean(tf.square(first - second))
+        self.optimizer.apply_gradients(zip(tape.gradient(loss, self.trainable_variables), self.trainable_variables))
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("name", ["adagrad", "adam", "lazy_adam"])
+def test_a_step_that_looks_the_tables_up_twice_trains_as_plain(name):
+    """The tape joins both lookups' gradients (repeated rows): the fused update sums them as Keras does."""
+    L = tf.keras.layers
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        a, b = tf.keras.Input((1,), dtype="int32", name="a"), tf.keras.Input((1,), dtype="int32", name="b")
+        e = L.Concatenate()([L.Flatten()(L.Embedding(20, 4)(a)), L.Flatten()(L.Embedding(30, 4)(b))])
+        return _TwoPasses({"a": a, "b": b}, L.Dense(1, activation="sigmoid")(L.Dense(8, activation="relu")(e)))
+
+    rng = np.random.default_rng(0)
+    x = {"a": rng.integers(0, 20, (64, 1)).astype("int32"), "b": rng.integers(0, 30, (64, 1)).astype("int32")}
+    y = rng.integers(0, 2, (64, 1)).astype("float32")
+    losses = []
+    for optimize in (False, True):
+        model = htf.keras.optimize(build()) if optimize else build()
+        model.compile(optimizer=OPTIMIZERS[name](), loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for _ in range(5)])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
