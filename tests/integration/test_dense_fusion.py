@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from hybridtf._src.models import ctr_data, ctr_models
+from hybridtf._src.run.second_order import SecondOrderGradientError
 from tests.integration.step_ops import pruned_op_types
 
 BATCH, STEPS = 64, 100
@@ -136,3 +137,46 @@ def test_report_names_fused_dense_layers(data):
     assert r.fused_dense == ("deep_0",)
     assert "StitchConcatMatMul): deep_0" in str(r)
     assert htf.report.Report.from_json(r.to_json()) == r
+
+
+class _GradientPenalty(tf.keras.Model):
+    """Double backprop: the loss adds the squared gradient of the loss with respect to a dense input."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as outer:
+            with tf.GradientTape() as inner:
+                inner.watch(x["d"])
+                loss = self.compiled_loss(y, self(x, training=True))
+            total = loss + 100.0 * tf.reduce_sum(tf.square(inner.gradient(loss, x["d"])))
+        grads = outer.gradient(total, self.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+        return {"loss": total}
+
+
+def test_a_second_order_gradient_through_a_fused_op_is_refused_with_the_fix():
+    """Never a silent zero: the fused ops' gradients have no gradient; without the fusions the step is exact."""
+    L = tf.keras.layers
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        a, d = tf.keras.Input((1,), dtype="int32", name="a"), tf.keras.Input((1,), name="d")
+        b = tf.keras.Input((1,), dtype="int32", name="b")
+        parts = [L.Flatten()(L.Embedding(20, 4)(a)), L.Flatten()(L.Embedding(30, 4)(b)), d]
+        h = L.Dense(8, activation="tanh")(L.Concatenate()(parts))
+        return _GradientPenalty({"a": a, "b": b, "d": d}, L.Dense(1, activation="sigmoid")(h))
+
+    rng = np.random.default_rng(0)
+    x = {"a": rng.integers(0, 20, (32, 1)), "b": rng.integers(0, 30, (32, 1)), "d": rng.normal(size=(32, 1))}
+    x = {k: v.astype("int32" if k != "d" else "float32") for k, v in x.items()}
+    y = rng.integers(0, 2, (32, 1)).astype("float32")
+    fused = htf.keras.optimize(build())
+    fused.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+    with pytest.raises(Exception, match=r"second-order gradient") as raised:  # Keras's trace re-raises it
+        fused.train_on_batch(x, y)
+    assert "fuse_concat=False" in str(raised.value) and SecondOrderGradientError.__name__ in str(raised.value)
+    losses = []
+    for model in (build(), htf.keras.optimize(build(), fuse_concat=False)):
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for _ in range(4)])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)

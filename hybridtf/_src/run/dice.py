@@ -5,11 +5,12 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
+from hybridtf._src.run.second_order import FUSION_FIX, refuse_second_order
 
 OP_NAME = "HybridTF>Dice"
 GRAD_OP_NAME = "HybridTF>DiceGrad"
 
-tf.no_gradient(GRAD_OP_NAME)  # second-order gradients are not provided
+refuse_second_order(GRAD_OP_NAME, FUSION_FIX)  # no second-order gradient: refused by name
 
 
 def dice(x: tf.Tensor, alpha: tf.Tensor, epsilon: float) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
+from hybridtf._src.run.second_order import TABLE_FIX, refuse_second_order
 
 OP_NAME = "HybridTF>StitchCombine"
 GRAD_OP_NAME = "HybridTF>StitchCombineGrad"
 COMBINERS = ("none", "sum", "mean", "sqrtn")
 
 # Second-order gradients are not provided.
-tf.no_gradient(GRAD_OP_NAME)
+refuse_second_order(GRAD_OP_NAME, TABLE_FIX)  # no second-order gradient: refused by name
 
 
 def _int64_vector(value, what: str) -> tf.Tensor:

@@ -9,14 +9,15 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
+from hybridtf._src.run.second_order import FUSION_FIX, refuse_second_order
 
 OP_NAME = "HybridTF>StitchConcat"
 GRAD_OP_NAME = "HybridTF>StitchConcatGrad"
 MATMUL_OP_NAME = "HybridTF>StitchConcatMatMul"
 MATMUL_GRAD_OP_NAME = "HybridTF>StitchConcatMatMulGrad"
 
-tf.no_gradient(GRAD_OP_NAME)  # second-order gradients are not provided
-tf.no_gradient(MATMUL_GRAD_OP_NAME)
+refuse_second_order(GRAD_OP_NAME, FUSION_FIX)  # no second-order gradient: refused by name
+refuse_second_order(MATMUL_GRAD_OP_NAME, FUSION_FIX)
 
 
 @dataclasses.dataclass(frozen=True)

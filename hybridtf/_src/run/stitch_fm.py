@@ -5,13 +5,14 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.run.loader import load_ops
+from hybridtf._src.run.second_order import FUSION_FIX, refuse_second_order
 from hybridtf._src.run.stitch_concat import OP_NAME as STITCH_CONCAT
 from hybridtf._src.run.stitch_concat import _op_layout
 
 OP_NAME = "HybridTF>StitchFM"
 GRAD_OP_NAME = "HybridTF>StitchFMGrad"
 
-tf.no_gradient(GRAD_OP_NAME)  # second-order gradients are not provided
+refuse_second_order(GRAD_OP_NAME, FUSION_FIX)  # no second-order gradient: refused by name
 
 
 def fm_of_stitch_concat(concat: tf.Operation) -> tf.Tensor:
