@@ -364,3 +364,30 @@ def test_model_fn_argument_checks():
     with pytest.raises(ValueError, match="every_n_steps"):
         htf_estimator.hooks(every_n_steps=0)
     assert len(htf_estimator.hooks()) == 2  # no Horovod job: no broadcast hook
+
+
+def test_each_model_fn_call_gets_its_own_params(tmp_path):
+    """A model_fn that changes its params (pop, in-place defaults) builds the same graph wrapped as plain."""
+
+    def input_fn():
+        rng = np.random.default_rng(0)
+        x = {"user": rng.integers(0, 50, 64)}
+        return tf.data.Dataset.from_tensor_slices((x, (rng.random((64, 1)) < 0.3).astype(np.float32))).batch(32)
+
+    def model_fn(features, labels, mode, params):
+        dim = params.pop("dim")
+        params.setdefault("hidden", []).append(8)
+        x = tf.keras.layers.Embedding(50, dim, name="emb_user")(features["user"])
+        for k, n in enumerate(params["hidden"]):
+            x = tf.keras.layers.Dense(n, "relu", name=f"hidden{k}")(x)
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, tf.keras.layers.Dense(1, name="out")(x))
+        step = tf.compat.v1.train.get_global_step()
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+        )
+
+    names = []
+    for label, fn in (("plain", model_fn), ("wrapped", htf_estimator.model_fn(model_fn))):
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), params={"dim": 4}).train(input_fn, steps=2)
+        names.append(sorted(k for k, _ in tf.train.list_variables(str(tmp_path / label)) if "Adagrad" not in k))
+    assert names[0] == names[1] and "hidden1/kernel" not in names[1]

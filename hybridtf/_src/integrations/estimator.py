@@ -32,6 +32,7 @@ A model_fn without anything to pack is then called once more, unchanged.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 
@@ -338,6 +339,15 @@ def _mode_name(mode) -> str:
     return str(mode) if mode is not None else "unknown"
 
 
+def _own_params(kwargs: dict) -> dict:
+    """``kwargs`` with a deep copy of ``params``: each call of the model_fn gets its own, as Estimator gives
+    each model_fn call (a model_fn that changes its params, e.g. ``params.pop``, must not see the record
+    pass's change in the real pass)."""
+    if kwargs.get("params") is None:
+        return kwargs
+    return {**kwargs, "params": copy.deepcopy(kwargs["params"])}
+
+
 def build(
     user_fn,
     features,
@@ -364,7 +374,7 @@ def build(
             kwargs[name] = value
     real_graph = tf.compat.v1.get_default_graph()
     record = _Record(real_graph)
-    record.run(user_fn, kwargs, real_graph)
+    record.run(user_fn, _own_params(kwargs), real_graph)
     for lookup in record.lookups:
         if lookup.kind == "tables" and lookup.problem is not None:
             raise CaptureError(
@@ -396,7 +406,7 @@ def build(
     report.warn_unpacked()
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
     if not report.packed:
-        spec = user_fn(**kwargs)
+        spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
@@ -411,7 +421,7 @@ def build(
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
         try:
-            spec = user_fn(**kwargs)
+            spec = user_fn(**_own_params(kwargs))
         except (CaptureError, tf.errors.OpError):
             raise
         except Exception as error:  # it ran in the record pass: the packed variables are what differs
