@@ -97,3 +97,25 @@ def test_a_split_the_packed_variables_cannot_follow_raises():
 
     with pytest.raises(CaptureError, match=r"updates with no optimizer.*Adagrad.*exclude=\['d0'"):
         _graph_spec(htf_estimator.model_fn(make_model_fn(split)))
+
+
+def test_a_loss_term_over_tables_picked_by_name_raises_naming_that_cause():
+    """An L2 over the variables named "embeddings" (none packed carries it): one optimizer, another kind of update."""
+
+    def model_fn(features, labels, mode):
+        embedded = [
+            tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
+            for i in range(FIELDS)
+        ]
+        logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        penalties = [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables() if "embeddings" in v.name]
+        if penalties:  # none in the real pass: the packed variable has another name
+            loss += 1e-3 * tf.add_n(penalties)
+        step = tf.compat.v1.train.get_global_step()
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+        )
+
+    with pytest.raises(CaptureError, match=r"another kind of gradient.*picked by name"):
+        _graph_spec(htf_estimator.model_fn(model_fn))
