@@ -391,3 +391,30 @@ def test_each_model_fn_call_gets_its_own_params(tmp_path):
         tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), params={"dim": 4}).train(input_fn, steps=2)
         names.append(sorted(k for k, _ in tf.train.list_variables(str(tmp_path / label)) if "Adagrad" not in k))
     assert names[0] == names[1] and "hidden1/kernel" not in names[1]
+
+
+def test_a_keras_legacy_optimizers_slots_are_saved_per_table(tmp_path):
+    """``tf.keras.optimizers.legacy.Adam`` in a model_fn names its slots <optimizer>/<variable>/<slot>."""
+
+    def input_fn():
+        rng = np.random.default_rng(0)
+        x = {"user": rng.integers(0, 50, 64), "item": rng.integers(0, 40, 64)}
+        return tf.data.Dataset.from_tensor_slices((x, (rng.random((64, 1)) < 0.3).astype(np.float32))).batch(32)
+
+    def model_fn(features, labels, mode):
+        u = tf.keras.layers.Embedding(50, 4, name="emb_user")(features["user"])
+        i = tf.keras.layers.Embedding(40, 4, name="emb_item")(features["item"])
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(
+            labels, tf.keras.layers.Dense(1, name="out")(tf.concat([u, i], 1))
+        )
+        variables = tf.compat.v1.trainable_variables()
+        updates = tf.keras.optimizers.legacy.Adam(0.01).get_updates(loss, variables)
+        step = tf.compat.v1.train.get_global_step()
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.group(*updates, step.assign_add(1)))
+
+    keys = []
+    for label, fn in (("plain", model_fn), ("wrapped", htf_estimator.model_fn(model_fn))):
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label)).train(input_fn, steps=2)
+        keys.append(dict(tf.train.list_variables(str(tmp_path / label))))
+    assert keys[1] == keys[0] and keys[0]["Adam/emb_user/embeddings/m"] == [50, 4]
+    tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "wrapped")).train(input_fn, steps=1)  # plain resumes

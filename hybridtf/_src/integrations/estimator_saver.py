@@ -110,6 +110,13 @@ def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> l
             parts = [(key + suffix, off, num) for key, off, num in members[owner]]
             items.append(PackedSaveable(var, parts, shards.get(owner)))
             continue
+        # A Keras optimizer's slot (legacy optimizers in a model_fn): <optimizer>/<variable>/<slot>
+        owner = next((p for p in packed if f"/{p}/" in name and var.shape == packed[p].shape), None)
+        if owner is not None:
+            prefix, _, suffix = name.partition(f"/{owner}/")
+            parts = [(f"{prefix}/{key}/{suffix}", off, num) for key, off, num in members[owner]]
+            items.append(PackedSaveable(var, parts, shards.get(owner)))
+            continue
         items.append(var)
     return items
 
