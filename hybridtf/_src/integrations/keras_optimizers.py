@@ -373,9 +373,10 @@ class _HybridOptimizerMixin:
         table with regularized members (same slots and hyperparameters, plus the members' ranges)."""
         dtype = var.dtype
         index = self._index_dict[self._var_key(var)]
-        if grad.indices.op.type in ("ConcatV2", "Concat"):
+        if tf.executing_eagerly() or grad.indices.op.type in ("ConcatV2", "Concat"):
             # The tape joined several lookups' gradients (the model called twice in a step, a layer also called
             # on its own): a chain's rows are distinct, their concatenation is not; the fused ops need distinct.
+            # (Eagerly the producing op is unknown: always summed.)
             unique, position = tf.unique(grad.indices)
             grad = tf.IndexedSlices(
                 tf.math.unsorted_segment_sum(grad.values, position, tf.size(unique)), unique, grad.dense_shape
