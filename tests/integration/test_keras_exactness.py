@@ -92,8 +92,8 @@ class _TwoPasses(tf.keras.Model):
         return {"loss": loss}
 
 
-@pytest.mark.parametrize("name", ["adagrad", "adam", "lazy_adam"])
-def test_a_step_that_looks_the_tables_up_twice_trains_as_plain(name):
+@pytest.mark.parametrize("name, eager", [("adagrad", False), ("adam", False), ("lazy_adam", False), ("adagrad", True)])
+def test_a_step_that_looks_the_tables_up_twice_trains_as_plain(name, eager):
     """The tape joins both lookups' gradients (repeated rows): the fused update sums them as Keras does."""
     L = tf.keras.layers
 
@@ -109,6 +109,6 @@ def test_a_step_that_looks_the_tables_up_twice_trains_as_plain(name):
     losses = []
     for optimize in (False, True):
         model = htf.keras.optimize(build()) if optimize else build()
-        model.compile(optimizer=OPTIMIZERS[name](), loss="binary_crossentropy")
+        model.compile(optimizer=OPTIMIZERS[name](), loss="binary_crossentropy", run_eagerly=eager)
         losses.append([model.train_on_batch(x, y) for _ in range(5)])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
