@@ -207,7 +207,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         store = getattr(self.table, "store", self.table)  # a packed member's store
         with tf.init_scope():
             s = self.table.stats()
-            version = (id(options), store.imports, s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
+            version = (store.imports, s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
             current = getattr(self, "_serving", None)
             if current is not None and current.version == version and self._serving_options is options:
                 return current

@@ -104,17 +104,12 @@ def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> l
         if name in packed:
             items.append(PackedSaveable(var, members[name], shards.get(name)))
             continue
-        owner = next((p for p in packed if name.startswith(p + "/")), None)
-        if owner is not None and var.shape == packed[owner].shape:
-            suffix = name[len(owner) :]
-            parts = [(key + suffix, off, num) for key, off, num in members[owner]]
-            items.append(PackedSaveable(var, parts, shards.get(owner)))
-            continue
-        # A Keras optimizer's slot (legacy optimizers in a model_fn): <optimizer>/<variable>/<slot>
-        owner = next((p for p in packed if f"/{p}/" in name and var.shape == packed[p].shape), None)
+        # A slot of a packed variable, shaped like it: <packed>/<slot> (tf.compat.v1 optimizers) or
+        # <optimizer>/<packed>/<slot> (Keras legacy optimizers in a model_fn); saved as each table's slot.
+        owner = next((p for p in packed if f"/{p}/" in f"/{name}" and var.shape == packed[p].shape), None)
         if owner is not None:
-            prefix, _, suffix = name.partition(f"/{owner}/")
-            parts = [(f"{prefix}/{key}/{suffix}", off, num) for key, off, num in members[owner]]
+            head, _, rest = f"/{name}".partition(f"/{owner}/")  # head: "" or "/<optimizer>"
+            parts = [(f"{head}/{key}/{rest}"[1:], off, num) for key, off, num in members[owner]]
             items.append(PackedSaveable(var, parts, shards.get(owner)))
             continue
         items.append(var)

@@ -83,25 +83,25 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
             if want == got:
                 continue
             names = [x.name for x in pt.members]
-            if {scope for _, scope in got} == {scope for _, scope in want}:  # one optimizer, another kind of update
-                raise CaptureError(
-                    f"hybridtf.estimator: embedding tables {names} share the packed variable "
-                    f"{packed[pt.name].name!r}, which the wrapped model_fn updates with {_describe(got)}, but the "
-                    f"plain model_fn updates table {m.name!r} with {_describe(want)}: the same optimizer gets another "
-                    "kind of gradient (dense or sparse) for it. The model_fn's loss or gradients treat variables "
-                    "picked by name or scope differently (e.g. an L2 term over the variables whose name contains "
-                    "'embeddings', or a gradient scaled for one layer's variables), and the packed variable does "
-                    "not carry the tables' names. Pick them with the layers' own variables "
-                    "(layer.trainable_variables) or a Keras embeddings_regularizer, or keep these tables unpacked: "
-                    f"model_fn(fn, exclude={names})."
-                )
-            raise CaptureError(
+            what = (
                 f"hybridtf.estimator: embedding tables {names} share the packed variable {packed[pt.name].name!r}, "
                 f"which the wrapped model_fn updates with {_describe(got)}, but the plain model_fn updates table "
-                f"{m.name!r} with {_describe(want)}. The model_fn picks each optimizer's variables in a way a packed "
-                "variable cannot match for all its tables (by a name or scope the tables do not share). Pass each "
-                "optimizer the layers' own variables (layer.trainable_variables), give the tables of each optimizer "
-                f"a variable scope of their own, or keep these tables unpacked: model_fn(fn, exclude={names})."
+                f"{m.name!r} with {_describe(want)}"
+            )
+            if {scope for _, scope in got} == {scope for _, scope in want}:  # one optimizer, another kind of update
+                raise CaptureError(
+                    f"{what}: the same optimizer gets another kind of gradient (dense or sparse) for it. The "
+                    "model_fn's loss or gradients treat variables picked by name or scope differently (e.g. an L2 "
+                    "term over the variables whose name contains 'embeddings', or a gradient scaled for one layer's "
+                    "variables), and the packed variable does not carry the tables' names. Pick them with the "
+                    "layers' own variables (layer.trainable_variables) or a Keras embeddings_regularizer, or keep "
+                    f"these tables unpacked: model_fn(fn, exclude={names})."
+                )
+            raise CaptureError(
+                f"{what}. The model_fn picks each optimizer's variables in a way a packed variable cannot match for "
+                "all its tables (by a name or scope the tables do not share). Pass each optimizer the layers' own "
+                "variables (layer.trainable_variables), give the tables of each optimizer a variable scope of their "
+                f"own, or keep these tables unpacked: model_fn(fn, exclude={names})."
             )
 
 

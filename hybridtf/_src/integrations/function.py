@@ -287,27 +287,15 @@ def attach_optimizers(python_function, args, kwargs) -> None:
     penalties' gradients, right only when the step's loss holds
     ``model.losses``).
     """
-    from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
+    from hybridtf._src.integrations.keras_variables import hook_optimizers
 
     objects = _referenced(python_function, args, kwargs)
     models = {}
     for obj in objects:
         if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
             models[id(obj._htf_runtime.storage)] = obj
-    if len(models) != 1:
-        return
-    (model,) = models.values()
-    storage = model._htf_runtime.storage
-    if storage.world.distributed or storage.regularizers:
-        # A Horovod step averages its gradients itself (htf.horovod.DistributedGradientTape, or Horovod's tape
-        # with the shards as local sources); a hooked optimizer would average the shards' gradients again.
-        # A hooked optimizer also adds the L1/L2 penalties' gradients itself (rewrite/regularization.py),
-        # which is right only when the loss holds model.losses, as compile's does; a custom step may not.
-        return
-    for obj in objects:
-        if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
-            exact = clipping_can_be_exact(model, obj) or None  # None: leave the model's clipping as it is
-            hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
+    if len(models) == 1:
+        hook_optimizers(next(iter(models.values())), objects)
 
 
 class _PackedStep:

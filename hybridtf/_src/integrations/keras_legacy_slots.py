@@ -28,10 +28,6 @@ import tensorflow as tf
 from hybridtf._src.capture.subclassing import runtime_subclass
 
 
-def _packed_tables(storage) -> set[str]:
-    return {m.name for pt in storage.plan.packed_tables for m in pt.members}
-
-
 def _var_key(variable) -> str:
     from keras.src.optimizers.legacy.optimizer_v2 import _var_key as key  # how a legacy optimizer keys slots
 
@@ -54,7 +50,7 @@ class _LegacySlotsMixin:
         """``variable`` if it is a view of one of the hooked storage's packed tables, else None."""
         storage = self.__dict__.get("_htf_legacy_storage")
         table = getattr(variable, "table", None)
-        if storage is None or not isinstance(table, str) or table not in _packed_tables(storage):
+        if storage is None or not isinstance(table, str) or table not in self.__dict__["_htf_legacy_tables"]:
             return None
         view = storage.view(table)
         return view if variable is view else None
@@ -97,8 +93,10 @@ def hook_legacy_slots(optimizer, storage) -> None:
         return
     if not isinstance(optimizer, _LegacySlotsMixin):
         optimizer.__class__ = runtime_subclass(_LegacySlotsMixin, type(optimizer))
+    tables = {m.name for pt in storage.plan.packed_tables for m in pt.members}
     object.__setattr__(optimizer, "_htf_legacy_storage", storage)
-    for table in sorted(_packed_tables(storage)):
+    object.__setattr__(optimizer, "_htf_legacy_tables", frozenset(tables))  # get_slot runs per object and slot
+    for table in sorted(tables):
         view = storage.view(table)
         old = optimizer._slots.get(view._htf_plain_key or "", {})
         for slot_name, value in old.items():

@@ -112,30 +112,36 @@ def _split_error(name: str, packed: str, outside: list, kind: str) -> ValueError
     )
 
 
-__all__ = ["layer_variables"]
+def hook_optimizers(model, candidates) -> None:
+    """Hooks each Keras optimizer among ``candidates`` not hooked yet into optimized ``model``, as ``compile`` does.
 
-
-def hook_attribute_optimizers(model) -> None:
-    """Hooks the Keras optimizers ``model`` holds as attributes besides its compiled one, as ``compile`` hooks that one.
-
-    A custom ``train_step`` that trains some layers with an optimizer of its own
-    (``self.wide_optimizer``, given ``layer_variables(...)``) then keeps that
-    optimizer's state in the plain model's layout too, so its checkpoints move
-    between the plain and the optimized model. Not in a Horovod job nor with
-    L1/L2-regularized tables (as ``hybridtf.function``: a hooked optimizer adds
-    their penalties' gradients, right only when the step's loss holds
-    ``model.losses``).
+    Its state for the packed tables is then checkpointed in the plain model's
+    layout and its updates are fused. Not in a Horovod job (there the step's
+    tape averages the gradients, and a hooked optimizer would average the
+    shards' gradients a second time), nor for a model with L1/L2-regularized
+    tables (a hooked optimizer adds their penalties' gradients itself, right
+    only when the step's loss holds ``model.losses``, as compile's does).
     """
     from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
 
     storage = model._htf_runtime.storage
     if storage.world.distributed or storage.regularizers:
         return
-    for value in list(vars(model).values()):
-        if (
-            isinstance(value, tf.keras.optimizers.Optimizer)
-            and value is not model.optimizer
-            and getattr(value, "_htf_storage", None) is None
-        ):
-            exact = clipping_can_be_exact(model, value) or None
-            hybridize_optimizer(value, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
+    for obj in candidates:
+        if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
+            exact = clipping_can_be_exact(model, obj) or None  # None: leave the model's clipping as it is
+            hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
+
+
+def hook_attribute_optimizers(model) -> None:
+    """Hooks the Keras optimizers ``model`` holds as attributes besides its compiled one (``hook_optimizers``).
+
+    A custom ``train_step`` that trains some layers with an optimizer of its own
+    (``self.wide_optimizer``, given ``layer_variables(...)``) then keeps that
+    optimizer's state in the plain model's layout too, so its checkpoints move
+    between the plain and the optimized model.
+    """
+    hook_optimizers(model, [v for v in list(vars(model).values()) if v is not model.optimizer])
+
+
+__all__ = ["hook_attribute_optimizers", "hook_optimizers", "layer_variables"]
