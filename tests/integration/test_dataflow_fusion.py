@@ -297,17 +297,17 @@ def test_field_sum_is_built_once_not_per_partial_sum(wide, batches):
     assert traced["Split"] <= 3  # one add_n_sum: the head block, the blocks of eight, the running total
 
 
-def test_field_sum_returned_by_the_model_is_fused_for_the_loss(batches):
-    """A model whose output is the sum itself (a linear model): the loss, outside the forward pass, uses the fused
-    sum."""
+def _linear_models(batches, head=lambda s: s):
+    """A plain and an optimized linear model (``head`` of the sum of dim-1 embeddings) from the same weights."""
 
     class Linear(tf.keras.Model):
         def __init__(self):
             super().__init__()
             self.embs = [tf.keras.layers.Embedding(v, 1, name=f"w{i}") for i, v in enumerate(VOCABS)]
+            self.activation = tf.keras.layers.Activation("sigmoid")
 
         def call(self, x):
-            return tf.add_n([tf.reshape(layer(x[f"f{i}"]), [-1, 1]) for i, layer in enumerate(self.embs)])
+            return head(self, tf.add_n([tf.reshape(layer(x[f"f{i}"]), [-1, 1]) for i, layer in enumerate(self.embs)]))
 
     models = []
     for _ in range(2):
@@ -315,17 +315,43 @@ def test_field_sum_returned_by_the_model_is_fused_for_the_loss(batches):
         model = Linear()
         model(batches[0][0])
         models.append(model)
-    plain, fused = models[0], htf.keras.optimize(models[1])
+    return models[0], htf.keras.optimize(models[1])
 
+
+def _assert_sum_fused_and_exact(plain, fused, batches, loss):
     def train(model):
-        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss=tf.keras.losses.BinaryCrossentropy(True))
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss=loss)
         return np.array([model.train_on_batch(x, y) for x, y in batches])
 
     np.testing.assert_allclose(train(fused), train(plain), rtol=1e-5, atol=0)
     ops = _hybrid_ops(_counted_types(step_graph(fused, batches)))
-    assert ops["HybridTF>StitchConcat"] == 1 and ops["HybridTF>StitchConcatGrad"] == 1
+    assert ops["HybridTF>StitchConcat"] == 1 and ops["HybridTF>StitchConcatGrad"] == 1, ops
     assert ops["HybridTF>StitchCombine"] == 0, ops
     assert len(fused.hybridtf_fused_concats) == 1
+
+
+def test_field_sum_returned_by_the_model_is_fused_for_the_loss(batches):
+    """A model whose output is the sum itself (a linear model): the loss, outside the forward pass, uses the fused
+    sum."""
+    plain, fused = _linear_models(batches, lambda model, s: s)
+    _assert_sum_fused_and_exact(plain, fused, batches, tf.keras.losses.BinaryCrossentropy(True))
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        lambda model, s: tf.keras.activations.sigmoid(s),
+        lambda model, s: model.activation(s),
+        lambda model, s: tf.sigmoid(s),
+    ],
+    ids=["keras_sigmoid", "activation_layer", "tf_sigmoid"],
+)
+def test_field_sum_under_the_output_sigmoid_is_fused_for_the_loss(batches, head):
+    """Keras's cross-entropy reads a returned sigmoid's input (``_keras_logits``), not the sigmoid: that input is the
+    fused sum too, or the step trains through the user's adds and the fused sum is pruned (while the report said
+    fused)."""
+    plain, fused = _linear_models(batches, head)
+    _assert_sum_fused_and_exact(plain, fused, batches, "binary_crossentropy")
 
 
 def test_lookups_come_out_of_the_chain_in_their_ids_shape(batches):

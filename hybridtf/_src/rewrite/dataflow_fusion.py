@@ -270,6 +270,9 @@ class FusionScope:
 
         A sum the forward pass returns (a model whose output is its wide part) has
         no consumer inside the pass; the caller's ops (the loss) use the fused sum.
+        So does a sum under a returned Keras sigmoid or softmax: Keras's
+        cross-entropy losses read the activation's input (``_keras_logits``), not
+        its output, and would otherwise train through the user's unfused adds.
 
         Example:
             >>> with fusing(model=model) as scope:
@@ -278,8 +281,13 @@ class FusionScope:
         """
 
         def one(t):
-            if isinstance(t, tf.Tensor) and not tf.executing_eagerly() and t.ref() in self._pending:
+            if not isinstance(t, tf.Tensor) or tf.executing_eagerly():
+                return t
+            if t.ref() in self._pending:
                 return self._fused_sum(t)
+            logits = getattr(t, "_keras_logits", None)
+            if isinstance(logits, tf.Tensor) and logits.ref() in self._pending:
+                t._keras_logits = self._fused_sum(logits)
             return t
 
         return tf.nest.map_structure(one, structure)
