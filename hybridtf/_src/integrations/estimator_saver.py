@@ -11,6 +11,7 @@ and the plain model_fn (and between packings) in both directions.
 
 from __future__ import annotations
 
+import logging
 import numbers
 import os
 
@@ -20,6 +21,8 @@ from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.distribute.exchange import gather_member
 from hybridtf._src.integrations import atomic_checkpoint
+
+_log = logging.getLogger("hybridtf")
 
 
 class PackedSaveable(saveable_object.SaveableObject):
@@ -81,39 +84,47 @@ class PackedSaveable(saveable_object.SaveableObject):
         return self._variable.assign(tf.concat(values, axis=0)).op
 
 
-def saver_var_list(packed: dict, members: dict, shards: dict | None = None) -> list:
-    """The Saver's var_list: every saveable of the graph, packed variables and their slots split per table.
+def _split_entry(key: str, var, packed: dict, members: dict, shards: dict):
+    """``var`` saved under ``key``, or a ``PackedSaveable`` when ``key`` names a packed variable or one shaped like it.
+
+    A key of a packed variable ``p`` (``p`` itself, ``p/<slot>``, ``<optimizer>/p/<slot>``,
+    ``p/ExponentialMovingAverage``: every TF1 and Keras optimizer, and the moving averages,
+    name their variables so) is written as one entry per member table, ``p`` replaced by the
+    table's plain key.
+    """
+    if not isinstance(var, tf.Variable):
+        return var
+    for name, packed_var in packed.items():
+        head, found, rest = f"/{key}/".partition(f"/{name}/")
+        if found and var.shape == packed_var.shape:
+            parts = [(f"{head}/{member}/{rest}".strip("/"), off, num) for member, off, num in members[name]]
+            return PackedSaveable(var, parts, shards.get(name))
+    return var
+
+
+def saver_var_list(packed: dict, members: dict, shards: dict | None = None, var_list=None):
+    """The Saver's var_list, packed variables and their slots split per table.
 
     Args:
         packed: packed variable op name -> packed variable.
         members: packed variable op name -> [(checkpoint key, offset, rows)].
         shards: packed variable op name -> (ShardLayout, World) for this rank's shards.
+        var_list: a Saver's own ``var_list`` (a list, or a dict checkpoint key -> variable);
+            None: every saveable of the graph.
 
     Returns:
-        A list of variables and ``PackedSaveable`` s.
+        A list (a dict for a dict ``var_list``) of variables and ``PackedSaveable`` s.
     """
     from tensorflow.python.ops import variables as variables_module
 
     shards = shards or {}
-    items = []
-    for var in variables_module._all_saveable_objects():
-        if not isinstance(var, tf.Variable):
-            items.append(var)
-            continue
-        name = var.op.name
-        if name in packed:
-            items.append(PackedSaveable(var, members[name], shards.get(name)))
-            continue
-        # A slot of a packed variable, shaped like it: <packed>/<slot> (tf.compat.v1 optimizers) or
-        # <optimizer>/<packed>/<slot> (Keras legacy optimizers in a model_fn); saved as each table's slot.
-        owner = next((p for p in packed if f"/{p}/" in f"/{name}" and var.shape == packed[p].shape), None)
-        if owner is not None:
-            head, _, rest = f"/{name}".partition(f"/{owner}/")  # head: "" or "/<optimizer>"
-            parts = [(f"{head}/{key}/{rest}"[1:], off, num) for key, off, num in members[owner]]
-            items.append(PackedSaveable(var, parts, shards.get(owner)))
-            continue
-        items.append(var)
-    return items
+    if isinstance(var_list, dict):  # checkpoint key -> variable (e.g. ExponentialMovingAverage.variables_to_restore())
+        return {key: _split_entry(key, var, packed, members, shards) for key, var in var_list.items()}
+    items = variables_module._all_saveable_objects() if var_list is None else var_list
+    return [
+        _split_entry(var.op.name, var, packed, members, shards) if isinstance(var, tf.Variable) else var
+        for var in items
+    ]
 
 
 class CrashSafeSaver(tf.compat.v1.train.Saver):
@@ -143,24 +154,67 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
 
 
 def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None):
-    """``spec`` with a Scaffold whose Saver writes the plain layout (a user's own Saver is kept).
+    """``spec`` with a Scaffold whose Saver writes the plain layout.
+
+    A Saver of the user's own (the Scaffold's, or one in the ``SAVERS``
+    collection) is rebuilt with the same settings and entries, its packed
+    variables' entries split per table (``saver_var_list``): a model_fn that
+    brings its Saver in one mode only (``max_to_keep`` in TRAIN, a moving
+    averages' restore in EVAL) writes and reads one layout, the plain one.
 
     Returns:
         ``(spec, saver or None)``.
     """
     scaffold = spec.scaffold
-    if scaffold is not None and scaffold.saver is not None:
-        return spec, None
-    if tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
-        return spec, None
-    keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
-    keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
-    saver = CrashSafeSaver(
-        var_list=saver_var_list(packed, members, shards),
-        sharded=True,
-        max_to_keep=keep_max,
-        keep_checkpoint_every_n_hours=keep_hours,
-        save_relative_paths=True,
-    )
+    savers = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVERS)
+    own = scaffold.saver if scaffold is not None and scaffold.saver is not None else (savers[0] if savers else None)
+    if own is not None:
+        saver = _rebuilt(own, packed, members, shards)
+        if saver is None:
+            return spec, None
+        savers[:] = [saver if s is own else s for s in savers]
+    else:
+        keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
+        keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
+        saver = CrashSafeSaver(
+            var_list=saver_var_list(packed, members, shards),
+            sharded=True,
+            max_to_keep=keep_max,
+            keep_checkpoint_every_n_hours=keep_hours,
+            save_relative_paths=True,
+        )
     new_scaffold = tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold)
     return spec._replace(scaffold=new_scaffold), saver
+
+
+def _rebuilt(own, packed: dict, members: dict, shards: dict | None):
+    """A ``CrashSafeSaver`` like the user's Saver ``own`` in the plain layout; None to keep ``own`` as it is.
+
+    Kept: a Saver subclass (its own save / restore may rely on its entries) and
+    a Saver that saves no packed variable.
+    """
+    if type(own) not in (tf.compat.v1.train.Saver, CrashSafeSaver):
+        _log.warning(
+            "hybridtf.estimator: the model_fn's Saver is a %s, kept as it is: it saves packed tables under their "
+            "packed names, which the plain model_fn cannot restore (use a tf.compat.v1.train.Saver, which hybridtf "
+            "rebuilds to write the plain layout).",
+            type(own).__name__,
+        )
+        return None
+    var_list = saver_var_list(packed, members, shards, own._var_list)
+    entries = var_list.values() if isinstance(var_list, dict) else var_list
+    if not any(isinstance(item, PackedSaveable) for item in entries):
+        return None
+    return CrashSafeSaver(
+        var_list=var_list,
+        reshape=own._reshape,
+        sharded=own._sharded,
+        max_to_keep=own._max_to_keep,
+        keep_checkpoint_every_n_hours=own._keep_checkpoint_every_n_hours,
+        restore_sequentially=own._restore_sequentially,
+        allow_empty=own._allow_empty,
+        write_version=own._write_version,
+        pad_step_number=own._pad_step_number,
+        save_relative_paths=own._save_relative_paths,
+        filename=own._filename,
+    )

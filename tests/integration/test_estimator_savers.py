@@ -1,0 +1,127 @@
+"""A model_fn's own Saver (Scaffold or ``SAVERS`` collection) writes and reads the plain layout when wrapped.
+
+hybridtf rebuilds it with the same settings and entries, each packed variable's entries split per table, so a
+model_fn that brings a Saver in one mode only (``max_to_keep`` in TRAIN, a moving averages' restore in EVAL) reads
+in every mode what it wrote, and its checkpoints move to and from the plain model_fn.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf.estimator as htf_estimator
+from tests.integration.test_estimator import input_fn, wdl_model_fn
+
+TRAIN, EVAL = tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL
+
+
+def _config(every=None):
+    return tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=every or 10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+
+
+def _evaluate(fn, model_dir):
+    est = tf.estimator.Estimator(fn, model_dir=str(model_dir), config=_config())
+    return est.evaluate(lambda: input_fn(repeat=False), steps=5)["loss"]
+
+
+def keep_two_model_fn(features, labels, mode):
+    """TRAIN brings a Saver that keeps two checkpoints; EVAL and PREDICT use the Estimator's."""
+    spec = wdl_model_fn(features, labels, mode)
+    if mode != TRAIN:
+        return spec
+    saver = tf.compat.v1.train.Saver(max_to_keep=2, sharded=True)
+    return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=saver))
+
+
+def test_a_train_only_saver_writes_the_plain_layout_and_keeps_its_settings(tmp_path):
+    for label, fn in (("plain", keep_two_model_fn), ("wrapped", htf_estimator.model_fn(keep_two_model_fn))):
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config(every=5)).train(
+            lambda: input_fn(), steps=20
+        )
+    plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
+    assert wrapped == plain and "emb_C3/embeddings/Adagrad" in wrapped
+    state = tf.train.get_checkpoint_state(str(tmp_path / "wrapped"))
+    assert [p.rsplit("-", 1)[1] for p in state.all_model_checkpoint_paths] == ["15", "20"]  # max_to_keep=2
+    # EVAL (the Estimator's Saver) reads what TRAIN's Saver wrote; so does the plain model_fn
+    loss = _evaluate(htf_estimator.model_fn(keep_two_model_fn), tmp_path / "wrapped")
+    np.testing.assert_allclose(loss, _evaluate(keep_two_model_fn, tmp_path / "plain"), rtol=1e-5)
+    np.testing.assert_allclose(_evaluate(keep_two_model_fn, tmp_path / "wrapped"), loss, rtol=1e-6)
+
+
+def ema_model_fn(features, labels, mode):
+    """Trains moving averages of the weights; EVAL restores the averages into the model's variables."""
+    spec = wdl_model_fn(features, labels, mode)
+    ema = tf.compat.v1.train.ExponentialMovingAverage(0.5)
+    if mode == TRAIN:
+        with tf.control_dependencies([spec.train_op]):
+            return spec._replace(train_op=ema.apply(tf.compat.v1.trainable_variables()))
+    saver = tf.compat.v1.train.Saver(ema.variables_to_restore())
+    return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=saver))
+
+
+def test_moving_averages_restored_for_evaluation_like_the_plain_model_fn(tmp_path):
+    for label, fn in (("plain", ema_model_fn), ("wrapped", htf_estimator.model_fn(ema_model_fn))):
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(
+            lambda: input_fn(), steps=30
+        )
+    keys = dict(tf.train.list_variables(str(tmp_path / "wrapped")))
+    assert keys == dict(tf.train.list_variables(str(tmp_path / "plain")))
+    assert "emb_C3/embeddings/ExponentialMovingAverage" in keys
+    loss = _evaluate(htf_estimator.model_fn(ema_model_fn), tmp_path / "wrapped")
+    np.testing.assert_allclose(loss, _evaluate(ema_model_fn, tmp_path / "plain"), rtol=1e-5)
+    # the averages, not the weights, were evaluated
+    assert abs(loss - _evaluate(htf_estimator.model_fn(wdl_model_fn), tmp_path / "wrapped")) > 1e-4
+
+
+def test_a_saver_in_the_savers_collection_is_rebuilt_too(tmp_path):
+    def model_fn(features, labels, mode):
+        spec = wdl_model_fn(features, labels, mode)
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, tf.compat.v1.train.Saver(max_to_keep=1))
+        return spec
+
+    for label, fn in (("plain", model_fn), ("wrapped", htf_estimator.model_fn(model_fn))):
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(
+            lambda: input_fn(), steps=3
+        )
+    plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
+    assert wrapped == plain
+
+
+def test_a_saver_subclass_is_kept_with_a_warning(tmp_path, caplog):
+    class MySaver(tf.compat.v1.train.Saver):
+        pass
+
+    def model_fn(features, labels, mode):
+        spec = wdl_model_fn(features, labels, mode)
+        return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=MySaver()))
+
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(tmp_path), config=_config()).train(
+            lambda: input_fn(), steps=1
+        )
+    assert "Saver is a MySaver, kept as it is" in caplog.text
+    assert not any(k.startswith("emb_C") for k, _ in tf.train.list_variables(str(tmp_path)))  # its packed layout
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_saver_of_some_variables_saves_its_tables_per_table(tmp_path, keyed):
+    """A Saver given the embedding variables only (a list, or a dict under the plain names)."""
+
+    def model_fn(features, labels, mode):
+        spec = wdl_model_fn(features, labels, mode)
+        tables = [v for v in tf.compat.v1.global_variables() if "emb" in v.op.name or "packed" in v.op.name]
+        tables = [v for v in tables if "Adagrad" not in v.op.name]
+        var_list = {v.op.name: v for v in tables} if keyed else tables
+        return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver(var_list)))
+
+    tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(tmp_path), config=_config()).train(
+        lambda: input_fn(), steps=1
+    )
+    keys = {k for k, _ in tf.train.list_variables(str(tmp_path))}
+    assert "emb_C3/embeddings" in keys and "global_step" not in keys and not any("packed" in k for k in keys)
