@@ -25,6 +25,10 @@ def _config(every=None):
     )
 
 
+def _input():
+    return input_fn()
+
+
 def _evaluate(fn, model_dir):
     est = tf.estimator.Estimator(fn, model_dir=str(model_dir), config=_config())
     return est.evaluate(lambda: input_fn(repeat=False), steps=5)["loss"]
@@ -41,9 +45,7 @@ def keep_two_model_fn(features, labels, mode):
 
 def test_a_train_only_saver_writes_the_plain_layout_and_keeps_its_settings(tmp_path):
     for label, fn in (("plain", keep_two_model_fn), ("wrapped", htf_estimator.model_fn(keep_two_model_fn))):
-        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config(every=5)).train(
-            lambda: input_fn(), steps=20
-        )
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config(every=5)).train(_input, steps=20)
     plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
     assert wrapped == plain and "emb_C3/embeddings/Adagrad" in wrapped
     state = tf.train.get_checkpoint_state(str(tmp_path / "wrapped"))
@@ -67,9 +69,7 @@ def ema_model_fn(features, labels, mode):
 
 def test_moving_averages_restored_for_evaluation_like_the_plain_model_fn(tmp_path):
     for label, fn in (("plain", ema_model_fn), ("wrapped", htf_estimator.model_fn(ema_model_fn))):
-        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(
-            lambda: input_fn(), steps=30
-        )
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(_input, steps=30)
     keys = dict(tf.train.list_variables(str(tmp_path / "wrapped")))
     assert keys == dict(tf.train.list_variables(str(tmp_path / "plain")))
     assert "emb_C3/embeddings/ExponentialMovingAverage" in keys
@@ -86,9 +86,7 @@ def test_a_saver_in_the_savers_collection_is_rebuilt_too(tmp_path):
         return spec
 
     for label, fn in (("plain", model_fn), ("wrapped", htf_estimator.model_fn(model_fn))):
-        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(
-            lambda: input_fn(), steps=3
-        )
+        tf.estimator.Estimator(fn, model_dir=str(tmp_path / label), config=_config()).train(_input, steps=3)
     plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
     assert wrapped == plain
 
@@ -103,7 +101,7 @@ def test_a_saver_subclass_is_kept_with_a_warning(tmp_path, caplog):
 
     with caplog.at_level(logging.WARNING, logger="hybridtf"):
         tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(tmp_path), config=_config()).train(
-            lambda: input_fn(), steps=1
+            _input, steps=1
         )
     assert "Saver is a MySaver, kept as it is" in caplog.text
     assert not any(k.startswith("emb_C") for k, _ in tf.train.list_variables(str(tmp_path)))  # its packed layout
@@ -121,7 +119,7 @@ def test_a_saver_of_some_variables_saves_its_tables_per_table(tmp_path, keyed):
         return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver(var_list)))
 
     tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(tmp_path), config=_config()).train(
-        lambda: input_fn(), steps=1
+        _input, steps=1
     )
     keys = {k for k, _ in tf.train.list_variables(str(tmp_path))}
     assert "emb_C3/embeddings" in keys and "global_step" not in keys and not any("packed" in k for k in keys)
