@@ -119,3 +119,50 @@ def test_a_loss_term_over_tables_picked_by_name_raises_naming_that_cause():
 
     with pytest.raises(CaptureError, match=r"another kind of gradient.*picked by name"):
         _graph_spec(htf_estimator.model_fn(model_fn))
+
+
+def _scaled_model_fn(picked):
+    """SGD over every variable; the gradients of the variables ``picked(v)`` selects are scaled by 20 first."""
+
+    def model_fn(features, labels, mode):
+        deep = []
+        for i in range(FIELDS):
+            with tf.compat.v1.variable_scope("deep"):
+                layer = tf.keras.layers.Embedding(VOCAB - i, 4, embeddings_initializer=_init(i), name=f"d{i}")
+                deep.append(layer(features[f"C{i}"]))
+        dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))
+        logit = dense(tf.concat(deep, axis=1))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+
+        def scale(g):
+            if isinstance(g, tf.IndexedSlices):
+                return tf.IndexedSlices(g.values * 20.0, g.indices, g.dense_shape)
+            return g * 20.0
+
+        scaled = [(scale(g) if picked(v) else g, v) for g, v in opt.compute_gradients(loss)]
+        train_op = opt.apply_gradients(scaled, global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+def test_gradients_scaled_for_tables_picked_by_their_scope_train_as_plain(tmp_path):
+    """The packed variable is named under the tables' shared scope (deep), so the same filter scales its gradient."""
+    fn = _scaled_model_fn(lambda v: v.name.startswith("deep"))  # deep/d0, deep_1/d1, ...
+    _, plain = _train(fn, tmp_path / "plain", 20)
+    _, unscaled = _train(_scaled_model_fn(lambda v: False), tmp_path / "unscaled", 20)
+    assert abs(plain - unscaled).max() > 1e-3  # the scaling changes training (100x the tolerance)
+    _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 20)
+    _assert_losses_close(wrapped, plain)
+
+
+def test_gradients_scaled_for_tables_picked_by_layer_name_raise_naming_that_cause():
+    """Only the tables' own names say ``/d3/``-like layer names: no packed variable carries them, and the packed
+    variable's gradient would silently go unscaled."""
+    fn = _scaled_model_fn(lambda v: v.name.split("/")[-2] in {f"d{i}" for i in range(FIELDS)})
+    with pytest.raises(
+        CaptureError, match=r"other ops to the gradient before the update: Mul for the table, nothing for the packed"
+    ):
+        _graph_spec(htf_estimator.model_fn(fn))
