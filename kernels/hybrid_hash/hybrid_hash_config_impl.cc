@@ -79,6 +79,11 @@ ImplStatus ValidateConfig(const Config& c) {
   const std::vector<RowInit> inits = MemberInits(c);
   for (size_t m = 0; m < inits.size(); ++m) {
     const std::string who = c.members.empty() ? t : t + " member " + std::to_string(m);
+    if (!std::isfinite(inits[m].init_a) || !std::isfinite(inits[m].init_b)) {
+      return ImplStatus::InvalidArgument(
+          who + ": the initializer's parameters must be finite (they would give rows of inf or " +
+          "NaN); check the embeddings_initializer's mean, stddev, minval, maxval or value.");
+    }
     if (inits[m].initializer == Initializer::kUniform && !(inits[m].init_a < inits[m].init_b)) {
       return ImplStatus::InvalidArgument(who + ": a uniform initializer needs minval < maxval.");
     }
@@ -87,6 +92,28 @@ ImplStatus ValidateConfig(const Config& c) {
     }
   }
   return ImplStatus::Ok();
+}
+
+std::string ConfigDifference(const Config& a, const Config& b) {
+  if (a.name != b.name) return "name";
+  if (a.dim != b.dim) return "dim";
+  if (a.hot_rows != b.hot_rows) return "hot_rows";
+  if (a.capacity != b.capacity) return "capacity";
+  if (a.warmup_steps != b.warmup_steps) return "warmup_steps";
+  if (a.flush_every != b.flush_every) return "flush_every";
+  if (a.count_decay != b.count_decay) return "count_decay";
+  if (a.evict_policy != b.evict_policy) return "evict_policy";
+  if (a.ttl_steps != b.ttl_steps) return "ttl_steps";
+  if (a.members.size() != b.members.size()) return "number of packed tables";
+  const std::vector<RowInit> x = MemberInits(a), y = MemberInits(b);
+  for (size_t m = 0; m < x.size(); ++m) {
+    if (x[m].seed != y[m].seed) return "seed";
+    if (x[m].initializer != y[m].initializer || x[m].init_a != y[m].init_a ||
+        x[m].init_b != y[m].init_b) {
+      return "initializer";
+    }
+  }
+  return "";
 }
 
 std::vector<RowInit> MemberInits(const Config& c) {

@@ -185,6 +185,8 @@ struct Config {
 std::vector<RowInit> MemberInits(const Config& config);
 
 ImplStatus ValidateConfig(const Config& config);
+// The first setting in which two configs differ ("hot_rows", "seed", ...); "" when equal.
+std::string ConfigDifference(const Config& a, const Config& b);
 // "HybridHash table '<name>'": how every error message names its table.
 std::string Quoted(const Config& config);
 // The splitmix64 finalizer: the map's slot hash and the initial rows' generator.

@@ -114,6 +114,21 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
       const Header* h = Record(r);
       if (h->mark != kDead && MemberOf(h) == static_cast<uint32_t>(only_member)) old.push_back(r);
     }
+    // Checked before the member's rows are removed: a refused restore leaves the table as it was.
+    if (num_slots > 0 && num_slots_ > 0 && num_slots != num_slots_) {
+      return ImplStatus::InvalidArgument(
+          t + ": the checkpoint of member " + std::to_string(only_member) + " has " +
+          std::to_string(num_slots) + " optimizer slot(s) per row, the store holds " +
+          std::to_string(num_slots_) +
+          ". Restore a checkpoint trained with the same optimizer kind.");
+    }
+    const int64_t others = size_ - static_cast<int64_t>(old.size());
+    if (config_.capacity > 0 && others + n > config_.capacity) {
+      return ImplStatus::InvalidArgument(t + ": restoring member " + std::to_string(only_member) +
+                                         " needs " + std::to_string(others + n) +
+                                         " rows, more than capacity " +
+                                         std::to_string(config_.capacity) + ".");
+    }
     for (uint32_t r : old) {  // removed, not evicted: not counted
       Header* h = Record(r);
       if (h->hot >= 0) hot_owner_[h->hot] = kEmpty;
@@ -123,25 +138,10 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
       free_.push_back(r);
       --size_;
     }
-    if (num_slots > 0 && num_slots_ == 0) {
-      RelayoutLocked(static_cast<int>(num_slots), slot_init);
-    } else if (num_slots > 0 && num_slots != num_slots_) {
-      return ImplStatus::InvalidArgument(
-          t + ": the checkpoint of member " + std::to_string(only_member) + " has " +
-          std::to_string(num_slots) + " optimizer slot(s) per row, the store holds " +
-          std::to_string(num_slots_) +
-          ". Restore a checkpoint trained with the same optimizer kind.");
-    }
-    if (config_.capacity > 0 && size_ + n > config_.capacity) {
-      return ImplStatus::InvalidArgument(t + ": restoring member " + std::to_string(only_member) +
-                                         " needs " + std::to_string(size_ + n) +
-                                         " rows, more than capacity " +
-                                         std::to_string(config_.capacity) + ".");
-    }
+    if (num_slots > 0 && num_slots_ == 0) RelayoutLocked(static_cast<int>(num_slots), slot_init);
   }
   step_ = static_cast<uint32_t>(step);
   const int64_t dim = config_.dim;
-  const int64_t saved_capacity = config_.capacity;
   for (int64_t i = 0; i < n; ++i) {
     uint32_t r;
     ImplStatus status = Insert(M(members, i), ids[i], &r);
@@ -160,7 +160,6 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
       std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);
     }
   }
-  (void)saved_capacity;
   // The hot tier as the last flush before `step` left it (values do not depend on it).
   if (step_ > config_.warmup_steps) {
     FlushLocked();

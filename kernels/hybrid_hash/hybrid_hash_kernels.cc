@@ -155,6 +155,13 @@ class TableOp : public OpKernel {
                 errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
                                         Name(*resource->store()), " of dim ", held.dim,
                                         "; give table '", config_.name, "' its own shared_name."));
+    const std::string differs = ConfigDifference(held, config_);
+    OP_REQUIRES(ctx, differs.empty(),
+                errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
+                                        Name(*resource->store()), " with another ", differs,
+                                        ": a second table of another configuration would share "
+                                        "its rows and silently run with the first one's. Give it "
+                                        "its own shared_name, or the same settings."));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<::tensorflow::ResourceHandle>()() =
@@ -351,11 +358,16 @@ class StatsOp : public OpKernel {
 
 class ExportOp : public OpKernel {
  public:
-  explicit ExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit ExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::core::RefCountPtr<HybridHashResource> table;
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
     Store* store = table->store();
+    OP_REQUIRES(ctx, dim_ == store->dim(),
+                errors::InvalidArgument(Name(*store), " has dim ", store->dim(),
+                                        " but the export asks for dim ", dim_, "."));
     Snapshot snap;
     store->Export(&snap);
     const int64_t n = static_cast<int64_t>(snap.ids.size()), dim = store->dim();
@@ -375,12 +387,20 @@ class ExportOp : public OpKernel {
     std::memcpy(slot_init->flat<float>().data(), snap.slot_init.data(), 4 * snap.slot_init.size());
     step->scalar<int64_t>()() = snap.step;
   }
+
+ private:
+  ::tensorflow::int64 dim_ = 0;
 };
 
 class ImportOp : public OpKernel {
  public:
   explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("member", &member_));
+    OP_REQUIRES(
+        ctx, member_ >= -1,
+        errors::InvalidArgument("HybridHash import: member must be -1 (the whole table) or a "
+                                "packed table's index, got ",
+                                member_, "."));
   }
   void Compute(OpKernelContext* ctx) override {
     ::tensorflow::core::RefCountPtr<HybridHashResource> table;
@@ -394,16 +414,24 @@ class ImportOp : public OpKernel {
     const Tensor& step = ctx->input(6);
     const int64_t n = ids.dims() == 1 ? ids.dim_size(0) : -1;
     OP_REQUIRES(
-        ctx, n >= 0 && counts.shape() == ids.shape() && step.dims() == 0,
+        ctx, n >= 0 && counts.shape() == ids.shape(),
         errors::InvalidArgument(Name(*store), ": the checkpoint's ids ", ids.shape().DebugString(),
                                 " and counts ", counts.shape().DebugString(),
                                 " must be vectors of the same length."));
-    OP_REQUIRES(ctx, rows.dims() == 2 && rows.dim_size(0) == n && rows.dim_size(1) == store->dim(),
+    OP_REQUIRES(
+        ctx, step.dims() == 0,
+        errors::InvalidArgument(Name(*store), ": the checkpoint's step must be a scalar, got ",
+                                step.shape().DebugString(), "."));
+    OP_REQUIRES(ctx, rows.dims() == 2 && rows.dim_size(0) == n,
+                errors::InvalidArgument(Name(*store), ": the checkpoint's rows ",
+                                        rows.shape().DebugString(),
+                                        " must be a matrix of one row per id (", n, " ids)."));
+    OP_REQUIRES(ctx, rows.dim_size(1) == store->dim(),
                 errors::InvalidArgument(
                     Name(*store), " has dim ", store->dim(), " but the checkpoint's rows are ",
                     rows.shape().DebugString(),
                     ". Restore a checkpoint of this table, or build the layer with output_dim ",
-                    rows.dims() == 2 ? rows.dim_size(1) : -1, "."));
+                    rows.dim_size(1), "."));
     OP_REQUIRES(ctx,
                 slots.dims() == 3 && slots.dim_size(0) == n &&
                     slots.dim_size(1) == slot_init.NumElements() &&

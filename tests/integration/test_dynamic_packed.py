@@ -296,3 +296,26 @@ def test_a_restore_of_another_dim_names_the_member_table(tmp_path):
     tf.train.Checkpoint(model=model).write(str(tmp_path / "ck"))
     with pytest.raises(ValueError, match=r"table 'user' has dim 8 .* output_dim=4"):
         tf.train.Checkpoint(model=build(8, True)).read(str(tmp_path / "ck"))
+
+
+def test_a_refused_member_restore_leaves_the_table_as_it_was(tmp_path):
+    """An Adam checkpoint into an Adagrad-trained store: the restore is refused naming the layer, and the member's
+    trained rows are still there (they used to be removed before the check; the capacity check, reachable through
+    the store's own API, is tested in tests/ops/test_hybrid_hash_records.py)."""
+    x, y = _data(steps=4)
+    saved, model = (htf.keras.optimize(_dynamic_model(**TABLE)) for _ in range(2))
+    saved.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="mse")
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="mse")
+    _fit(saved, x, y)
+    saved.save_weights(str(tmp_path / "ck"))
+    _fit(model, *_data(steps=4, seed=1))
+    before = [t.numpy() for t in model.get_layer("field0").table.export()[:4]]
+    predictions = model.predict(x[:64], verbose=0)
+    expected = r"DynamicEmbedding 'field0' \(member 0 of the packed store .*\) was not restored.*2 optimizer slot"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected):
+        model.load_weights(str(tmp_path / "ck"))
+    after = [t.numpy() for t in model.get_layer("field0").table.export()[:4]]
+    assert len(before[0]) > 0
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(model.predict(x[:64], verbose=0), predictions)

@@ -267,3 +267,42 @@ def test_bad_config_and_ids():
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"'ids'.*repeated"):
         t.lookup(tf.constant([1, 2], tf.int64))
         t.apply_sgd(tf.constant([1, 1], tf.int64), tf.ones([2, 4]), 0.1)
+
+
+def test_bad_initializers_shared_names_export_dims_and_import_members():
+    from hybridtf._src.run.loader import load_ops
+
+    ops = load_ops()
+    for a, b in ((0.0, float("inf")), (float("nan"), 1.0)):
+        with pytest.raises(ValueError, match=r"'nf'.*parameters must be finite"):
+            TableConfig("nf", dim=2, hot_rows=1, initializer="normal", init_a=a, init_b=b)
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"'raw_nf'.*parameters must be finite"):
+            ops.hybrid_tf_hybrid_hash_table(table_name="raw_nf", dim=2, hot_rows=1, init_a=a, init_b=b)
+    ops.hybrid_tf_hybrid_hash_table(table_name="s", dim=4, hot_rows=4, shared_name="one_store")
+    ops.hybrid_tf_hybrid_hash_table(table_name="s", dim=4, hot_rows=4, shared_name="one_store")  # the same: fine
+    for other in (dict(hot_rows=9), dict(capacity=2), dict(initializer="zeros"), dict(seed=3)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=rf"'one_store'.*another {next(iter(other))}"):
+            ops.hybrid_tf_hybrid_hash_table(table_name="s", dim=4, shared_name="one_store", **{"hot_rows": 4, **other})
+    t = _table("exported")
+    t.lookup(tf.constant([1, 2], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'exported' has dim 4 but the export asks for dim 7"):
+        ops.hybrid_tf_hybrid_hash_export(t.resource_handle, dim=7)
+    empty = tf.zeros([0], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="member must be -1"):
+        ops.hybrid_tf_hybrid_hash_import(
+            t.resource_handle,
+            empty,
+            tf.zeros([0, 4]),
+            tf.zeros([0, 0, 4]),
+            empty,
+            tf.zeros([0]),
+            tf.constant(0, tf.int64),
+            empty,
+            member=-7,
+        )
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"step must be a scalar"):
+        t.import_(empty, tf.zeros([0, 4]), tf.zeros([0, 0, 4]), empty, tf.zeros([0]), tf.constant([0], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rows \[1,4\] must be a matrix of one row per id"):
+        two = tf.constant([1, 2], tf.int64)
+        t.import_(two, tf.zeros([1, 4]), tf.zeros([2, 0, 4]), two, tf.zeros([0]), tf.constant(0, tf.int64))
+    np.testing.assert_array_equal(np.sort(t.export()[0].numpy()), [1, 2])  # refused imports changed nothing

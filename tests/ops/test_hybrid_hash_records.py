@@ -235,3 +235,21 @@ def test_the_kept_hinted_batch_is_counted_in_the_stats_bytes():
     hinted.lookup_records(ids, members=members)
     extra = hinted.stats()["bytes"] - plain.stats()["bytes"]
     assert 3 * 8 * 5000 <= extra < 2 * 3 * 8 * 5000, extra
+
+
+@pytest.mark.parametrize("why", ["slots", "capacity"])
+def test_a_refused_member_import_keeps_the_members_rows(why):
+    """Checks before the member's rows are removed: a restore it refuses leaves the store as it was."""
+    table = _packed(f"refused_{why}", capacity=3 if why == "capacity" else 0)
+    ids, members = tf.constant([1, 2, 3], tf.int64), tf.constant([0, 0, 1], tf.int64)
+    table.lookup(ids, members=members)
+    table.apply_adagrad(ids, tf.ones([3, 4]), tf.constant(0.1), tf.constant(1e-7), members=members)
+    before = [t.numpy() for t in table.export_with_members()]
+    n = 1 if why == "slots" else 3  # the other member's row + 3 > capacity 3
+    args = (tf.constant([1, 2, 4][:n], tf.int64), tf.zeros([n, 4]), tf.zeros([n, 2 if why == "slots" else 1, 4]))
+    args += (tf.zeros([n], tf.int64), tf.zeros([2 if why == "slots" else 1]), tf.constant(1, tf.int64))
+    match = "2 optimizer slot" if why == "slots" else "needs 4 rows, more than capacity 3"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+        table.import_(*args, members=tf.zeros([n], tf.int64), member=0)
+    for b, a in zip(before, table.export_with_members()):
+        np.testing.assert_array_equal(a.numpy(), b)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 
 import tensorflow as tf
 
@@ -124,6 +125,14 @@ class TableConfig:
             raise ValueError(f"{t}: evict_policy must be one of {EVICT_POLICIES}, got {self.evict_policy!r}.")
         if not 0.0 < self.count_decay <= 1.0:
             raise ValueError(f"{t}: count_decay must be in (0, 1], got {self.count_decay!r}.")
+        for init in (self, *self.members):
+            if not (math.isfinite(init.init_a) and math.isfinite(init.init_b)):
+                who = t if init is self else f"{t}, table {init.name!r}"
+                raise ValueError(
+                    f"{who}: the initializer's parameters must be finite, got {init.init_a!r} and {init.init_b!r} "
+                    "(rows would be inf or NaN); check the embeddings_initializer's mean, stddev, minval, maxval or "
+                    "value."
+                )
 
     def op_attrs(self) -> dict:
         attrs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "members"}

@@ -80,7 +80,17 @@ class MemberTable(tf.__internal__.tracking.Trackable):
         )
 
     def import_(self, ids, rows, slots, counts, slot_init, step):
-        return self.store.import_(ids, rows, slots, counts, slot_init, step, self._members(ids), member=self._member)
+        try:
+            return self.store.import_(
+                ids, rows, slots, counts, slot_init, step, self._members(ids), member=self._member
+            )
+        except tf.errors.InvalidArgumentError as error:  # the kernel knows the store and the member's index
+            raise tf.errors.InvalidArgumentError(
+                error.node_def,
+                error.op,
+                f"DynamicEmbedding {self.name!r} (member {self._member} of the packed store "
+                f"{self._group.plan.name!r}) was not restored, its rows are unchanged: {error.message}",
+            ) from error
 
     def stats(self) -> dict:
         return self.store.stats()
