@@ -166,3 +166,23 @@ def test_gradients_scaled_for_tables_picked_by_layer_name_raise_naming_that_caus
         CaptureError, match=r"other ops to the gradient before the update: Mul for the table, nothing for the packed"
     ):
         _graph_spec(htf_estimator.model_fn(fn))
+
+
+def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_picked_by_name():
+    """``tf.clip_by_global_norm`` reads every gradient (one L2Loss per variable: fewer once packed)."""
+
+    def model_fn(features, labels, mode):
+        embedded = [
+            tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
+            for i in range(FIELDS)
+        ]
+        logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        opt = tf.compat.v1.train.AdagradOptimizer(0.1)
+        grads, variables = zip(*opt.compute_gradients(loss))
+        grads, _ = tf.clip_by_global_norm(grads, 1.0)
+        train_op = opt.apply_gradients(zip(grads, variables), global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    _, spec, report = _graph_spec(htf_estimator.model_fn(model_fn))
+    assert spec.train_op is not None and len(report.plan.packed_tables) == 1

@@ -66,7 +66,7 @@ def _data_parallel(op: tf.Operation, ranks: int) -> bool:
 
 
 def gradient_transform(update: tf.Operation, optimizer_scope: str) -> tuple[str, ...]:
-    """The types of the ops the model_fn applied to a variable's gradient before ``update`` (sorted, with repeats).
+    """The types of the ops the model_fn applied to a variable's gradient before ``update`` (sorted, once each).
 
     Walks back from the update's inputs to the gradient computation (a
     ``gradients`` scope) and the sources (constants, variables, placeholders).
@@ -75,7 +75,9 @@ def gradient_transform(update: tf.Operation, optimizer_scope: str) -> tuple[str,
     ``DistributedAdagrad_Allreduce``), are the model_fn's doing: a gradient
     scaled or clipped for some variables (``tf.IndexedSlices(g.values * 10,
     ...)`` for those whose name contains ``emb``). Ops that do not read a
-    gradient (the ids, a learning rate schedule) are not counted.
+    gradient (the ids, a learning rate schedule) are not counted. Types, not
+    counts: a global norm over all gradients (``tf.clip_by_global_norm``) has
+    one ``L2Loss`` per variable, fewer with packed variables.
 
     Example:
         >>> gradient_transform(table_update_op, "Adagrad")
@@ -105,7 +107,7 @@ def gradient_transform(update: tf.Operation, optimizer_scope: str) -> tuple[str,
         own = op.name.startswith(f"{optimizer_scope}/") or op.name.split("/")[0].startswith(head)
         if from_gradient[op.name] and not own and not _data_parallel(op, ranks):
             found.append(op.type)
-    return tuple(sorted(found))
+    return tuple(sorted(set(found)))
 
 
 def updaters(variable) -> frozenset:
