@@ -111,12 +111,20 @@ def test_keras_v3_weights_file_restores_across_layouts(direction, trained, batch
     _assert_same_model(fresh, source, batches[-1][0])
 
 
-def test_legacy_hdf5_is_refused_not_written_without_tables(trained, tmp_path):
+def test_legacy_hdf5_is_refused_not_written_without_tables(trained, batches, tmp_path):
     model = trained("functional", True)
     for save in (model.save_weights, model.save, model.load_weights):
         with pytest.raises(NotImplementedError, match=r"legacy HDF5 format.*Keras v3 format"):
             save(str(tmp_path / "model.h5"))
     assert not (tmp_path / "model.h5").exists()
+    # a ModelCheckpoint to one is refused when fit starts, not after the first epoch's training
+    model = _compile(_build("functional", batches, wrapped=True))  # the shared trained model stays unchanged
+    steps = model.optimizer.iterations.numpy()
+    for weights_only in (False, True):
+        callback = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "best-{epoch}.h5"), save_weights_only=weights_only)
+        with pytest.raises(NotImplementedError, match=r"legacy HDF5 format"):
+            model.fit(*batches[0], epochs=1, verbose=0, callbacks=[callback])
+    assert model.optimizer.iterations.numpy() == steps
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -372,6 +372,37 @@ def test_function_constraints_raise_capture_error():
         two_steps(tf.constant([1, 2]))
 
     @htf.function
+    def looked_up_before_the_tape(x):  # the step's first lookup outside the tape: no gradient for the tables
+        tf.reduce_sum(tables.lookup("a", x))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tables.lookup("a", x + 1))
+        return tape.gradient(loss, list(tables.trainable_variables))
+
+    with pytest.raises(CaptureError, match=r"lookup #1 \(table 'a'\) runs under a tf.GradientTape that was not"):
+        looked_up_before_the_tape(tf.constant([1, 2]))
+
+    @htf.function
+    def one_tape_per_micro_step(x):  # the second tape would see the first tape's chain
+        grads = []
+        for part in (x[:1], x[1:]):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tables.lookup("a", part))
+            grads.append(tape.gradient(loss, list(tables.trainable_variables)))
+        return grads
+
+    with pytest.raises(CaptureError, match=r"lookup #1 .*use htf.micro_batch_gradients"):
+        one_tape_per_micro_step(tf.constant([1, 2]))
+
+    @htf.function
+    def looked_up_after_the_tape(x):  # an evaluation lookup after the tape: no tape records, nothing to refuse
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tables.lookup("a", x))
+        grads = tape.gradient(loss, list(tables.trainable_variables))
+        return grads, tables.lookup("a", x + 1)
+
+    assert looked_up_after_the_tape(tf.constant([1, 2]))[0][0] is not None
+
+    @htf.function
     def stateless(seed):  # stateless random ids are fine
         return tables.lookup("a", tf.random.stateless_uniform([3], seed, 0, 10, tf.int64))
 
@@ -460,3 +491,25 @@ def test_unknown_table_and_bad_ids_raise():
         Tables([TableConfig("x", 3, 2), TableConfig("x", 4, 2)])
     with pytest.raises(TypeError, match="Tables"):
         htf.embedding.lookup(object(), "user", [1])
+
+
+def test_function_with_jit_compile_runs_without_xla_and_says_so(keras_data, caplog):
+    plain, wrapped = _model_pair()
+    x, y = keras_data[0]
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        step = _train_step(wrapped, tf.keras.optimizers.Adam(0.01), htf.function(jit_compile=True))
+    assert "cannot be compiled by XLA, so the step runs without XLA" in caplog.text
+    plain_step = _train_step(plain, tf.keras.optimizers.Adam(0.01), tf.function)
+    np.testing.assert_allclose(step(x, y).numpy(), plain_step(x, y).numpy(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("compile_fn", [tf.function, htf.function], ids=["tf_function", "htf_function"])
+def test_custom_loop_refuses_a_packed_layer_frozen_after_optimize(keras_data, compile_fn):
+    """compile refuses it; a custom loop's step (the model called under a tape) must too: the frozen table would
+    train through its packed variable."""
+    _, wrapped = _model_pair()
+    wrapped.get_layer("emb_one_a").trainable = False
+    step = _train_step(wrapped, tf.keras.optimizers.Adam(0.01), compile_fn)
+    with pytest.raises(ValueError, match=r"\[.emb_one_a.\] were packed while trainable and frozen afterwards"):
+        step(*keras_data[0])
+    wrapped.predict(keras_data[0][0], verbose=0)  # inference (no tape) still runs

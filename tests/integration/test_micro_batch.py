@@ -197,6 +197,22 @@ def test_batch_dependent_layers_are_refused():
     assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
 
 
+def test_a_batch_norm_unfrozen_after_optimize_is_refused_when_fit_starts(batches):
+    """Frozen, it is accepted; unfrozen afterwards it would normalize each micro-batch with its own statistics."""
+    model = wide_and_deep(batch_norm=True)
+    norms = [layer for layer in model.layers if isinstance(layer, tf.keras.layers.BatchNormalization)]
+    for layer in norms:
+        layer.trainable = False
+    model = htf.keras.optimize(model, micro_batches=2)
+    norms[0].trainable = True
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    with pytest.raises(ValueError, match=rf"layer {norms[0].name!r} is a BatchNormalization"):
+        model.fit(*batches[0], verbose=0)
+    norms[0].trainable = False
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    model.fit(*batches[0], verbose=0)
+
+
 @pytest.mark.parametrize("layer", ["hidden_0", "hidden_1"])
 def test_from_a_named_layer(layer, batches):
     """The model cut at a layer: lookups and the layers before it once, the rest per micro-batch."""

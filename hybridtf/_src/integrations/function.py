@@ -28,10 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 
 import tensorflow as tf
+from tensorflow.python import pywrap_tfe
 from tensorflow.python.autograph.core import converter
 from tensorflow.python.autograph.impl import api as autograph_api
+from tensorflow.python.eager import record
 from tensorflow.python.framework import func_graph as func_graph_module
 from tensorflow.python.framework import ops
 from tensorflow.python.util import object_identity
@@ -41,6 +44,8 @@ from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, Looku
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
 from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
+
+_log = logging.getLogger("hybridtf")
 
 # Op types that gather rows of a resource variable (input 0 is its handle).
 _GATHER_OPS = frozenset({"ResourceGather", "ResourceGatherNd", GATHER_ROWS})
@@ -239,7 +244,17 @@ class _ServedOutputs:
                     f"{_describe(request, index)} reads it, but htf.function reads all tables of a step (or of a "
                     "micro-batch) at its first lookup; run one training step per htf.function call."
                 )
-        return self._outputs[index]
+        out = self._outputs[index]
+        if _untaped(out):
+            raise CaptureError(
+                f"htf.function: {_describe(request, index)} runs under a tf.GradientTape that was not recording "
+                "when the step's first lookup ran, but htf.function runs all lookups of a step at its first lookup "
+                "(one fused chain per packed table): this tape would give the tables no gradient. Call the model "
+                "for the first time in the step inside the tape you differentiate (and nothing before it), use "
+                "htf.micro_batch_gradients for one tape per micro-batch, or use tf.function for this step (an "
+                "htf.keras.optimize'd model packs its own lookups per call)."
+            )
+        return out
 
     def _scan(self, operations, watched) -> None:
         for op in operations:
@@ -255,6 +270,18 @@ class _ServedOutputs:
             return
         self._scan(graph.get_operations()[self._cursor : version], self._watched)
         self._cursor = version
+
+
+def _untaped(out) -> bool:
+    """Whether a gradient tape records now but does not record ``out`` (its chain was built outside that tape)."""
+    if not record.could_possibly_record() or pywrap_tfe.TFE_Py_TapeSetIsStopped():
+        return False
+    flat = [
+        t
+        for t in tf.nest.flatten(out, expand_composites=True)
+        if isinstance(t, tf.Tensor) and (t.dtype.is_floating or t.dtype.is_complex)
+    ]
+    return bool(flat) and not pywrap_tfe.TFE_Py_TapeSetShouldRecordBackprop(flat)
 
 
 def _referenced(python_function, args, kwargs) -> list:
@@ -366,11 +393,16 @@ def function(
     * a table must not be updated in the function before one of its lookups
       (e.g. two optimizer steps unrolled in one call): the tables are read
       at the first lookup;
+    * the step's first lookup must run inside the ``tf.GradientTape`` that
+      differentiates the lookups (not a model call before the tape, nor one
+      tape per micro-step: use ``htf.micro_batch_gradients``);
     * Python side effects run twice per trace (as on a retrace), and
       ``tf.Variable``s must be created outside the function or by Keras
       layers and optimizers (which create theirs once).
 
-    Violations of the first three raise ``CaptureError`` naming the lookup.
+    Violations of the first four raise ``CaptureError`` naming the lookup.
+    ``jit_compile=True`` is dropped with a warning (hybridtf's ops have no
+    XLA kernels).
     Ids that depend on another lookup's output are fine (they are computed
     with an extra, unpacked lookup).
 
@@ -413,6 +445,13 @@ def function(
         return functools.partial(function, **options)
     if not callable(func):
         raise TypeError(f"htf.function takes a callable, got {type(func).__name__}.")
+    if options["jit_compile"] or options["experimental_compile"]:
+        _log.warning(
+            "htf.function(%s, jit_compile=True): hybridtf's packed embedding ops (custom TensorFlow kernels) cannot "
+            "be compiled by XLA, so the step runs without XLA (same math). Pass jit_compile=False to silence this.",
+            getattr(func, "__name__", type(func).__name__),
+        )
+        options["jit_compile"] = options["experimental_compile"] = None
     step = _PackedStep(func, experimental_autograph_options)
 
     @functools.wraps(func)

@@ -46,6 +46,9 @@ class _InterleaveModelMixin(PlainConstruction):
         return micro_batch.micro_batched_train_step(self, data, micro.num_micro_batches, micro.interleave_from)
 
     def make_train_function(self, force=False):
+        micro = self._htf_micro
+        if self._htf_pending is not None or (micro is not None and micro.num_micro_batches > 1):
+            micro_batch.check_layers(self)  # a layer unfrozen since optimize (fit calls this before tracing)
         if self._htf_pending is None:
             return super().make_train_function(force)
         if self.train_function is not None and not force:

@@ -22,6 +22,7 @@ import logging
 import os
 
 import tensorflow as tf
+from tensorflow.python.eager import record
 
 from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
 from hybridtf._src.capture import context
@@ -46,6 +47,8 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
+        if record.could_possibly_record():  # under a gradient tape (a custom loop's step): nothing frozen alone
+            keras_notices.refuse_frozen_packed_layers(self)
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
             with dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope:  # this forward pass only
                 result = base_call(inputs, *args, **kwargs)
@@ -102,6 +105,9 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
 
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage
+        for callback in kwargs.get("callbacks") or ():  # refused now, not after the first epoch's training
+            if isinstance(callback, tf.keras.callbacks.ModelCheckpoint):
+                keras_notices.refuse_legacy_hdf5(callback.filepath, None)
         if storage.sharded:
             for callback in kwargs.get("callbacks") or ():
                 horovod_hooks.shard_aware_callback(callback, storage, self)
@@ -175,7 +181,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         call it (the tables are gathered, a collective); rank 0 writes the
         file, which any number of ranks (or the plain model) can restore.
         """
-        _refuse_legacy_hdf5(filepath, save_format)
+        keras_notices.refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
         base = super().save_weights
 
@@ -198,7 +204,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         return None
 
     def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
-        _refuse_legacy_hdf5(filepath, None)
+        keras_notices.refuse_legacy_hdf5(filepath, None)
         if str(filepath).endswith((".keras", ".weights.h5")):
             self._htf_build_optimizer()  # Keras files hold the optimizer's state by position: build it first
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
@@ -217,7 +223,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
             optimizer._htf_plain_variables()
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
-        _refuse_legacy_hdf5(filepath, save_format)
+        keras_notices.refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
         if storage.sharded or dynamic_exchange.sharded_tables(self):
             raise _sharded_save_error(storage.world.size)
@@ -351,28 +357,6 @@ def _crash_safe(filepath, overwrite):
     else:
         with atomic_checkpoint.protected(path):
             yield path
-
-
-def _refuse_legacy_hdf5(filepath, save_format) -> None:
-    """Legacy HDF5 (``.h5``) reads each layer's ``tf.Variable`` list, where packed tables are not.
-
-    Keras would write a file without the tables (and load one leaving them
-    untouched), so it is refused; every other format keeps the plain layout.
-    """
-    if isinstance(filepath, (str, os.PathLike)):
-        path = os.fspath(filepath)
-        if path.endswith((".keras", ".weights.h5")):
-            return
-        legacy = path.endswith((".h5", ".hdf5"))
-    else:
-        legacy = True  # an open h5py.File
-    if legacy or str(save_format).lower() in ("h5", "hdf5"):
-        raise NotImplementedError(
-            "an optimized model cannot use the legacy HDF5 format ('.h5'): it reads each layer's tf.Variable "
-            "list, and hybridtf's packed tables are not in it. Use the TensorFlow format "
-            "(model.save_weights('ckpt'), model.save('dir'), tf.train.Checkpoint) or the Keras v3 format "
-            "('model.keras', 'model.weights.h5'); all keep the plain model's per-table layout."
-        )
 
 
 def is_optimized(model) -> bool:

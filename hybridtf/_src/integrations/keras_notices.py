@@ -3,14 +3,17 @@
 * ``warn_skipped``: one warning naming every embedding table left unpacked, with the reason and the fix;
 * ``feature_column_layers``: ``DenseFeatures`` layers with embedding columns (named as skipped);
 * ``warn_nothing_found``: a model without any embedding layer (raw-variable tables are not seen);
-* ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone;
+* ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone (checked at
+  ``compile`` and when the model is called under a gradient tape: a custom loop);
 * ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels);
-* ``refuse_distribution_strategy``: a model built or compiled under a multi-replica ``tf.distribute`` strategy.
+* ``refuse_distribution_strategy``: a model built or compiled under a multi-replica ``tf.distribute`` strategy;
+* ``refuse_legacy_hdf5``: legacy ``.h5`` saves and loads (also a ``ModelCheckpoint`` to one, when ``fit`` starts).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 import tensorflow as tf
 
@@ -122,3 +125,25 @@ def refuse_distribution_strategy(model, when: str) -> None:
         "outside strategy.scope() and run one process per device with horovodrun (see docs/horovod_guide.md; "
         "OneDeviceStrategy is fine)."
     )
+
+
+def refuse_legacy_hdf5(filepath, save_format) -> None:
+    """Legacy HDF5 (``.h5``) reads each layer's ``tf.Variable`` list, where packed tables are not.
+
+    Keras would write a file without the tables (and load one leaving them
+    untouched), so it is refused; every other format keeps the plain layout.
+    """
+    if isinstance(filepath, (str, os.PathLike)):
+        path = os.fspath(filepath)
+        if path.endswith((".keras", ".weights.h5")):
+            return
+        legacy = path.endswith((".h5", ".hdf5"))
+    else:
+        legacy = True  # an open h5py.File
+    if legacy or str(save_format).lower() in ("h5", "hdf5"):
+        raise NotImplementedError(
+            "an optimized model cannot use the legacy HDF5 format ('.h5'): it reads each layer's tf.Variable "
+            "list, and hybridtf's packed tables are not in it. Use the TensorFlow format "
+            "(model.save_weights('ckpt'), model.save('dir'), tf.train.Checkpoint) or the Keras v3 format "
+            "('model.keras', 'model.weights.h5'); all keep the plain model's per-table layout."
+        )

@@ -86,6 +86,16 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
             f"{type(model).__name__} overrides train_step; hybridtf's micro-batched step replaces Keras's train_step "
             "and would skip yours. Use micro_batches=1, or micro-batch inside your own train_step."
         )
+    check_layers(model)
+
+
+def check_layers(model) -> None:
+    """Refuses layers whose training math depends on the whole batch (checked again when a step is traced: a layer
+    may have been unfrozen since ``optimize``).
+
+    Raises:
+        MicroBatchError: a trainable BatchNormalization or an activity regularizer.
+    """
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
             raise MicroBatchError(
