@@ -288,3 +288,34 @@ def test_exclude_by_table_qualified_name_or_layer_and_ambiguous_names_are_errors
     model = _towers_repeating_a_layer_name()[0]
     with pytest.raises(ValueError, match=r"layer 'dense.*' \(Dense\), which is not an embedding table"):
         htf.keras.optimize(model, exclude=[model.layers[-1]])
+
+
+def _histograms(logdir) -> dict:
+    from tensorflow.core.util import event_pb2
+
+    found = {}
+    for path in sorted((logdir / "train").glob("events.out.tfevents.*")):
+        for record in tf.data.TFRecordDataset(str(path)):
+            for value in event_pb2.Event.FromString(record.numpy()).summary.value:
+                if value.tag.endswith("/histogram"):
+                    found[value.tag] = tf.make_ndarray(value.tensor)
+    return found
+
+
+def test_tensorboard_histograms_include_the_packed_tables(tmp_path):
+    """Keras logs each top-level layer's weights; a packed layer holds none, so its table is logged as well."""
+    tf.keras.utils.set_random_seed(3)
+    plain = _model()
+    wrapped = _model()
+    wrapped.set_weights(plain.get_weights())
+    wrapped = htf.keras.optimize(wrapped)
+    for label, model in (("plain", plain), ("wrapped", wrapped)):
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        callback = tf.keras.callbacks.TensorBoard(str(tmp_path / label), histogram_freq=1)
+        model.fit(_batch(), tf.ones([16, 1]), verbose=0, epochs=2, batch_size=8, callbacks=[callback])
+    plain_logs, wrapped_logs = _histograms(tmp_path / "plain"), _histograms(tmp_path / "wrapped")
+    assert len(wrapped_logs) == len(plain_logs)  # the Dense layers' (named dense / dense_1) and the tables'
+    tables = {f"emb_{k}/embeddings_0/histogram" for k in "abcd"}
+    assert tables <= set(plain_logs) and tables <= set(wrapped_logs)
+    for tag in tables:  # [buckets, (left, right, count)]: the same table values
+        np.testing.assert_allclose(wrapped_logs[tag], plain_logs[tag], rtol=1e-5, atol=1e-6, err_msg=tag)

@@ -29,7 +29,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_notices, keras_record
+from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_callbacks, keras_notices, keras_record
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
@@ -105,9 +105,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
 
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage
-        for callback in kwargs.get("callbacks") or ():  # refused now, not after the first epoch's training
-            if isinstance(callback, tf.keras.callbacks.ModelCheckpoint):
-                keras_notices.refuse_legacy_hdf5(callback.filepath, None)
+        keras_callbacks.adapt_callbacks(self, kwargs.get("callbacks"))  # .h5 checkpoints, table histograms
         if storage.sharded:
             for callback in kwargs.get("callbacks") or ():
                 horovod_hooks.shard_aware_callback(callback, storage, self)
