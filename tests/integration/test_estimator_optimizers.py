@@ -7,6 +7,9 @@ the same filters pick it; a split the packed variables cannot follow raises inst
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 import pytest
 import tensorflow as tf
 
@@ -121,54 +124,125 @@ def test_a_loss_term_over_tables_picked_by_name_raises_naming_that_cause():
         _graph_spec(htf_estimator.model_fn(model_fn))
 
 
-def _scaled_model_fn(picked):
-    """SGD over every variable; the gradients of the variables ``picked(v)`` selects are scaled by 20 first."""
+def _scaled_model_fn(picked, optimizer="sgd", scope=None, in_cond=False):
+    """One optimizer over every variable; the gradient of each variable ``picked(v, layers)`` selects is multiplied
+    by the factor it returns first (True: 20; ``layers``: the embedding layers).
+
+    Args:
+        optimizer: "sgd" or "adam" (its sparse update scatters the gradient into its slots, then reads them).
+        scope: a name scope around the optimizer's ops (the user's multiplications are in it too).
+        in_cond: the update inside a ``tf.cond`` (skipped unless every gradient is finite).
+    """
 
     def model_fn(features, labels, mode):
-        deep = []
-        for i in range(FIELDS):
-            with tf.compat.v1.variable_scope("deep"):
-                layer = tf.keras.layers.Embedding(VOCAB - i, 4, embeddings_initializer=_init(i), name=f"d{i}")
-                deep.append(layer(features[f"C{i}"]))
+        deep, layers = [], []
+        for table_scope, fields in (("deep", range(FIELDS // 2)), ("deeper", range(FIELDS // 2, FIELDS))):
+            with tf.compat.v1.variable_scope(table_scope):  # entered once: deep/d0 ... deep/d3, deeper/d4 ...
+                for i in fields:
+                    layers.append(
+                        tf.keras.layers.Embedding(VOCAB - i, 4, embeddings_initializer=_init(i), name=f"d{i}")
+                    )
+                    deep.append(layers[-1](features[f"C{i}"]))
         dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))
         logit = dense(tf.concat(deep, axis=1))
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
         tf.compat.v1.add_to_collection(LOSS_KEY, loss)
-        opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
+        with tf.name_scope(scope) if scope else contextlib.nullcontext():
+            if optimizer == "adam":
+                opt = tf.compat.v1.train.AdamOptimizer(0.01)
+            else:
+                opt = tf.compat.v1.train.GradientDescentOptimizer(0.5)
 
-        def scale(g):
-            if isinstance(g, tf.IndexedSlices):
-                return tf.IndexedSlices(g.values * 20.0, g.indices, g.dense_shape)
-            return g * 20.0
+            def scale(g, factor):
+                if isinstance(g, tf.IndexedSlices):
+                    return tf.IndexedSlices(g.values * factor, g.indices, g.dense_shape)
+                return g * factor
 
-        scaled = [(scale(g) if picked(v) else g, v) for g, v in opt.compute_gradients(loss)]
-        train_op = opt.apply_gradients(scaled, global_step=tf.compat.v1.train.get_global_step())
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+            scaled = []
+            for g, v in opt.compute_gradients(loss):
+                factor = picked(v, layers)
+                scaled.append((scale(g, 20.0 if factor is True else factor) if factor else g, v))
+            step = tf.compat.v1.train.get_global_step()
+            if not in_cond:
+                return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=opt.apply_gradients(scaled, step))
+            finite = tf.reduce_all(
+                [
+                    tf.reduce_all(tf.math.is_finite(g.values if isinstance(g, tf.IndexedSlices) else g))
+                    for g, _ in scaled
+                ]
+            )
+            update = tf.cond(finite, lambda: opt.apply_gradients(scaled), tf.no_op)
+            with tf.control_dependencies([update]):
+                return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=step.assign_add(1))
 
     return model_fn
 
 
 def test_gradients_scaled_for_tables_picked_by_their_scope_train_as_plain(tmp_path):
     """The packed variable is named under the tables' shared scope (deep), so the same filter scales its gradient."""
-    fn = _scaled_model_fn(lambda v: v.name.startswith("deep"))  # deep/d0, deep_1/d1, ...
+    fn = _scaled_model_fn(lambda v, layers: v.name.startswith("deep"))  # deep/d0, ..., deeper/d4, ...
     _, plain = _train(fn, tmp_path / "plain", 20)
-    _, unscaled = _train(_scaled_model_fn(lambda v: False), tmp_path / "unscaled", 20)
+    _, unscaled = _train(_scaled_model_fn(lambda v, layers: False), tmp_path / "unscaled", 20)
     assert abs(plain - unscaled).max() > 1e-3  # the scaling changes training (100x the tolerance)
     _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 20)
     _assert_losses_close(wrapped, plain)
 
 
+def _by_layer_name(v, layers):
+    return v.name.split("/")[-2] in {f"d{i}" for i in range(FIELDS)}
+
+
 def test_gradients_scaled_for_tables_picked_by_layer_name_raise_naming_that_cause():
     """Only the tables' own names say ``/d3/``-like layer names: no packed variable carries them, and the packed
     variable's gradient would silently go unscaled."""
-    fn = _scaled_model_fn(lambda v: v.name.split("/")[-2] in {f"d{i}" for i in range(FIELDS)})
+    fn = _scaled_model_fn(_by_layer_name)
     with pytest.raises(
-        CaptureError, match=r"other ops to the gradient before the update: Mul for the table, nothing for the packed"
+        CaptureError,
+        match=r"other ops to the gradient before the update: Mul\(20.0\) for the table, nothing for the packed",
     ):
         _graph_spec(htf_estimator.model_fn(fn))
 
 
-def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_picked_by_name():
+@pytest.mark.parametrize(
+    "where",
+    [
+        dict(optimizer="adam"),  # the scaled gradient reaches the table through Adam's slots
+        dict(scope="train"),  # the user's multiplications inside the optimizer's name scope
+        dict(in_cond=True),  # the update inside a tf.cond's branch
+    ],
+    ids=["adam_slots", "name_scope", "cond"],
+)
+def test_a_missed_scaling_is_found_wherever_the_update_reads_the_gradient(where):
+    with pytest.raises(CaptureError, match=r"Mul\(20.0\) for the table, nothing for the packed"):
+        _graph_spec(htf_estimator.model_fn(_scaled_model_fn(_by_layer_name, **where)))
+
+
+@pytest.mark.parametrize("picked", ["scope", "layer"])
+def test_other_multipliers_per_scope_or_per_layer_pack_apart_and_train_as_plain(tmp_path, picked):
+    """x2 for the tables of scope deep, x0.5 for those of deeper: the constants tell the transforms apart, so the
+    tables are packed apart (each packed variable under its scope, and each layer's variables its own)."""
+    if picked == "scope":
+
+        def factor(v, layers):
+            return 2.0 if v.name.startswith("deep/") else 0.5 if v.name.startswith("deeper/") else 0
+
+    else:
+
+        def factor(v, layers):  # keyed by the layers' own variables (a packed layer gives its packed variable)
+            factors = {}
+            for i, layer in enumerate(layers):
+                factors.update({w.ref(): 2.0 if i < FIELDS // 2 else 0.5 for w in layer.trainable_variables})
+            return factors.get(v.ref(), 0)
+
+    fn = _scaled_model_fn(factor)
+    _, plain = _train(fn, tmp_path / "plain", 20)
+    hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lambda line: None)
+    _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 20, hooks)
+    _assert_losses_close(wrapped, plain)
+    assert len(hooks[0].report.plan.packed_tables) == 2
+
+
+def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_picked_by_name(caplog):
     """``tf.clip_by_global_norm`` reads every gradient (one L2Loss per variable: fewer once packed)."""
 
     def model_fn(features, labels, mode):
@@ -184,5 +258,8 @@ def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_p
         train_op = opt.apply_gradients(zip(grads, variables), global_step=tf.compat.v1.train.get_global_step())
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
-    _, spec, report = _graph_spec(htf_estimator.model_fn(model_fn))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        _, spec, report = _graph_spec(htf_estimator.model_fn(model_fn))
     assert spec.train_op is not None and len(report.plan.packed_tables) == 1
+    # the packed gradient has summed distinct rows: once the clip acts the math differs, which is said
+    assert "clips the gradients of packed tables ['e0', 'e1'" in caplog.text and "exclude=" in caplog.text

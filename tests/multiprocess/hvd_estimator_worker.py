@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 import horovod.tensorflow as hvd
 
 import hybridtf as htf
+from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.capture.layers import EmbeddingBag
 from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 
@@ -72,9 +73,30 @@ def model_fn(features, labels, mode):
     tf.compat.v1.add_to_collection(LOSS_KEY, loss)
     optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
     if hvd.size() > 1:
-        optimizer = htf.horovod.DistributedOptimizer(optimizer)
+        wrap = hvd.DistributedOptimizer if _HOROVODS_OWN else htf.horovod.DistributedOptimizer
+        optimizer = wrap(optimizer)
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
     return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+_HOROVODS_OWN = False  # hvd.DistributedOptimizer (which would average the shards' gradients) in the model_fn
+
+
+def horovods_own_optimizer_error(rank, size):
+    """The error building the model_fn with hvd.DistributedOptimizer gives (None: it built)."""
+    global _HOROVODS_OWN
+    _HOROVODS_OWN = True
+    try:
+        with tf.Graph().as_default():
+            tf.compat.v1.train.get_or_create_global_step()
+            iterator = tf.compat.v1.data.make_one_shot_iterator(input_fn(global_data(1, seed=5), rank, size))
+            features, labels = iterator.get_next()
+            htf.estimator.model_fn(model_fn)(features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN)
+        return None
+    except CaptureError as error:
+        return str(error)
+    finally:
+        _HOROVODS_OWN = False
 
 
 class LossHook(tf.compat.v1.train.SessionRunHook):
@@ -114,6 +136,8 @@ def main():
     result["shards"] = losses.shards
     ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))
     result["checkpoint_shapes"] = {k: s for k, s in tf.train.list_variables(ckpt) if "emb_C0" in k or "hist" in k}
+    if size > 1:
+        result["hvd_optimizer_error"] = horovods_own_optimizer_error(rank, size)
     with open(os.path.join(args.out, f"estimator_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 

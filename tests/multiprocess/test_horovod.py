@@ -142,3 +142,5 @@ def test_estimator_under_horovod_equals_one_process(runs):
     np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=RTOL)
     for r in ranks:
         assert r["checkpoint_shapes"] == single["checkpoint_shapes"]
+        # hvd.DistributedOptimizer would average the shards' gradients: refused when the graph is built
+        assert "instead of hvd.DistributedOptimizer" in (r["hvd_optimizer_error"] or ""), r["hvd_optimizer_error"]

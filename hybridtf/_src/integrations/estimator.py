@@ -431,6 +431,10 @@ def build(
     real.check_done()
     if real.storage is not None:
         estimator_updates.check_updates(plan, real.storage.packed, record.variables)
+        sharded = {name for name, layout in real.storage.layouts.items() if layout is not None}
+        estimator_updates.check_shards_stay_local(real.storage.packed, sharded)
+        if mode == tf.estimator.ModeKeys.TRAIN:
+            estimator_updates.warn_clipped_tables(plan, real.storage.packed)
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}

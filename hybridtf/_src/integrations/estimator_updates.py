@@ -20,12 +20,17 @@ deep part. A packed variable holds several tables, so the wrapper
 
 from __future__ import annotations
 
+import bisect
+import logging
 import re
 
 import tensorflow as tf
+from tensorflow.python.ops import cond_v2
 
 from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.world import current_world
+
+_log = logging.getLogger("hybridtf")
 
 _WRITES = (
     "ResourceApply",
@@ -44,7 +49,7 @@ _SOURCES = frozenset(
 _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 # Ops a wrapped step adds or moves per variable (identities, hybridtf's and Horovod's ops): not the user's.
 _NOT_THE_USERS = ("Identity", "IdentityN", "StopGradient", "HybridTF>", "Horovod")
-_MAX_WALK = 256
+_MAX_WALK = 512
 # Horovod's DistributedOptimizer averages the gradients of replicated variables in this scope.
 _HOROVOD_SCOPE = re.compile(r"(^|/)Distributed\w*_Allreduce(_\d+)?/")
 
@@ -65,49 +70,89 @@ def _data_parallel(op: tf.Operation, ranks: int) -> bool:
     return False
 
 
-def gradient_transform(update: tf.Operation, optimizer_scope: str) -> tuple[str, ...]:
-    """The types of the ops the model_fn applied to a variable's gradient before ``update`` (sorted, once each).
+def _update_scope_ops(graph, prefix: str) -> list:
+    """The ops of ``graph`` whose name starts with ``prefix`` (an optimizer's ``.../update_<variable>/`` scope)."""
+    cached = _SCOPE_INDEX.get(id(graph))
+    if cached is None or cached[0] != graph.version or cached[1] is not graph:
+        names = sorted((op.name, op) for op in graph.get_operations() if "/update_" in op.name)
+        cached = (graph.version, graph, [n for n, _ in names], [op for _, op in names])
+        _SCOPE_INDEX.clear()  # one graph at a time (the record pass's, then the real one)
+        _SCOPE_INDEX[id(graph)] = cached
+    keys, ops = cached[2], cached[3]
+    return ops[bisect.bisect_left(keys, prefix) : bisect.bisect_left(keys, prefix + "\U0010ffff")]
 
-    Walks back from the update's inputs to the gradient computation (a
-    ``gradients`` scope) and the sources (constants, variables, placeholders).
-    The ops on the way that compute from a gradient, other than the
-    optimizer's own (its scope, or one that starts with its name: Horovod's
-    ``DistributedAdagrad_Allreduce``), are the model_fn's doing: a gradient
-    scaled or clipped for some variables (``tf.IndexedSlices(g.values * 10,
-    ...)`` for those whose name contains ``emb``). Ops that do not read a
-    gradient (the ids, a learning rate schedule) are not counted. Types, not
-    counts: a global norm over all gradients (``tf.clip_by_global_norm``) has
-    one ``L2Loss`` per variable, fewer with packed variables.
+
+_SCOPE_INDEX: dict = {}
+
+
+def _signature(op: tf.Operation) -> str:
+    """``op``'s type and the values of its small constant inputs (``Mul(20.0)``): two scales differ."""
+    values = []
+    for t in op.inputs:
+        if t.op.type != "Const":
+            continue
+        value = tf.get_static_value(t)
+        if value is not None and value.size <= 8:
+            values.append(",".join(repr(v) for v in value.ravel().tolist()))
+    return f"{op.type}({';'.join(values)})" if values else op.type
+
+
+def gradient_transform(update: tf.Operation, optimizer_scope: str, bridge: dict | None = None) -> tuple[str, ...]:
+    """What the model_fn applied to a variable's gradient before ``update``: op types (with their constants).
+
+    Walks back from the inputs of the variable's whole update (the ops of its
+    ``<optimizer>/update_<variable>/`` scope: an Adam update reads its slots
+    back after scattering the gradient into them) to the gradient computation
+    (a ``gradients`` scope) and the sources (constants, variables,
+    placeholders). The ops on the way that compute float values from a
+    gradient, other than the optimizer's own (its scope) and Horovod's
+    averaging, are the model_fn's doing: a gradient scaled or clipped for some
+    variables (``tf.IndexedSlices(g.values * 10, ...)`` for those whose name
+    contains ``emb``), each with its constants (``Mul(10.0)``: a scale of 2
+    for one scope and 0.5 for another differ). Ops that do not read a
+    gradient (the ids, a learning rate schedule) and integer ops (shapes) are
+    not counted. A set, not counts: a global norm over all gradients
+    (``tf.clip_by_global_norm``) has one ``L2Loss`` per variable, fewer with
+    packed variables. ``bridge`` maps the input placeholders of a ``tf.cond``
+    branch the update runs in to the ``If`` op's inputs outside it: the walk
+    goes on there.
 
     Example:
         >>> gradient_transform(table_update_op, "Adagrad")
-        ('Mul',)
+        ('Mul(10.0)',)
     """
-    head = optimizer_scope.split("/", maxsplit=1)[0]
     ranks = current_world().size
-    from_gradient: dict[str, bool] = {}  # op name -> whether a gradient op is among its inputs' producers
-    found = []
-    stack = [(t.op, False) for t in update.inputs]
+    bridge = bridge or {}
+    scope = update.name[: update.name.rfind("/") + 1]
+    seeds = [update, *_update_scope_ops(update.graph, scope)]
+    from_gradient: dict = {}  # op -> whether a gradient op is among its inputs' producers
+    found = set()
+    stack = [(t.op, False) for seed in seeds for t in seed.inputs]
     while stack:
         op, expanded = stack.pop()
-        if op.name in from_gradient and not expanded:
+        if op in from_gradient and not expanded:
             continue
+        if op in bridge:  # a cond branch's input: its value comes from outside the branch
+            op = bridge[op]
+            if op in from_gradient:
+                continue
         if op.type in _SOURCES or len(from_gradient) >= _MAX_WALK:
-            from_gradient[op.name] = False
+            from_gradient[op] = False
             continue
         if _GRADIENT_SCOPE.search(op.name):
-            from_gradient[op.name] = True
+            from_gradient[op] = True
             continue
         if not expanded:
-            from_gradient[op.name] = False  # while its inputs are walked (a cycle reads it as not)
+            from_gradient[op] = False  # while its inputs are walked (a cycle reads it as not)
             stack.append((op, True))
-            stack.extend((t.op, False) for t in op.inputs if t.op.name not in from_gradient)
+            stack.extend((t.op, False) for t in op.inputs if t.op not in from_gradient)
             continue
-        from_gradient[op.name] = any(from_gradient.get(t.op.name, False) for t in op.inputs)
-        own = op.name.startswith(f"{optimizer_scope}/") or op.name.split("/")[0].startswith(head)
-        if from_gradient[op.name] and not own and not _data_parallel(op, ranks):
-            found.append(op.type)
-    return tuple(sorted(set(found)))
+        from_gradient[op] = any(from_gradient.get(bridge.get(t.op, t.op), False) for t in op.inputs)
+        if not from_gradient[op] or op.name.startswith(f"{optimizer_scope}/") or _data_parallel(op, ranks):
+            continue
+        if any(t.dtype.is_floating or t.dtype.is_complex for t in op.outputs):
+            found.add(_signature(op))
+    return tuple(sorted(found))
 
 
 def updaters(variable) -> frozenset:
@@ -118,18 +163,34 @@ def updaters(variable) -> frozenset:
     names the optimizer (``Ftrl``, ``Adagrad_1``, ``DistributedAdagrad``)
     without naming the variable, so a table and the packed variable holding it
     compare equal when one optimizer updates both. The transform is what the
-    model_fn did to the gradient on the way (``gradient_transform``).
+    model_fn did to the gradient on the way (``gradient_transform``). Updates
+    inside a ``tf.cond`` (a loss-scale optimizer's, a step skipped when a
+    gradient is not finite) are found in its branches.
 
     Example:
         >>> updaters(table_variable)
         frozenset({('ResourceSparseApplyFtrl', 'Ftrl', ())})
     """
     found = set()
-    for op in variable.handle.consumers():
+    _find_updates(variable.handle, {}, found, depth=0)
+    return frozenset(found)
+
+
+def _find_updates(handle: tf.Tensor, bridge: dict, found: set, depth: int) -> None:
+    for op in handle.consumers():
         cut = op.name.find("/update_")
         if op.type.startswith(_WRITES) and cut >= 0:
-            found.add((op.type, op.name[:cut], gradient_transform(op, op.name[:cut])))
-    return frozenset(found)
+            found.add((op.type, op.name[:cut], gradient_transform(op, op.name[:cut], bridge)))
+        elif op.type in ("If", "StatelessIf") and depth < 4:
+            inner = dict(bridge)
+            branches = cond_v2.get_func_graphs(op)
+            for branch in branches:
+                for outer, placeholder in zip(op.inputs[1:], branch.inputs):
+                    inner[placeholder.op] = outer.op
+            for branch in branches:
+                for index, outer in enumerate(op.inputs[1:]):
+                    if outer is handle:
+                        _find_updates(branch.inputs[index], inner, found, depth + 1)
 
 
 def update_groups(variables: dict) -> dict[str, int]:
@@ -198,6 +259,77 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
                 "variables (layer.trainable_variables), give the tables of each optimizer a variable scope of their "
                 f"own, or keep these tables unpacked: model_fn(fn, exclude={names})."
             )
+
+
+def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
+    """The first op on the way back from ``update`` (and its update scope) to the gradients that ``wanted(op)``."""
+    scope = update.name[: update.name.rfind("/") + 1]
+    seen, stack = set(), [t.op for seed in (update, *_update_scope_ops(update.graph, scope)) for t in seed.inputs]
+    while stack and len(seen) < _MAX_WALK:
+        op = stack.pop()
+        if op in seen or op.type in _SOURCES or op.type.startswith("HybridTF>") or _GRADIENT_SCOPE.search(op.name):
+            continue  # (hybridtf's own chain: its alltoall exchanges ids and rows, it averages nothing)
+        seen.add(op)
+        if wanted(op):
+            return op
+        stack.extend(t.op for t in op.inputs)
+    return None
+
+
+def _table_updates(variable):
+    for op in variable.handle.consumers():
+        if op.type.startswith(_WRITES) and op.name.find("/update_") >= 0:
+            yield op
+
+
+def check_shards_stay_local(packed: dict, sharded: set) -> None:
+    """Raises when Horovod allreduces the gradient of a packed table sharded over the ranks.
+
+    ``hvd.DistributedOptimizer`` averages every gradient; a shard's rows are
+    this rank's own (its gradient rows came through the alltoall), so
+    averaging them with other ranks' shards mixes different tables' rows.
+    ``htf.horovod.DistributedOptimizer`` registers the shards as local.
+
+    Args:
+        packed: packed table name -> its variable (this rank's shard when sharded).
+        sharded: names of the packed tables sharded over the ranks.
+    """
+    for name in sorted(sharded):
+        for update in _table_updates(packed[name]):
+            found = _reaches(
+                update, lambda op: op.type.startswith(_HOROVOD_AVERAGING) or _HOROVOD_SCOPE.search(op.name)
+            )
+            if found is not None:
+                raise CaptureError(
+                    f"hybridtf.estimator: Horovod's {found.name!r} ({found.type}) averages the gradient of packed "
+                    f"table {name!r}, which is sharded over the ranks: each rank holds other rows of it, so the "
+                    "average would mix rows of different tables. Wrap the optimizer with "
+                    "htf.horovod.DistributedOptimizer instead of hvd.DistributedOptimizer (it keeps the shards "
+                    "local and scales their gradients by 1 / size)."
+                )
+
+
+_HOROVOD_AVERAGING = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather")
+_CLIPS = re.compile(r"(^|/)clip_by_(value|norm|global_norm|average_norm)(_\d+)?/")
+
+
+def warn_clipped_tables(plan, packed: dict) -> None:
+    """Logs once when the model_fn clips the gradient of packed tables (the math differs once clipping acts)."""
+    clipped = []
+    for pt in plan.packed_tables:
+        for update in _table_updates(packed[pt.name]):
+            if _reaches(update, lambda op: op.type == "ClipByValue" or bool(_CLIPS.search(op.name))) is not None:
+                clipped.extend(m.name for m in pt.members)
+                break
+    if clipped:
+        _log.warning(
+            "hybridtf.estimator: the model_fn clips the gradients of packed tables %s. A packed table's gradient "
+            "has one summed row per distinct id, the plain model_fn's one row per lookup position: tf.clip_by_value "
+            "and the norms of tf.clip_by_norm / tf.clip_by_global_norm see other values, so training differs "
+            "once clipping acts (equal while it does not). For the plain math keep these tables unpacked: "
+            "model_fn(fn, exclude=[...]).",
+            sorted(clipped),
+        )
 
 
 def real_pass_error(error: Exception, packed: dict) -> CaptureError:
