@@ -102,16 +102,21 @@ def test_a_split_the_packed_variables_cannot_follow_raises():
         _graph_spec(htf_estimator.model_fn(make_model_fn(split)))
 
 
+def _one_layer_loss(features, labels):
+    """The loss of a logistic regression over tables e0, e1, ... (dim 4)."""
+    embedded = [
+        tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
+        for i in range(FIELDS)
+    ]
+    logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
+    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+
+
 def test_a_loss_term_over_tables_picked_by_name_raises_naming_that_cause():
     """An L2 over the variables named "embeddings" (none packed carries it): one optimizer, another kind of update."""
 
     def model_fn(features, labels, mode):
-        embedded = [
-            tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
-            for i in range(FIELDS)
-        ]
-        logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        loss = _one_layer_loss(features, labels)
         penalties = [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables() if "embeddings" in v.name]
         if penalties:  # none in the real pass: the packed variable has another name
             loss += 1e-3 * tf.add_n(penalties)
@@ -246,12 +251,7 @@ def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_p
     """``tf.clip_by_global_norm`` reads every gradient (one L2Loss per variable: fewer once packed)."""
 
     def model_fn(features, labels, mode):
-        embedded = [
-            tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
-            for i in range(FIELDS)
-        ]
-        logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
-        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        loss = _one_layer_loss(features, labels)
         opt = tf.compat.v1.train.AdagradOptimizer(0.1)
         grads, variables = zip(*opt.compute_gradients(loss))
         grads, _ = tf.clip_by_global_norm(grads, 1.0)
