@@ -149,19 +149,14 @@ class TableOp : public OpKernel {
                             }));
     ::tensorflow::core::ScopedUnref unref(resource);
     const Config& held = resource->store()->config();
-    OP_REQUIRES(ctx,
-                held.dim == config_.dim && held.name == config_.name &&
-                    held.members.size() == config_.members.size(),
-                errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
-                                        Name(*resource->store()), " of dim ", held.dim,
-                                        "; give table '", config_.name, "' its own shared_name."));
     const std::string differs = ConfigDifference(held, config_);
-    OP_REQUIRES(ctx, differs.empty(),
-                errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
-                                        Name(*resource->store()), " with another ", differs,
-                                        ": a second table of another configuration would share "
-                                        "its rows and silently run with the first one's. Give it "
-                                        "its own shared_name, or the same settings."));
+    OP_REQUIRES(
+        ctx, differs.empty(),
+        errors::InvalidArgument("shared_name '", shared_name_, "' already names ",
+                                Name(*resource->store()), " with another ", differs,
+                                ": a second table of another configuration would share "
+                                "its rows and silently run with the first one's. Give table '",
+                                config_.name, "' its own shared_name, or the same settings."));
     Tensor* handle;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &handle));
     handle->scalar<::tensorflow::ResourceHandle>()() =

@@ -70,6 +70,9 @@ def _data_parallel(op: tf.Operation, ranks: int) -> bool:
     return False
 
 
+_SCOPE_INDEX: dict = {}  # id(graph) -> (version, graph, sorted names of update-scope ops, the ops)
+
+
 def _update_scope_ops(graph, prefix: str) -> list:
     """The ops of ``graph`` whose name starts with ``prefix`` (an optimizer's ``.../update_<variable>/`` scope)."""
     cached = _SCOPE_INDEX.get(id(graph))
@@ -82,7 +85,16 @@ def _update_scope_ops(graph, prefix: str) -> list:
     return ops[bisect.bisect_left(keys, prefix) : bisect.bisect_left(keys, prefix + "\U0010ffff")]
 
 
-_SCOPE_INDEX: dict = {}
+def _is_update(op: tf.Operation) -> bool:
+    """Whether ``op`` writes a variable in an optimizer's ``update_<variable>`` scope."""
+    return op.type.startswith(_WRITES) and "/update_" in op.name
+
+
+def _update_inputs(update: tf.Operation) -> list:
+    """The ops feeding a variable's whole update: ``update`` and every op of its ``.../update_<variable>/`` scope
+    (an Adam update reads its slots back after scattering the gradient into them)."""
+    scope = update.name[: update.name.rfind("/") + 1]
+    return [t.op for seed in (update, *_update_scope_ops(update.graph, scope)) for t in seed.inputs]
 
 
 def _signature(op: tf.Operation) -> str:
@@ -123,11 +135,9 @@ def gradient_transform(update: tf.Operation, optimizer_scope: str, bridge: dict 
     """
     ranks = current_world().size
     bridge = bridge or {}
-    scope = update.name[: update.name.rfind("/") + 1]
-    seeds = [update, *_update_scope_ops(update.graph, scope)]
     from_gradient: dict = {}  # op -> whether a gradient op is among its inputs' producers
     found = set()
-    stack = [(t.op, False) for seed in seeds for t in seed.inputs]
+    stack = [(op, False) for op in _update_inputs(update)]
     while stack:
         op, expanded = stack.pop()
         if op in from_gradient and not expanded:
@@ -178,9 +188,9 @@ def updaters(variable) -> frozenset:
 
 def _find_updates(handle: tf.Tensor, bridge: dict, found: set, depth: int) -> None:
     for op in handle.consumers():
-        cut = op.name.find("/update_")
-        if op.type.startswith(_WRITES) and cut >= 0:
-            found.add((op.type, op.name[:cut], gradient_transform(op, op.name[:cut], bridge)))
+        if _is_update(op):
+            scope = op.name[: op.name.find("/update_")]
+            found.add((op.type, scope, gradient_transform(op, scope, bridge)))
         elif op.type in ("If", "StatelessIf") and depth < 4:
             inner = dict(bridge)
             branches = cond_v2.get_func_graphs(op)
@@ -263,8 +273,7 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
 
 def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
     """The first op on the way back from ``update`` (and its update scope) to the gradients that ``wanted(op)``."""
-    scope = update.name[: update.name.rfind("/") + 1]
-    seen, stack = set(), [t.op for seed in (update, *_update_scope_ops(update.graph, scope)) for t in seed.inputs]
+    seen, stack = set(), _update_inputs(update)
     while stack and len(seen) < _MAX_WALK:
         op = stack.pop()
         if op in seen or op.type in _SOURCES or op.type.startswith("HybridTF>") or _GRADIENT_SCOPE.search(op.name):
@@ -277,9 +286,7 @@ def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
 
 
 def _table_updates(variable):
-    for op in variable.handle.consumers():
-        if op.type.startswith(_WRITES) and op.name.find("/update_") >= 0:
-            yield op
+    return [op for op in variable.handle.consumers() if _is_update(op)]
 
 
 def check_shards_stay_local(packed: dict, sharded: set) -> None:
