@@ -117,13 +117,21 @@ def test_exception_on_one_rank_ends_both_within_seconds(launches):
 
 
 def test_killed_rank_ends_the_others_within_seconds(launches):
-    code, output, _ = launches["kill"]
+    code, output, elapsed = launches["kill"]
     assert code != 0
-    # Gloo sees the closed connection; Horovod shuts down on rank 0 and its pending collective fails
-    assert re.search(r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output)
-    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     killed = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
-    assert ends[0] - killed < 5, f"rank 0 ended {ends[0] - killed} s after rank 1 was killed"
+    ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
+    if 0 in ends:
+        # Gloo saw the closed connection first: Horovod shut down on rank 0 and its pending collective failed
+        assert re.search(
+            r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective training step #4", output
+        ), output[-3000:]
+        assert ends[0] - killed < 5, f"rank 0 ended {ends[0] - killed} s after rank 1 was killed"
+    else:
+        # horovodrun saw rank 1's exit first and terminated rank 0 before its abort surfaced (a loaded machine):
+        # the job still ended, bounded, with the killed rank named
+        assert "Process name: 1" in output and "Exit code: 137" in output, output[-3000:]
+        assert elapsed is not None and elapsed < BOUND_S, f"ended {elapsed} s after rank 1 was killed"
 
 
 def test_step_that_fails_inside_an_interleaved_step_ends_both_ranks(launches):

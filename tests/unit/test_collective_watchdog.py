@@ -92,6 +92,50 @@ def test_a_rank_stuck_past_the_deadline_is_ended():
     assert elapsed < 40, elapsed  # import + 2.5 s traced + 1 s + grace 1 s + 5 s exit grace
 
 
+_SLOW_SHUTDOWN = """
+import atexit, threading, time
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World
+from hybridtf.errors import CollectiveTimeoutError
+
+
+class SlowHorovod:  # Horovod whose shutdown joins its background thread for a while (a loaded machine)
+    def __init__(self):
+        self.down, self.joining, self.joins = threading.Event(), 0, []
+
+    def allgather(self, row, name=None):
+        raise RuntimeError("no peers")  # the diagnosis gets no answer
+
+    def shutdown(self):
+        self.down.set()  # pending collectives fail now ...
+        self.joining += 1
+        self.joins.append(self.joining)  # 2: a second shutdown joined the same thread: Horovod never returns
+        time.sleep(2)  # ... while the thread is joined
+        self.joining -= 1
+
+
+hvd = SlowHorovod()
+atexit.register(lambda: print("most shutdowns at once:", max(hvd.joins), flush=True))  # runs last
+atexit.register(hvd.shutdown)  # as hvd.init does
+watchdog.set_collective_timeout(1)
+try:
+    with watchdog.collective_phase(World(0, 2, hvd), watchdog.TRAINING_STEP, "", 1):
+        hvd.down.wait(30)
+        raise RuntimeError("Horovod has been shut down")
+except CollectiveTimeoutError:
+    print("raised while joining:", hvd.joining > 0, flush=True)
+"""
+
+
+def test_the_watchdogs_shutdown_finishes_before_the_error_and_the_exit():
+    """A second hvd.shutdown() while the watchdog's still joins Horovod's thread hung both ranks of a job at exit."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SLOW_SHUTDOWN], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["raised while joining: False", "most shutdowns at once: 1"]
+
+
 def _armed(phase, seq):
     return watchdog._Armed(phase, "model 'm'", seq, 8.0, 8.0, 8.0, 0.0, 0)
 

@@ -25,7 +25,10 @@ When a deadline passes on a rank, its watchdog thread:
 2. prints the diagnosis to stderr (which collective, which rank is where,
    what to do), and keeps it for the exception;
 3. shuts Horovod down (``hvd.shutdown()``), which fails the pending collective
-   on this rank and on every other rank within a second or two (Gloo);
+   on this rank and on every other rank within a second or two (Gloo); the
+   waiting thread and the script's exit wait for that shutdown to finish (a
+   second ``hvd.shutdown()`` while the first is joining Horovod's thread never
+   returns);
 4. if the waiting thread has not come back within 5 s, ends the process
    with exit status ``EXIT_STATUS``.
 
@@ -41,6 +44,7 @@ fraction of a second Horovod takes to shut down.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import math
@@ -198,11 +202,49 @@ class _Watchdog:
         others = _diagnose(world, PHASES.index(armed.phase), armed.seq, grace)
         armed.message = _timeout_message(world, armed, others, grace)
         _print(armed.message)
-        with contextlib.suppress(Exception):
-            world.hvd.shutdown()
+        _shut_down(world)
         if not armed.left.wait(_EXIT_GRACE_S):
             _print(f"hybridtf: rank {world.rank} did not leave the collective after Horovod shut down; exiting.")
             os._exit(EXIT_STATUS)
+
+
+def _shut_down(world: World) -> None:
+    """``hvd.shutdown()`` in its own thread, waited for at most ``_EXIT_GRACE_S``.
+
+    Horovod's shutdown joins its background thread, and a second shutdown while the first is still joining
+    (Horovod's own ``atexit`` one, once the failed collective ends the script, or the caller's) joins the same
+    thread twice and never returns: both ranks of a job hung that way at exit. So the waiting thread waits for
+    this shutdown before it raises, and an ``atexit`` hook that runs before Horovod's waits for it too (or
+    ends the process when Horovod never finished).
+    """
+    global _closer
+    closer = threading.Thread(target=_shutdown_horovod, args=(world,), name="hybridtf-watchdog-shutdown", daemon=True)
+    with _lock:
+        _closer = closer
+    atexit.register(_await_shutdown_at_exit)  # registered after hvd.init's: runs first
+    closer.start()
+    closer.join(_EXIT_GRACE_S)
+
+
+def _shutdown_horovod(world: World) -> None:
+    with contextlib.suppress(Exception):
+        world.hvd.shutdown()
+
+
+def await_shutdown(timeout: float = _EXIT_GRACE_S) -> bool:
+    """Waits for a watchdog's ``hvd.shutdown()`` in progress; ``False`` if it is still running."""
+    with _lock:
+        closer = _closer
+    if closer is None:
+        return True
+    closer.join(timeout)
+    return not closer.is_alive()
+
+
+def _await_shutdown_at_exit() -> None:
+    if not await_shutdown(2 * _EXIT_GRACE_S):
+        _print("hybridtf: Horovod did not finish shutting down after the collective failed; exiting.")
+        os._exit(EXIT_STATUS)
 
 
 def _print(message: str) -> None:
@@ -286,6 +328,7 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
 
 
 _lock = threading.Lock()
+_closer: threading.Thread | None = None  # the watchdog's hvd.shutdown(), once one fired
 _local = threading.local()
 _watchdogs: dict[int, _Watchdog] = {}
 _counters: dict[str, int] = {}
@@ -338,6 +381,7 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
     try:
         yield
     except Exception as err:
+        await_shutdown()  # before the caller or the script's exit can start a second, hanging hvd.shutdown()
         if armed.message is not None:
             raise CollectiveTimeoutError(armed.message) from err
         if _HOROVOD_SHUT_DOWN in str(err):
@@ -354,6 +398,7 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
         _local.depth = 0
         dog.disarm(key)
     if armed.message is not None:  # returned just as the deadline passed: Horovod is shut down anyway
+        await_shutdown()
         raise CollectiveTimeoutError(armed.message)
 
 
