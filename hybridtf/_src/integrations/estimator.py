@@ -46,7 +46,7 @@ from hybridtf._src.integrations import estimator_capture as capture
 from hybridtf._src.integrations import estimator_dynamic, estimator_storage, estimator_updates, estimator_warm_start
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
-from hybridtf._src.integrations.estimator_saver import with_saver
+from hybridtf._src.integrations.estimator_saver import recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.rewrite import interleave
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
@@ -417,7 +417,8 @@ def build(
         groups = interleave.static_plan(plan, interleave_groups, interleave_exclude)
         real.runtime.interleaving = groups if groups.num_groups > 1 else None
         report.interleaving = real.runtime.interleaving
-    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep:
+    packed_once = estimator_updates.each_packed_variable_once(real.storage.packed if real.storage else {})
+    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep, packed_once:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
         try:
@@ -447,7 +448,11 @@ def build(
             for name, layout in real.storage.layouts.items()
             if layout is not None
         }
-        spec, _ = with_saver(spec, packed, members, config, shards)
+        plain = {
+            real.claimed[name].checkpoint_key: var for name, var in record.variables.items() if name in real.claimed
+        }
+        recorded = recorded_keys(record.spec, record.graph, plain)
+        spec, _ = with_saver(spec, packed, members, config, shards, recorded)
         estimator_warm_start.apply(packed, members, shards, mode)
     report.packed_lookups = len(real.outputs)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)

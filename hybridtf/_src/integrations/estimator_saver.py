@@ -84,25 +84,56 @@ class PackedSaveable(saveable_object.SaveableObject):
         return self._variable.assign(tf.concat(values, axis=0)).op
 
 
-def _split_entry(key: str, var, packed: dict, members: dict, shards: dict):
+def _split_entry(key: str, var, packed: dict, members: dict, shards: dict, recorded: dict | None = None):
     """``var`` saved under ``key``, or a ``PackedSaveable`` when ``key`` names a packed variable or one shaped like it.
 
     A key of a packed variable ``p`` (``p`` itself, ``p/<slot>``, ``<optimizer>/p/<slot>``,
     ``p/ExponentialMovingAverage``: every TF1 and Keras optimizer, and the moving averages,
     name their variables so) is written as one entry per member table, ``p`` replaced by the
-    table's plain key.
+    table's plain key. For the packed variable itself, ``recorded`` (plain key -> the key the plain
+    model_fn's own dict-keyed Saver gave that table's variable) wins: a moving averages' restore of
+    some tables (``ema.variables_to_restore(deep_variables)``) reads each table where the plain
+    model_fn does, whichever of them the packed variable holds.
     """
     if not isinstance(var, tf.Variable):
         return var
+    recorded = recorded or {}
     for name, packed_var in packed.items():
         head, found, rest = f"/{key}/".partition(f"/{name}/")
         if found and var.shape == packed_var.shape:
-            parts = [(f"{head}/{member}/{rest}".strip("/"), off, num) for member, off, num in members[name]]
+            own = var is packed_var
+            parts = [
+                (recorded.get(member, member) if own and recorded else f"{head}/{member}/{rest}".strip("/"), off, num)
+                for member, off, num in members[name]
+            ]
             return PackedSaveable(var, parts, shards.get(name))
     return var
 
 
-def saver_var_list(packed: dict, members: dict, shards: dict | None = None, var_list=None):
+def recorded_keys(record_spec, record_graph, tables: dict) -> dict:
+    """Plain key -> the key of that table in the plain model_fn's own dict-keyed Saver (empty: no such Saver).
+
+    Args:
+        record_spec: the plain model_fn's EstimatorSpec (the record pass).
+        record_graph: its graph.
+        tables: plain checkpoint key -> the table's variable in ``record_graph``.
+    """
+    scaffold = getattr(record_spec, "scaffold", None)
+    own = scaffold.saver if scaffold is not None and scaffold.saver is not None else None
+    if own is None:
+        savers = record_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+        own = savers[0] if savers else None
+    var_list = getattr(own, "_var_list", None)
+    if not isinstance(var_list, dict):
+        return {}
+    by_var = {}
+    for key, var in var_list.items():
+        if isinstance(var, tf.Variable):
+            by_var.setdefault(id(var), key)
+    return {plain: by_var.get(id(var), plain) for plain, var in tables.items()}
+
+
+def saver_var_list(packed: dict, members: dict, shards: dict | None = None, var_list=None, recorded=None):
     """The Saver's var_list, packed variables and their slots split per table.
 
     Args:
@@ -111,6 +142,8 @@ def saver_var_list(packed: dict, members: dict, shards: dict | None = None, var_
         shards: packed variable op name -> (ShardLayout, World) for this rank's shards.
         var_list: a Saver's own ``var_list`` (a list, or a dict checkpoint key -> variable);
             None: every saveable of the graph.
+        recorded: for a dict ``var_list``: plain key -> the key the plain model_fn's Saver gave
+            that table (``recorded_keys``).
 
     Returns:
         A list (a dict for a dict ``var_list``) of variables and ``PackedSaveable`` s.
@@ -119,7 +152,7 @@ def saver_var_list(packed: dict, members: dict, shards: dict | None = None, var_
 
     shards = shards or {}
     if isinstance(var_list, dict):  # checkpoint key -> variable (e.g. ExponentialMovingAverage.variables_to_restore())
-        return {key: _split_entry(key, var, packed, members, shards) for key, var in var_list.items()}
+        return {key: _split_entry(key, var, packed, members, shards, recorded) for key, var in var_list.items()}
     items = variables_module._all_saveable_objects() if var_list is None else var_list
     return [
         _split_entry(var.op.name, var, packed, members, shards) if isinstance(var, tf.Variable) else var
@@ -153,7 +186,7 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
         return super().restore(sess, save_path)
 
 
-def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None):
+def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None, recorded=None):
     """``spec`` with a Scaffold whose Saver writes the plain layout.
 
     A Saver of the user's own (the Scaffold's, or one in the ``SAVERS``
@@ -169,7 +202,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
     savers = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVERS)
     own = scaffold.saver if scaffold is not None and scaffold.saver is not None else (savers[0] if savers else None)
     if own is not None:
-        saver = _rebuilt(own, packed, members, shards)
+        saver = _rebuilt(own, packed, members, shards, recorded)
         if saver is None:
             return spec, None
         savers[:] = [saver if s is own else s for s in savers]
@@ -187,7 +220,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
     return spec._replace(scaffold=new_scaffold), saver
 
 
-def _rebuilt(own, packed: dict, members: dict, shards: dict | None):
+def _rebuilt(own, packed: dict, members: dict, shards: dict | None, recorded=None):
     """A ``CrashSafeSaver`` like the user's Saver ``own`` in the plain layout; None to keep ``own`` as it is.
 
     Kept: a Saver subclass (its own save / restore may rely on its entries) and
@@ -201,7 +234,7 @@ def _rebuilt(own, packed: dict, members: dict, shards: dict | None):
             type(own).__name__,
         )
         return None
-    var_list = saver_var_list(packed, members, shards, own._var_list)
+    var_list = saver_var_list(packed, members, shards, own._var_list, recorded)
     entries = var_list.values() if isinstance(var_list, dict) else var_list
     if not any(isinstance(item, PackedSaveable) for item in entries):
         return None

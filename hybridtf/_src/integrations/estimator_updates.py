@@ -21,6 +21,8 @@ deep part. A packed variable holds several tables, so the wrapper
 from __future__ import annotations
 
 import bisect
+import collections
+import contextlib
 import logging
 import re
 
@@ -50,6 +52,8 @@ _GRADIENT_SCOPE = re.compile(r"(^|/)gradients(_\d+)?/")
 # Ops a wrapped step adds or moves per variable (identities, hybridtf's and Horovod's ops): not the user's.
 _NOT_THE_USERS = ("Identity", "IdentityN", "StopGradient", "HybridTF>", "Horovod")
 _MAX_WALK = 512
+_MAX_SHADOW_HOPS = 4  # table read -> Sub -> Mul -> AssignSubVariableOp of its shadow (a moving average)
+MOVING_AVERAGE = "moving average"
 # Horovod's DistributedOptimizer averages the gradients of replicated variables in this scope.
 _HOROVOD_SCOPE = re.compile(r"(^|/)Distributed\w*_Allreduce(_\d+)?/")
 
@@ -183,7 +187,48 @@ def updaters(variable) -> frozenset:
     """
     found = set()
     _find_updates(variable.handle, {}, found, depth=0)
+    found.update(_averages(variable))
     return frozenset(found)
+
+
+_SHADOW_WRITES = ("AssignSubVariableOp", "AssignVariableOp", "AssignAddVariableOp")
+_NUMBERED = re.compile(r"_\d+$")
+
+
+def _averages(variable) -> set:
+    """``(MOVING_AVERAGE, scope, ())`` for each variable named under ``variable`` that is written from its value.
+
+    That is a moving average (``ExponentialMovingAverage.apply``: ``emb/embeddings/ExponentialMovingAverage``
+    written in ``ExponentialMovingAverage/AssignMovingAvg_3``), or any shadow copy made the same way. The
+    scope drops the per-variable number, so a table and the packed variable holding it compare equal when
+    one moving average covers both.
+    """
+    own = variable.op.name + "/"
+    found = set()
+    frontier = [t for op in variable.handle.consumers() if op.type == "ReadVariableOp" for t in op.outputs]
+    seen = set()
+    for _ in range(_MAX_SHADOW_HOPS):
+        nxt = []
+        for tensor in frontier:
+            for op in tensor.consumers():
+                if op in seen or _GRADIENT_SCOPE.search(op.name):
+                    continue
+                seen.add(op)
+                if op.type in _SHADOW_WRITES and op.inputs[0].op.name.startswith(own):
+                    scope = op.name.rsplit("/", 1)[0] if "/" in op.name else ""
+                    head, _, last = scope.rpartition("/")
+                    found.add((MOVING_AVERAGE, f"{head}/{_NUMBERED.sub('', last)}".strip("/"), ()))
+                elif op.type not in _SHADOW_WRITES:
+                    nxt.extend(op.outputs)
+        frontier = nxt
+    return found
+
+
+def update_counts(variable) -> collections.Counter:
+    """How many update ops of each optimizer scope write ``variable`` (outside a ``tf.cond``)."""
+    return collections.Counter(
+        op.name[: op.name.find("/update_")] for op in variable.handle.consumers() if _is_update(op)
+    )
 
 
 def _find_updates(handle: tf.Tensor, bridge: dict, found: set, depth: int) -> None:
@@ -243,6 +288,19 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
                 f"which the wrapped model_fn updates with {_describe(got)}, but the plain model_fn updates table "
                 f"{m.name!r} with {_describe(want)}"
             )
+            averaged = {k for k in got ^ want if k[0] == MOVING_AVERAGE}
+            if averaged and {k for k in got if k[0] != MOVING_AVERAGE} == {k for k in want if k[0] != MOVING_AVERAGE}:
+                covers = "covers" if averaged & want else "does not cover"
+                raise CaptureError(
+                    f"hybridtf.estimator: embedding tables {names} share the packed variable "
+                    f"{packed[pt.name].name!r}, but in the plain model_fn a moving average "
+                    f"({', '.join(sorted(k[1] for k in averaged))}) {covers} table {m.name!r}, and in the wrapped one "
+                    "it does not do the same for the packed variable. The model_fn picks the averaged variables by a "
+                    "name or scope the packed variable does not carry (a packed variable is named under its tables' "
+                    "shared scope). Pass ExponentialMovingAverage.apply the layers' own variables "
+                    "(layer.trainable_variables) or give the averaged tables a variable scope of their own, or keep "
+                    f"them unpacked: model_fn(fn, exclude={names})."
+                )
             if {k[:2] for k in got} == {k[:2] for k in want}:  # the same updates of other gradients
                 raise CaptureError(
                     f"{what}, and the two apply other ops to the gradient before the update: {_transforms(want)} "
@@ -269,6 +327,66 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
                 "variables (layer.trainable_variables), give the tables of each optimizer a variable scope of their "
                 f"own, or keep these tables unpacked: model_fn(fn, exclude={names})."
             )
+        _check_once(pt, packed[pt.name], record_variables)
+
+
+def _check_once(pt, variable, record_variables: dict) -> None:
+    """Raises when an optimizer updates the packed variable more often per step than each of its tables."""
+    got = update_counts(variable)
+    for m in pt.members:
+        want = update_counts(record_variables[m.name])
+        extra = sorted(f"{scope} ({n} times)" for scope, n in got.items() if n > want.get(scope, 0) > 0)
+        if extra:
+            names = [x.name for x in pt.members]
+            raise CaptureError(
+                f"hybridtf.estimator: the wrapped model_fn updates the packed variable {variable.name!r} (tables "
+                f"{names}) with {', '.join(extra)} a step, while the plain model_fn updates table {m.name!r} "
+                f"{max(want.values(), default=0)} time(s). The model_fn gives the optimizer a variable list made of "
+                "several packed layers' variables (each such layer lists the packed variable), and the optimizer "
+                "applies each entry. Use a TF1 optimizer's minimize or compute_gradients (hybridtf removes the repeats "
+                "there) instead of applying gradients of a list you built, remove repeated variables from the list "
+                f"(list({{id(v): v for v in variables}}.values())), or keep these tables unpacked: "
+                f"model_fn(fn, exclude={names})."
+            )
+
+
+@contextlib.contextmanager
+def each_packed_variable_once(packed: dict):
+    """While the real pass runs: a variable list given to a TF1 optimizer's ``compute_gradients`` (and so
+    ``minimize``) or to ``ExponentialMovingAverage.apply`` lists each packed variable once.
+
+    A model_fn that trains (or averages) ``layer_a.trainable_variables + layer_b.trainable_variables`` lists
+    the packed variable once per layer it holds; the optimizer would apply it that many times a step.
+    """
+    ids = {id(v) for v in packed.values()}
+
+    def once(var_list):
+        if var_list is None:
+            return None
+        seen, kept = set(), []
+        for var in tf.nest.flatten(var_list):
+            if id(var) in ids:
+                if id(var) in seen:
+                    continue
+                seen.add(id(var))
+            kept.append(var)
+        return kept
+
+    optimizer = tf.compat.v1.train.Optimizer
+    average = tf.compat.v1.train.ExponentialMovingAverage
+    compute_gradients, apply = optimizer.compute_gradients, average.apply
+
+    def compute_gradients_once(self, loss, var_list=None, *args, **kwargs):
+        return compute_gradients(self, loss, once(var_list), *args, **kwargs)
+
+    def apply_once(self, var_list=None):
+        return apply(self, once(var_list))
+
+    optimizer.compute_gradients, average.apply = compute_gradients_once, apply_once
+    try:
+        yield
+    finally:
+        optimizer.compute_gradients, average.apply = compute_gradients, apply
 
 
 def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
