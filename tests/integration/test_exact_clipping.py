@@ -122,12 +122,48 @@ def test_a_custom_loops_clipping_optimizer_clips_exactly(clipping):
     _custom_loop_against_plain(regularized=False, **clipping)
 
 
+@pytest.mark.parametrize("clipping", [{"clipnorm": 0.02}, {"global_clipnorm": 0.05}], ids=lambda c: next(iter(c)))
+def test_gradients_the_step_turns_dense_are_clipped_exactly(clipping):
+    """Gradient accumulation converts the tape's IndexedSlices to dense tensors: Keras then measures the summed
+    rows in the plain model too, which the packed gradient's rows are (not the lookups' per-position rows)."""
+    _custom_loop_against_plain(regularized=False, dense=True, **clipping)
+
+
+def test_clipvalue_of_a_gradient_the_step_turns_dense_is_named_inexact(caplog):
+    """The lookups' rows were clipped before they were summed; Keras clips the dense tensor's summed rows."""
+    packed = htf.keras.optimize(_model(regularized=False))
+    optimizer = tf.keras.optimizers.SGD(0.5, clipvalue=0.002)
+    x, y = _batches()[0]
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, packed(x, training=True)))
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, packed.trainable_variables)]
+        optimizer.apply_gradients(zip(grads, packed.trainable_variables))
+        return loss
+
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        step(x, y)
+    assert any("as a dense tensor" in r.getMessage() and "NOT the plain" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("clipping", [{"clipnorm": 0.01}, {"global_clipnorm": 0.01}, {"clipvalue": 0.001}])
+def test_a_legacy_optimizers_clipping_is_named_inexact(caplog, clipping):
+    """A tf.keras.optimizers.legacy optimizer clips in its own apply_gradients, on the packed rows."""
+    packed = htf.keras.optimize(_model(regularized=False))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        packed.compile(optimizer=tf.keras.optimizers.legacy.SGD(0.5, **clipping), loss="binary_crossentropy")
+    (kind,) = clipping
+    assert any(f"{kind}:" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
+
+
 def test_a_custom_loop_whose_loss_leaves_out_the_penalties_trains_as_plain():
     """Its optimizer is not hooked (a hooked one adds the regularized tables' penalty gradients itself)."""
     _custom_loop_against_plain(regularized=True)
 
 
-def _custom_loop_against_plain(regularized, **clipping):
+def _custom_loop_against_plain(regularized, dense=False, **clipping):
     def loop(model, decorate):
         optimizer = tf.keras.optimizers.Adam(0.05, **clipping)
 
@@ -136,6 +172,8 @@ def _custom_loop_against_plain(regularized, **clipping):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, model(x, training=True)))
             grads = tape.gradient(loss, model.trainable_variables)
+            if dense:
+                grads = [tf.convert_to_tensor(g) for g in grads]
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 

@@ -499,6 +499,12 @@ def hybridize_optimizer(
     if keras_legacy_slots.is_legacy(optimizer):  # slots checkpointed per table through the object graph
         keras_legacy_slots.hook_legacy_slots(optimizer, storage)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
+        inexact = inexact_settings(optimizer) if storage.packed else []
+        if inexact:  # a legacy optimizer clips in its own apply_gradients, on the packed rows
+            _log.warning(
+                "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
+                "\n".join(f"  - {reason}" for reason in inexact),
+            )
         if world.distributed and storage.sharded:
             raise TypeError(
                 f"a model with tables sharded over {world.size} Horovod ranks needs a tf.keras.optimizers.Optimizer "

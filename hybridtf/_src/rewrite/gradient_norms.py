@@ -20,7 +20,9 @@ A table whose plain gradient has one row per distinct id already (a
 ``hybridtf.layers.EmbeddingBag``: its own chain sums them) or is dense (a
 Keras L1/L2 regularizer adds a gradient to every row, so the tape sums the
 lookups' rows into it) is measured on the packed gradient's rows instead,
-which are then exactly those values. The dataflow fusions are off while the
+which are then exactly those values; so is a gradient the step turned dense
+(``tf.convert_to_tensor``, an accumulation buffer: Keras measures the summed
+rows then too). The dataflow fusions are off while the
 sums are tracked (a fused concatenation would read the chain's rows directly
 and bypass the identities).
 
@@ -35,8 +37,12 @@ by ``tf.clip_by_value`` as Keras would.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import tensorflow as tf
+
+_log = logging.getLogger("hybridtf")
 
 
 class GradientNorms:
@@ -61,6 +67,7 @@ class GradientNorms:
         with tf.init_scope():
             self.sums = tf.Variable(tf.zeros([len(names)], tf.float32), trainable=False, name="hybridtf_grad_norms")
         self.row_normed: set[str] = set(storage.regularizers)  # measured on the packed gradient's rows
+        self._warned: set[str] = set()
 
     def track(self, request, out):
         """``out`` (a lookup's output) with its gradient's sum of squares counted for ``request.table``."""
@@ -115,6 +122,16 @@ class GradientNorms:
         """
         pt = self.storage.plan.packed_table(name)
         own = [m.name in self.row_normed for m in pt.members]
+        if not isinstance(grad, tf.IndexedSlices) and not all(own) and name not in self._warned:
+            self._warned.add(name)
+            _log.warning(
+                "hybridtf: packed table %r's gradient reached the optimizer as a dense tensor (the step converted "
+                "it, e.g. to accumulate it): clipvalue clipped each lookup's gradient rows before a repeated id's "
+                "rows were summed, and Keras clips the dense tensor's summed rows, so this update is NOT the "
+                "plain model's. Pass the tape's IndexedSlices to apply_gradients, or keep the tables unpacked "
+                "(optimize(model, exclude=[...])).",
+                name,
+            )
         if not any(own):
             return grad
         _, values, member = self.row_members(name, grad)
@@ -129,12 +146,15 @@ class GradientNorms:
         pt = self.storage.plan.packed_table(name)
         tracked = tf.gather(sums, [self.index[m.name] for m in pt.members])
         _, values, member = self.row_members(name, grad)
-        if not any(m.name in self.row_normed for m in pt.members):
+        # A dense gradient (the step converted the IndexedSlices, e.g. to accumulate them) is what Keras
+        # measures in the plain model too: the summed rows, which the packed gradient's rows are.
+        dense = not isinstance(grad, tf.IndexedSlices)
+        if not dense and not any(m.name in self.row_normed for m in pt.members):
             return tracked, member
         row_squares = tf.math.unsorted_segment_sum(
             tf.reduce_sum(tf.square(values), axis=1), member, num_segments=len(pt.members)
         )
-        by_rows = tf.constant([m.name in self.row_normed for m in pt.members])
+        by_rows = tf.constant([dense or m.name in self.row_normed for m in pt.members])
         return tf.where(by_rows, row_squares, tracked), member
 
 
