@@ -234,13 +234,16 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         ids = prepare_ids(ids, self.combiner or "none", self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         flat = tf.cast(flat, tf.int64)
-        if context.is_recording() and not context.record_pass_runs_lookups():
+        saving = save_context.in_save_context()
+        if context.is_recording() and not context.record_pass_runs_lookups() and not saving:
             # an optimized model's record pass: its outputs are discarded, touch nothing (hybridtf.function's
-            # and Estimator's scratch-graph record passes never run and need the real lookup's gradient)
+            # and Estimator's scratch-graph record passes never run and need the real lookup's gradient).
+            # Not in a SavedModel export: Keras keeps each trace of a layer's call as one of its saved
+            # functions, and the loaded model's call could pick the record pass's zeros.
             return self._combine(ids, tf.zeros(tf.stack([tf.size(flat), self.output_dim])))
         self._check_sharding()
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
-        if save_context.in_save_context():  # SavedModel export: a static lookup + gather
+        if saving:  # SavedModel export: a static lookup + gather
             serving = self._serving_snapshot()
             embedded = tf.gather(tf.gather(serving.rows, serving.index.lookup(unique)), inverse)
             training = None
