@@ -14,6 +14,7 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hybridtf as htf
 from hybridtf import native
 from hybridtf._src.caching.table import HybridHashTable, TableConfig
 from tests.racing import run_racing
@@ -273,6 +274,13 @@ def test_bad_initializers_shared_names_export_dims_and_import_members():
     from hybridtf._src.run.loader import load_ops
 
     ops = load_ops()
+    with pytest.raises(ValueError, match=r"'full': hot_rows \(10\) must be smaller than capacity \(4\)"):
+        TableConfig("full", dim=2, hot_rows=10, capacity=4)
+    with pytest.raises(ValueError, match=r"'full': hot_rows \(8\) must be smaller than capacity \(8\)"):
+        htf.layers.DynamicEmbedding(2, hot_rows=8, capacity=8, name="full")
+    # the default hot tier fits a capacity: a tenth of it
+    assert htf.layers.DynamicEmbedding(2, capacity=50, name="bounded")._table_config.hot_rows == 5
+    assert htf.layers.DynamicEmbedding(2, name="unbounded")._table_config.hot_rows == 100_000
     for a, b in ((0.0, float("inf")), (float("nan"), 1.0)):
         with pytest.raises(ValueError, match=r"'nf'.*parameters must be finite"):
             TableConfig("nf", dim=2, hot_rows=1, initializer="normal", init_a=a, init_b=b)

@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
-from hybridtf._src.caching.table import HybridHashTable
+from hybridtf._src.caching.table import HybridHashTable, default_hot_rows
 from hybridtf._src.caching.table import TableConfig as HashConfig
 from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.distribute import dynamic_exchange
@@ -49,7 +49,8 @@ class DynamicTableConfig:
     Attributes:
         name: unique name of the table (its checkpoint key inside ``Tables``).
         dim: embedding width.
-        hot_rows: rows of the hot tier (Algorithm 1's top-k).
+        hot_rows: rows of the hot tier (Algorithm 1's top-k); default 100,000, or
+            a tenth of ``capacity`` (hot rows are never evicted, so fewer than it).
         warmup_steps: steps that only count frequencies before the first flush.
         flush_every: the hot tier is refilled every that many steps after warm-up.
         capacity: 0 (unbounded) or the most rows kept; rarer rows are evicted.
@@ -71,7 +72,7 @@ class DynamicTableConfig:
 
     name: str
     dim: int
-    hot_rows: int = 100_000
+    hot_rows: int | None = None
     warmup_steps: int = 100
     flush_every: int = 100
     capacity: int = 0
@@ -97,7 +98,7 @@ class DynamicTableConfig:
         return HashConfig(
             name=self.name,
             dim=self.dim,
-            hot_rows=self.hot_rows,
+            hot_rows=default_hot_rows(self.hot_rows, self.capacity),
             capacity=self.capacity,
             warmup_steps=self.warmup_steps,
             flush_every=self.flush_every,

@@ -34,7 +34,7 @@ import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.buffer_guard import guard
-from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from hybridtf._src.caching.table import HybridHashTable, TableConfig, default_hot_rows
 from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.capture.keras_capture import to_compute_dtype
@@ -91,7 +91,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     Args:
         output_dim: row width.
         combiner: None (one row per id) or ``"sum" | "mean" | "sqrtn"``.
-        hot_rows: rows of the hot tier (Algorithm 1's top-k).
+        hot_rows: rows of the hot tier (Algorithm 1's top-k); default 100,000, or
+            a tenth of ``capacity`` (hot rows are never evicted, so fewer than it).
         warmup_steps: steps that only count frequencies before the first flush.
         flush_every: the hot tier is refilled every that many steps after warm-up.
         capacity: 0 (unbounded) or the most rows kept; rarer rows are evicted.
@@ -118,7 +119,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self,
         output_dim: int,
         combiner: str | None = None,
-        hot_rows: int = 100_000,
+        hot_rows: int | None = None,
         warmup_steps: int = 100,
         flush_every: int = 100,
         capacity: int = 0,
@@ -142,7 +143,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self._table_config = TableConfig(
             name=self.name,
             dim=output_dim,
-            hot_rows=hot_rows,
+            hot_rows=default_hot_rows(hot_rows, capacity),
             capacity=capacity,
             warmup_steps=warmup_steps,
             flush_every=flush_every,

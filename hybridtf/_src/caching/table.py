@@ -70,6 +70,18 @@ def _members(members):
     return tf.zeros([0], tf.int64) if members is None else tf.cast(members, tf.int64)
 
 
+DEFAULT_HOT_ROWS = 100_000
+
+
+def default_hot_rows(hot_rows, capacity) -> int:
+    """``hot_rows`` as given, or the default: 100,000, or a tenth of a capacity below a million rows."""
+    if hot_rows is not None:
+        return hot_rows
+    if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
+        return max(1, min(DEFAULT_HOT_ROWS, capacity // 10))
+    return DEFAULT_HOT_ROWS
+
+
 @dataclasses.dataclass(frozen=True)
 class TableConfig:
     """What a HybridHash table is: validated in Python, then again in the kernel.
@@ -114,6 +126,12 @@ class TableConfig:
                 raise ValueError(f"{t}: {what} must be a positive int, got {value!r}.")
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
             raise ValueError(f"{t}: capacity must be 0 (unbounded) or a positive int, got {self.capacity!r}.")
+        if self.capacity and self.hot_rows >= self.capacity:
+            raise ValueError(
+                f"{t}: hot_rows ({self.hot_rows}) must be smaller than capacity ({self.capacity}): eviction never "
+                "removes hot rows, so once a flush made every row hot the full table could take no new id. Use a "
+                "hot tier of a fraction of the capacity (e.g. hot_rows=capacity // 10), or capacity=0 (unbounded)."
+            )
         if self.warmup_steps < 0 or self.flush_every < 1 or self.ttl_steps < 0:
             raise ValueError(
                 f"{t}: need warmup_steps >= 0, flush_every >= 1 and ttl_steps >= 0, got "
