@@ -240,7 +240,7 @@ def test_the_kept_hinted_batch_is_counted_in_the_stats_bytes():
 @pytest.mark.parametrize("why", ["slots", "capacity"])
 def test_a_refused_member_import_keeps_the_members_rows(why):
     """Checks before the member's rows are removed: a restore it refuses leaves the store as it was."""
-    table = _packed(f"refused_{why}", capacity=3 if why == "capacity" else 0)
+    table = _packed(f"refused_{why}", capacity=3 if why == "capacity" else 0, hot_rows=2)
     ids, members = tf.constant([1, 2, 3], tf.int64), tf.constant([0, 0, 1], tf.int64)
     table.lookup(ids, members=members)
     table.apply_adagrad(ids, tf.ones([3, 4]), tf.constant(0.1), tf.constant(1e-7), members=members)
