@@ -110,6 +110,14 @@ def _split_entry(key: str, var, packed: dict, members: dict, shards: dict, recor
     return var
 
 
+def _own_saver(spec, savers: list):
+    """The model_fn's own Saver: its Scaffold's, else the first of the graph's ``SAVERS`` collection (or None)."""
+    scaffold = getattr(spec, "scaffold", None)
+    if scaffold is not None and scaffold.saver is not None:
+        return scaffold.saver
+    return savers[0] if savers else None
+
+
 def recorded_keys(record_spec, record_graph, tables: dict) -> dict:
     """Plain key -> the key of that table in the plain model_fn's own dict-keyed Saver (empty: no such Saver).
 
@@ -118,11 +126,7 @@ def recorded_keys(record_spec, record_graph, tables: dict) -> dict:
         record_graph: its graph.
         tables: plain checkpoint key -> the table's variable in ``record_graph``.
     """
-    scaffold = getattr(record_spec, "scaffold", None)
-    own = scaffold.saver if scaffold is not None and scaffold.saver is not None else None
-    if own is None:
-        savers = record_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-        own = savers[0] if savers else None
+    own = _own_saver(record_spec, record_graph.get_collection(tf.compat.v1.GraphKeys.SAVERS))
     var_list = getattr(own, "_var_list", None)
     if not isinstance(var_list, dict):
         return {}
@@ -200,7 +204,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
     """
     scaffold = spec.scaffold
     savers = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.SAVERS)
-    own = scaffold.saver if scaffold is not None and scaffold.saver is not None else (savers[0] if savers else None)
+    own = _own_saver(spec, savers)
     if own is not None:
         saver = _rebuilt(own, packed, members, shards, recorded)
         if saver is None:

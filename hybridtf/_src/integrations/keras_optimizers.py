@@ -187,6 +187,16 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     return found
 
 
+def _warn_inexact(optimizer, exact_clipping: bool = False) -> None:
+    """Logs one warning naming ``optimizer``'s settings that are not exact on packed tables, if any."""
+    inexact = inexact_settings(optimizer, exact_clipping)
+    if inexact:
+        _log.warning(
+            "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
+            "\n".join(f"  - {reason}" for reason in inexact),
+        )
+
+
 def fusable(optimizer, skip: tuple = ()) -> str | None:
     """The fused update kind for ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None.
 
@@ -499,12 +509,8 @@ def hybridize_optimizer(
     if keras_legacy_slots.is_legacy(optimizer):  # slots checkpointed per table through the object graph
         keras_legacy_slots.hook_legacy_slots(optimizer, storage)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
-        inexact = inexact_settings(optimizer) if storage.packed else []
-        if inexact:  # a legacy optimizer clips in its own apply_gradients, on the packed rows
-            _log.warning(
-                "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
-                "\n".join(f"  - {reason}" for reason in inexact),
-            )
+        if storage.packed:  # a legacy optimizer clips in its own apply_gradients, on the packed rows
+            _warn_inexact(optimizer)
         if world.distributed and storage.sharded:
             raise TypeError(
                 f"a model with tables sharded over {world.size} Horovod ranks needs a tf.keras.optimizers.Optimizer "
@@ -519,12 +525,7 @@ def hybridize_optimizer(
     if exact_clipping is False:
         object.__setattr__(storage, "gradient_norms", None)
     if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:
-        inexact = inexact_settings(optimizer, bool(exact_clipping))
-        if inexact:
-            _log.warning(
-                "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
-                "\n".join(f"  - {reason}" for reason in inexact),
-            )
+        _warn_inexact(optimizer, bool(exact_clipping))
     pending = None
     if not isinstance(optimizer, _HybridOptimizerMixin) and getattr(optimizer, "_built", False):
         pending = _take_plain_state(optimizer)
