@@ -20,7 +20,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
-from hybridtf._src.integrations.keras_model import is_optimized
+from hybridtf._src.integrations.keras_model import has_packed_tables
 from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
 from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
@@ -362,7 +362,7 @@ def report(
     """
     if sample_batch is None:
         sample_batch = synthetic_batch(model)
-    optimized = is_optimized(model)
+    optimized = has_packed_tables(model)
     plan = model.hybridtf_plan if optimized else None
     skipped = tuple(getattr(model, "_htf_skipped", ()))
     return Report(

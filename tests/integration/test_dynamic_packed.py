@@ -287,6 +287,26 @@ def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
         np.testing.assert_allclose(loaded(tf.constant(x[:64]), training=training), expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_keras_weights_file_of_a_model_whose_packed_tables_are_all_dynamic_resumes_exactly(tmp_path):
+    """Keras files keep the optimizer's state by position: loading one builds the optimizer first."""
+    x, y = _data(steps=6)
+    half = 3 * BATCH
+
+    def build():
+        model = htf.keras.optimize(_dynamic_model(**TABLE))
+        model.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adam")), loss="mse")  # built lazily
+        return model
+
+    model = build()
+    assert htf.keras.is_optimized(model) and not model.hybridtf_plan.packed_tables  # dynamic stores only
+    _fit(model, x[:half], y[:half])
+    model.save_weights(str(tmp_path / "w.weights.h5"))
+    resumed = build()
+    resumed.load_weights(str(tmp_path / "w.weights.h5"))
+    assert int(resumed.optimizer.iterations) == int(model.optimizer.iterations) == 3
+    np.testing.assert_allclose(_fit(resumed, x[half:], y[half:]), _fit(model, x[half:], y[half:]), rtol=1e-6)
+
+
 def test_a_restore_of_another_dim_names_the_member_table(tmp_path):
     def build(dim, pack):
         a, b = tf.keras.Input((1,), dtype=tf.int64), tf.keras.Input((1,), dtype=tf.int64)

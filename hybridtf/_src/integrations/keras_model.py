@@ -204,16 +204,10 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
     def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
         keras_notices.refuse_legacy_hdf5(filepath, None)
         if str(filepath).endswith((".keras", ".weights.h5")):
-            self._htf_build_optimizer()  # Keras files hold the optimizer's state by position: build it first
+            _build_optimizer(self)  # Keras files hold the optimizer's state by position: build it first
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
-
-    def _htf_build_optimizer(self) -> None:
-        optimizer = getattr(self, "optimizer", None)
-        if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
-            with tf.init_scope():
-                optimizer.build(self.trainable_variables)
 
     def _htf_optimizer_plain_variables(self) -> None:
         optimizer = getattr(self, "optimizer", None)
@@ -306,6 +300,11 @@ class _UnpackedModelMixin(PlainConstruction):
         world.hvd.allreduce(tf.constant(0), op=world.hvd.Sum, name="hybridtf_saved_weights")
         return None
 
+    def load_weights(self, filepath, *args, **kwargs):
+        if str(filepath).endswith((".keras", ".weights.h5")):
+            _build_optimizer(self)  # its packed dynamic stores' optimizer state too, as an optimized model's
+        return super().load_weights(filepath, *args, **kwargs)
+
     @property
     def hybridtf_plan(self) -> PackingPlan:
         """The packing plan (no packed tables)."""
@@ -357,7 +356,21 @@ def _crash_safe(filepath, overwrite):
             yield path
 
 
+def _build_optimizer(model) -> None:
+    """Builds ``model``'s Keras optimizer on its trainable variables if it is not built yet."""
+    optimizer = getattr(model, "optimizer", None)
+    if isinstance(optimizer, tf.keras.optimizers.Optimizer) and not getattr(optimizer, "_built", False):
+        with tf.init_scope():
+            optimizer.build(model.trainable_variables)
+
+
 def is_optimized(model) -> bool:
+    """Whether ``optimize`` packed some of ``model``'s tables: static ones, or dynamic ones into a store."""
+    return has_packed_tables(model) or isinstance(model, packed_dynamic._DynamicModelMixin)
+
+
+def has_packed_tables(model) -> bool:
+    """Whether ``optimize`` packed some of ``model``'s static tables (it has a packing runtime)."""
     return isinstance(model, _HybridModelMixin)
 
 
@@ -578,4 +591,4 @@ def _rewrite_model(
     object.__setattr__(model, "_htf_fused_dice_names", [])
 
 
-__all__ = ["TableView", "is_optimized", "optimize"]
+__all__ = ["TableView", "has_packed_tables", "is_optimized", "optimize"]
