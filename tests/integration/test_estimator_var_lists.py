@@ -106,8 +106,11 @@ def test_a_moving_average_picked_by_layer_names_raises_naming_the_fix():
         _graph_spec(htf_estimator.model_fn(_averaged_model_fn(pick)))
 
 
-def _layers_model_fn(apply):
-    """Adagrad over ``[v for layer in layers for v in layer.trainable_variables]``: minimize or apply_gradients."""
+def _layers_model_fn(apply=False, pick=None, penalty=None, saver=False):
+    """Adagrad over ``pick(layers)`` (default: every layer's ``trainable_variables``): minimize or apply_gradients.
+
+    ``penalty(layers)``: variables an L2 term of the loss covers; ``saver``: a Scaffold Saver of ``pick(layers)``.
+    """
 
     def model_fn(features, labels, mode):
         layers = [
@@ -117,21 +120,69 @@ def _layers_model_fn(apply):
         embedded = [layer(features[f"C{i}"]) for i, layer in enumerate(layers)]
         logit = tf.reduce_sum(tf.concat(embedded, axis=1), axis=1, keepdims=True)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        if penalty is not None:
+            loss += 1e-2 * tf.add_n([tf.nn.l2_loss(v) for v in penalty(layers)])
         tf.compat.v1.add_to_collection(LOSS_KEY, loss)
-        variables = [v for layer in layers for v in layer.trainable_variables]
+        variables = pick(layers) if pick else [v for layer in layers for v in layer.trainable_variables]
         step = tf.compat.v1.train.get_global_step()
         optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
         if apply:
             train = optimizer.apply_gradients(list(zip(tf.gradients(loss, variables), variables)), global_step=step)
         else:
             train = optimizer.minimize(loss, var_list=variables, global_step=step)
-        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+        scaffold = tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver([*variables, step])) if saver else None
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train, scaffold=scaffold)
 
     return model_fn
 
 
+VARIABLE_LISTS = {
+    "trainable_variables": {},
+    "embeddings": {"pick": lambda layers: [layer.embeddings for layer in layers]},  # the tables' views
+    "first_table_twice": {  # a repeat of the model_fn's own: that table is updated twice a step, as in plain
+        "pick": lambda layers: layers[0].trainable_variables + tf.compat.v1.trainable_variables()
+    },
+    "saver_of_layers": {"saver": True},  # a Saver of several layers' variables (two of one name otherwise)
+    "l2_over_embeddings": {"penalty": lambda layers: [layer.embeddings for layer in layers]},
+    "l2_over_all_variables": {"penalty": lambda layers: tf.compat.v1.trainable_variables()},
+    # e0's gradient is dense, the others' sparse: e0 is packed apart, its variable holds e0 alone
+    "l2_over_one_layer": {"penalty": lambda layers: layers[0].trainable_variables},
+}
+
+
+@pytest.mark.parametrize("case", sorted(VARIABLE_LISTS))
+def test_variable_lists_of_layers_train_and_save_as_plain(tmp_path, case):
+    fn = _layers_model_fn(**VARIABLE_LISTS[case])
+    _, plain = _train(fn, tmp_path / "plain", 10)
+    est, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 10)
+    _assert_losses_close(wrapped, plain)
+    keys = dict(tf.train.list_variables(est.model_dir))
+    assert keys == dict(tf.train.list_variables(str(tmp_path / "plain")))
+    for key in keys:
+        np.testing.assert_allclose(
+            tf.train.load_variable(est.model_dir, key),
+            tf.train.load_variable(str(tmp_path / "plain"), key),
+            rtol=1e-5,
+            atol=1e-7,
+        )
+
+
+@pytest.mark.parametrize(
+    "penalty",
+    [
+        lambda layers: [v for layer in layers for v in layer.trainable_variables],  # the packed variable 8 times
+        # e0 and e1 (packed together: the penalty's gradient is dense for both) twice, not once each
+        lambda layers: layers[0].trainable_variables + layers[1].trainable_variables,
+    ],
+    ids=["every_layer", "two_layers"],
+)
+def test_a_loss_term_over_layers_whole_variables_raises_naming_the_fix(penalty):
+    with pytest.raises(CaptureError, match=r"loss reads the packed variable .* as a whole \d time.*l2_loss\(layer"):
+        _graph_spec(htf_estimator.model_fn(_layers_model_fn(penalty=penalty)))
+
+
 def test_an_optimizer_given_several_layers_variables_updates_the_packed_variable_once(tmp_path):
-    fn = _layers_model_fn(apply=False)
+    fn = _layers_model_fn()
     _, plain = _train(fn, tmp_path / "plain", 15)
     est, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 15)
     _assert_losses_close(wrapped, plain)

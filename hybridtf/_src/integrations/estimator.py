@@ -102,7 +102,8 @@ class _Record:
                 if key in args:
                     args[key], pairs = graph_util.stand_in_inputs(args[key], f"hybridtf_record_{key}")
                     self.pairs.extend(pairs)
-            with tf.variable_creator_scope(self._creator), context.recording() as rec:
+            views_as_variables = estimator_updates.each_packed_variable_once({}, set())
+            with tf.variable_creator_scope(self._creator), context.recording() as rec, views_as_variables:
                 rec.requests = _RecordedRequests(self)
                 setattr(rec, RUNS_LOOKUPS_ATTR, True)
                 self.spec = user_fn(**args)
@@ -417,7 +418,8 @@ def build(
         groups = interleave.static_plan(plan, interleave_groups, interleave_exclude)
         real.runtime.interleaving = groups if groups.num_groups > 1 else None
         report.interleaving = real.runtime.interleaving
-    packed_once = estimator_updates.each_packed_variable_once(real.storage.packed if real.storage else {})
+    shared = {pt.name for pt in plan.packed_tables if len(pt.members) > 1} if plan is not None else set()
+    packed_once = estimator_updates.each_packed_variable_once(real.storage.packed if real.storage else {}, shared)
     with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep, packed_once:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
@@ -432,6 +434,9 @@ def build(
     real.check_done()
     if real.storage is not None:
         estimator_updates.check_updates(plan, real.storage.packed, record.variables)
+        estimator_updates.check_loss_reads(
+            plan, real.storage.packed, record.variables, getattr(record.spec, "loss", None), getattr(spec, "loss", None)
+        )
         sharded = {name for name, layout in real.storage.layouts.items() if layout is not None}
         estimator_updates.check_shards_stay_local(real.storage.packed, sharded)
         if mode == tf.estimator.ModeKeys.TRAIN:

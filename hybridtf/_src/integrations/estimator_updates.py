@@ -31,6 +31,7 @@ from tensorflow.python.ops import cond_v2
 
 from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.rewrite.packed_storage import TableView
 
 _log = logging.getLogger("hybridtf")
 
@@ -249,9 +250,12 @@ def _find_updates(handle: tf.Tensor, bridge: dict, found: set, depth: int) -> No
 
 
 def update_groups(variables: dict) -> dict[str, int]:
-    """Table name -> index of its updates among the distinct ones, in first-seen order (0: the first kind)."""
-    kinds: dict[frozenset, int] = {}
-    return {name: kinds.setdefault(updaters(var), len(kinds)) for name, var in variables.items()}
+    """Table name -> index of its updates (kinds and how many of each) among the distinct ones, first-seen order."""
+    kinds: dict[tuple, int] = {}
+    return {
+        name: kinds.setdefault((updaters(var), frozenset(update_counts(var).items())), len(kinds))
+        for name, var in variables.items()
+    }
 
 
 def _describe(kinds) -> str:
@@ -331,11 +335,16 @@ def check_updates(plan, packed: dict, record_variables: dict) -> None:
 
 
 def _check_once(pt, variable, record_variables: dict) -> None:
-    """Raises when an optimizer updates the packed variable more often per step than each of its tables."""
+    """Raises when an optimizer updates the packed variable another number of times per step than its tables.
+
+    Tables updated a different number of times are packed apart (``update_groups``), and the real pass lists
+    each packed variable once (``each_packed_variable_once``), so this finds gradients applied from a list
+    that repeats it.
+    """
     got = update_counts(variable)
     for m in pt.members:
         want = update_counts(record_variables[m.name])
-        extra = sorted(f"{scope} ({n} times)" for scope, n in got.items() if n > want.get(scope, 0) > 0)
+        extra = sorted(f"{scope} ({got.get(scope, 0)} times)" for scope, n in want.items() if got.get(scope, 0) != n)
         if extra:
             names = [x.name for x in pt.members]
             raise CaptureError(
@@ -350,22 +359,83 @@ def _check_once(pt, variable, record_variables: dict) -> None:
             )
 
 
-@contextlib.contextmanager
-def each_packed_variable_once(packed: dict):
-    """While the real pass runs: a variable list given to a TF1 optimizer's ``compute_gradients`` (and so
-    ``minimize``) or to ``ExponentialMovingAverage.apply`` lists each packed variable once.
+def _ancestors(tensor) -> set:
+    """The ops ``tensor`` is computed from (its graph only)."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op not in seen:
+            seen.add(op)
+            stack.extend(t.op for t in op.inputs)
+    return seen
 
-    A model_fn that trains (or averages) ``layer_a.trainable_variables + layer_b.trainable_variables`` lists
-    the packed variable once per layer it holds; the optimizer would apply it that many times a step.
+
+def _whole_reads(variable, ancestors: set) -> int:
+    """Reads of all of ``variable`` the loss is computed from: a penalty over it, not a view's rows or a lookup."""
+    count = 0
+    for op in variable.handle.consumers():
+        if op.type != "ReadVariableOp" or op not in ancestors:
+            continue
+        users = [c for c in op.outputs[0].consumers() if c in ancestors]
+        if any(c.type != "StridedSlice" and not c.type.startswith("HybridTF>") for c in users):
+            count += 1
+    return count
+
+
+def check_loss_reads(plan, packed: dict, record_variables: dict, record_loss, loss) -> None:
+    """Raises unless the loss reads each packed variable as a whole as often as the plain loss reads its tables.
+
+    A term over a whole variable, e.g. ``tf.nn.l2_loss(v)`` over ``layer.trainable_variables`` of several
+    layers, reads a packed variable once per layer that lists it, so it would cover all its tables that
+    many times; over some layers' variables, tables the plain loss leaves out.
     """
-    ids = {id(v) for v in packed.values()}
+    if record_loss is None or loss is None:
+        return
+    plain, real = _ancestors(record_loss), _ancestors(loss)
+    for pt in plan.packed_tables:
+        got = _whole_reads(packed[pt.name], real)
+        for m in pt.members:
+            want = _whole_reads(record_variables[m.name], plain)
+            if got != want:
+                names = [x.name for x in pt.members]
+                raise CaptureError(
+                    f"hybridtf.estimator: the wrapped model_fn's loss reads the packed variable "
+                    f"{packed[pt.name].name!r} (tables {names}) as a whole {got} time(s), but the plain model_fn's "
+                    f"loss reads table {m.name!r} {want} time(s): a term over whole variables (e.g. "
+                    "tf.nn.l2_loss over layer.trainable_variables) that lists the packed variable once per layer "
+                    "holding it, or leaves out tables it holds, would cover other rows than the plain loss. Use a "
+                    "Keras embeddings_regularizer, compute the term over each layer's embeddings "
+                    "(tf.nn.l2_loss(layer.embeddings)) or over tf.compat.v1.trainable_variables(), or keep these "
+                    f"tables unpacked: model_fn(fn, exclude={names})."
+                )
+
+
+@contextlib.contextmanager
+def each_packed_variable_once(packed: dict, shared: set):
+    """While a pass runs: a variable list given to a TF1 optimizer's ``compute_gradients`` (and so
+    ``minimize``), to ``ExponentialMovingAverage.apply`` or to a ``tf.compat.v1.train.Saver`` lists the
+    variable holding a table's rows in place of its view, and each packed variable of ``shared`` once.
+
+    A model_fn that trains (or averages, or saves) ``layer_a.trainable_variables + layer_b.trainable_variables``
+    lists the packed variable once per layer it holds; the optimizer would apply it that many times a step
+    (and a Saver refuses two variables of one name). ``[layer.embeddings for layer in layers]`` lists the
+    tables' views, which only the packed variable can stand for there.
+
+    Args:
+        packed: packed table name -> its variable (the record pass: none).
+        shared: the names of the packed tables of more than one table (a packed variable of one
+            table listed twice is the model_fn's own repeat, applied twice as in the plain model_fn).
+    """
+    repeats = {id(v) for name, v in packed.items() if name in shared}
 
     def once(var_list):
-        if var_list is None:
-            return None
+        if var_list is None or isinstance(var_list, dict):
+            return var_list
         seen, kept = set(), []
-        for var in tf.nest.flatten(var_list):
-            if id(var) in ids:
+        for item in tf.nest.flatten(var_list):
+            # a view: the variable holding its rows (the table's own in the record pass)
+            var = item.packed_variable if isinstance(item, TableView) else item
+            if id(var) in repeats:
                 if id(var) in seen:
                     continue
                 seen.add(id(var))
@@ -374,7 +444,8 @@ def each_packed_variable_once(packed: dict):
 
     optimizer = tf.compat.v1.train.Optimizer
     average = tf.compat.v1.train.ExponentialMovingAverage
-    compute_gradients, apply = optimizer.compute_gradients, average.apply
+    saver = tf.compat.v1.train.Saver
+    compute_gradients, apply, saver_init = optimizer.compute_gradients, average.apply, saver.__init__
 
     def compute_gradients_once(self, loss, var_list=None, *args, **kwargs):
         return compute_gradients(self, loss, once(var_list), *args, **kwargs)
@@ -382,11 +453,14 @@ def each_packed_variable_once(packed: dict):
     def apply_once(self, var_list=None):
         return apply(self, once(var_list))
 
-    optimizer.compute_gradients, average.apply = compute_gradients_once, apply_once
+    def saver_init_once(self, var_list=None, *args, **kwargs):
+        saver_init(self, once(var_list), *args, **kwargs)
+
+    optimizer.compute_gradients, average.apply, saver.__init__ = compute_gradients_once, apply_once, saver_init_once
     try:
         yield
     finally:
-        optimizer.compute_gradients, average.apply = compute_gradients, apply
+        optimizer.compute_gradients, average.apply, saver.__init__ = compute_gradients, apply, saver_init
 
 
 def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
