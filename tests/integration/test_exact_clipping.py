@@ -158,6 +158,24 @@ def test_a_legacy_optimizers_clipping_is_named_inexact(caplog, clipping):
     assert any(f"{kind}:" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
 
 
+def test_a_legacy_optimizers_clipping_in_a_custom_loop_is_named_inexact(caplog):
+    """htf.function does not hook a legacy optimizer; its clipping is named as compile names it."""
+    packed = htf.keras.optimize(_model(regularized=False))
+    optimizer = tf.keras.optimizers.legacy.Adagrad(0.1, clipnorm=0.05)
+    x, y = _batches()[0]
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, packed(x, training=True)))
+        optimizer.apply_gradients(zip(tape.gradient(loss, packed.trainable_variables), packed.trainable_variables))
+        return loss
+
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        step(x, y)
+    assert any("clipnorm:" in r.getMessage() and "NOT equal" in r.getMessage() for r in caplog.records)
+
+
 def test_a_custom_loop_whose_loss_leaves_out_the_penalties_trains_as_plain():
     """Its optimizer is not hooked (a hooked one adds the regularized tables' penalty gradients itself)."""
     _custom_loop_against_plain(regularized=True)

@@ -111,12 +111,15 @@ def fit(kind, optimizer, rank, size, fs=None, batches=None, **optimize_kwargs):
     return model, record.losses
 
 
-def custom_loop(rank, size, steps=20):
+def custom_loop(rank, size, steps=20, compiled=False):
+    """``compiled``: the optimizer also compiled into the model (its checkpoint layout), so hooked as ``fit``'s."""
     fs = fields()
     model = build("wdl", fs, seed=3)
     model(eval_batch(fs))
     model = htf.keras.optimize(model)
-    optimizer = tf.keras.optimizers.SGD(0.1)
+    optimizer = tf.keras.optimizers.SGD(0.1) if not compiled else tf.keras.optimizers.Adagrad(0.05)
+    if compiled:
+        model.compile(optimizer=optimizer)
     loss_fn = tf.keras.losses.BinaryCrossentropy()
 
     @htf.function
@@ -166,6 +169,8 @@ def main():
 
     model, result["loop_losses"] = custom_loop(rank, size)
     result["loop_pred"] = model.predict_on_batch(ev).ravel().tolist()
+    # the step's tape averages; the compiled (hooked) optimizer must not average again
+    _, result["loop_compiled_losses"] = custom_loop(rank, size, compiled=True)
 
     model, result["skew_losses"] = fit(
         "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, SKEW_FIELDS, skewed_batches(), shard_strategy="range"

@@ -71,6 +71,7 @@ def _mean_over_ranks(runs, key):
         "wdl_losses",
         "dlrm_losses",
         "loop_losses",
+        "loop_compiled_losses",
         "skew_losses",
         "replicated_losses",
         "reg_losses",  # regularized tables: the penalty's gradient counted once

@@ -76,6 +76,7 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     for rank in (0, 1):
         _close(two[rank][f"{kind}_losses"], one[f"{kind}_losses"])
         _close(two[rank][f"{kind}_eval"], one[f"{kind}_eval"])  # read-only lookups: nothing inserted
+        _close(two[rank][f"{kind}_after_broadcast"], one[f"{kind}_after_broadcast"])  # fit + broadcast callback
         assert two[rank][f"{kind}_size_after_eval"] == two[rank][f"{kind}_local_sizes"][0]
         assert two[rank][f"{kind}_flushes"] >= 2  # Algorithm 1 refilled the hot tiers during the run
         assert not two[rank][f"{kind}_skipped"]  # packed on 2 ranks too: one sharded store for both tables

@@ -69,7 +69,11 @@ class _DynamicOptimizerMixin:
         with tf.name_scope("hybridtf_dynamic_update"):
             for g, v in dynamic:
                 if g is not None:
-                    updates.append(_layer_of(v).apply_gradient(g, self, kind))
+                    update = _layer_of(v).apply_gradient(g, self, kind)
+                    with tf.control_dependencies([update]):
+                        # The step's rows are consumed: the buffer is empty again, so a broadcast of the model's
+                        # variables (Horovod's BroadcastGlobalVariablesCallback) sees one shape on every rank.
+                        updates.append(v.assign(tf.zeros([0, v.shape[-1]], v.dtype), read_value=False))
                 else:
                     _note_no_gradient(_layer_of(v))
         with tf.control_dependencies(updates):

@@ -57,3 +57,43 @@ def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
                 scaled = g * tf.constant(scale, g.dtype)
             out[i] = (scaled, v)
     return out
+
+
+_REDUCED_WALK = 16  # ops walked back from a gradient (a clip or a scale after the average stays within)
+
+
+_AVERAGING = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather", "HorovodGroupedAllgather")
+
+
+def already_averaged(grads_and_vars, sharded_ids: set) -> bool:
+    """Whether the step averaged these gradients over the ranks itself (a traced step only).
+
+    A custom step averages with ``hybridtf.horovod.DistributedGradientTape`` (or Horovod's own tape)
+    or ``average_gradients``: a replicated variable's gradient then comes out of a Horovod allreduce
+    (or, for sparse rows, allgather), maybe through the step's own ops (a clip, a scale). The
+    optimizer must not average it again (the shards' gradients would be divided by the size twice).
+    The shards' own gradients (``sharded_ids``) come out of the lookups' alltoall in any step: not
+    looked at.
+    """
+    for g, v in grads_and_vars:
+        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
+        if g is None or id(v) in sharded_ids or is_sharded_dynamic_buffer(v) or not hasattr(tensor, "op"):
+            continue  # (eager: nothing to read)
+        seen, stack = set(), [tensor.op]
+        while stack and len(seen) < _REDUCED_WALK:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type in _AVERAGING:
+                return True
+            if op.type in ("If", "StatelessIf") and _branches_average(op):  # Horovod's tape averages in a tf.cond
+                return True
+            stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _branches_average(op) -> bool:
+    from tensorflow.python.ops import cond_v2
+
+    return any(inner.type in _AVERAGING for branch in cond_v2.get_func_graphs(op) for inner in branch.get_operations())

@@ -187,7 +187,7 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     return found
 
 
-def _warn_inexact(optimizer, exact_clipping: bool = False) -> None:
+def warn_inexact(optimizer, exact_clipping: bool = False) -> None:
     """Logs one warning naming ``optimizer``'s settings that are not exact on packed tables, if any."""
     inexact = inexact_settings(optimizer, exact_clipping)
     if inexact:
@@ -237,7 +237,12 @@ class _HybridOptimizerMixin:
         current_learning_rate(self)  # the fused updates run before Keras's apply_gradients would set it
         grads_and_vars = list(grads_and_vars)
         storage = self._htf_storage
-        if storage is not None and storage.world.distributed and not is_horovod_distributed(self):
+        if (
+            storage is not None
+            and storage.world.distributed
+            and not is_horovod_distributed(self)
+            and not gradients.already_averaged(grads_and_vars, self._htf_sharded)  # a custom step's tape did
+        ):
             grads_and_vars = gradients.reduce_gradients(grads_and_vars, self._htf_sharded, storage.world)
         kind = fusable(self)
         fused = [
@@ -510,7 +515,7 @@ def hybridize_optimizer(
         keras_legacy_slots.hook_legacy_slots(optimizer, storage)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         if storage.packed:  # a legacy optimizer clips in its own apply_gradients, on the packed rows
-            _warn_inexact(optimizer)
+            warn_inexact(optimizer)
         if world.distributed and storage.sharded:
             raise TypeError(
                 f"a model with tables sharded over {world.size} Horovod ranks needs a tf.keras.optimizers.Optimizer "
@@ -525,7 +530,7 @@ def hybridize_optimizer(
     if exact_clipping is False:
         object.__setattr__(storage, "gradient_norms", None)
     if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:
-        _warn_inexact(optimizer, bool(exact_clipping))
+        warn_inexact(optimizer, bool(exact_clipping))
     pending = None
     if not isinstance(optimizer, _HybridOptimizerMixin) and getattr(optimizer, "_built", False):
         pending = _take_plain_state(optimizer)

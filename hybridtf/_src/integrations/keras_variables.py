@@ -122,7 +122,8 @@ def hook_optimizers(model, candidates) -> None:
     tables (a hooked optimizer adds their penalties' gradients itself, right
     only when the step's loss holds ``model.losses``, as compile's does).
     """
-    from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
+    from hybridtf._src.integrations.keras_legacy_slots import is_legacy
+    from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, warn_inexact
 
     storage = model._htf_runtime.storage
     if storage.world.distributed or storage.regularizers:
@@ -131,6 +132,9 @@ def hook_optimizers(model, candidates) -> None:
         if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
             exact = clipping_can_be_exact(model, obj) or None  # None: leave the model's clipping as it is
             hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
+        elif is_legacy(obj) and storage.packed and not getattr(obj, "_htf_inexact_named", False):
+            object.__setattr__(obj, "_htf_inexact_named", True)
+            warn_inexact(obj)  # a legacy optimizer clips the packed rows in its own apply_gradients, as compile says
 
 
 def hook_attribute_optimizers(model) -> None:
