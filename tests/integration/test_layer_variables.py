@@ -154,6 +154,9 @@ def test_model_weights_and_variables_hold_the_packed_tables():
     plain = _wide_and_deep()
     optimized = _wide_and_deep(optimize=True)
     assert optimized.count_params() == plain.count_params()
+    # summary()'s Param # per layer: a packed layer counts its table's rows as the plain layer does
+    assert [layer.count_params() for layer in optimized.layers] == [layer.count_params() for layer in plain.layers]
+    assert optimized.get_layer("deep1").count_params() == VOCAB * 4
     packed = list(optimized._htf_runtime.storage.packed.values())
     for weights in (optimized.weights, optimized.variables, optimized.trainable_weights):
         assert all(any(w is p for w in weights) for p in packed)

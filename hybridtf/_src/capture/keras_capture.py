@@ -225,6 +225,14 @@ class _HybridEmbeddingMixin(PlainConstruction):
         _warn_user_read_of_variables(self)
         return self.trainable_weights
 
+    def count_params(self):
+        # ``summary()``'s Param # per layer: the table's rows live in the packed variable, which the layer
+        # does not list among its weights; counted here as the plain layer counts its own table.
+        own = super().count_params() if self.built else 0
+        view = getattr(self, "embeddings", None)
+        shape = getattr(view, "shape", None) if getattr(view, "packed_variable", None) is not None else None
+        return own + (int(shape.num_elements()) if shape is not None and shape.is_fully_defined() else 0)
+
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs):
         ids = inputs
