@@ -108,25 +108,30 @@ def _one_layer_loss(features, labels):
         tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(i), name=f"e{i}")(features[f"C{i}"])
         for i in range(FIELDS)
     ]
-    logit = tf.keras.layers.Dense(1)(tf.concat(embedded, axis=1))
+    dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=3))
+    logit = dense(tf.concat(embedded, axis=1))
     return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
 
 
-def test_a_loss_term_over_tables_picked_by_name_raises_naming_that_cause():
-    """An L2 over the variables named "embeddings" (none packed carries it): one optimizer, another kind of update."""
+def _l2_by_name_model_fn(features, labels, mode):
+    """One optimizer; the loss adds an L2 over the variables named "embeddings" (its tables)."""
+    loss = _one_layer_loss(features, labels)
+    penalties = [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables() if "embeddings" in v.name]
+    loss += 1e-3 * tf.add_n(penalties)
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    step = tf.compat.v1.train.get_global_step()
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step))
 
-    def model_fn(features, labels, mode):
-        loss = _one_layer_loss(features, labels)
-        penalties = [tf.nn.l2_loss(v) for v in tf.compat.v1.trainable_variables() if "embeddings" in v.name]
-        if penalties:  # none in the real pass: the packed variable has another name
-            loss += 1e-3 * tf.add_n(penalties)
-        step = tf.compat.v1.train.get_global_step()
-        return tf.estimator.EstimatorSpec(
-            mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
-        )
 
-    with pytest.raises(CaptureError, match=r"another kind of gradient.*picked by name"):
-        _graph_spec(htf_estimator.model_fn(model_fn))
+def test_a_loss_term_over_tables_picked_by_name_trains_as_plain(tmp_path):
+    """The packed variable ends in /embeddings as its tables do: an L2 over the variables picked by
+    ``"embeddings" in v.name`` covers it (it covered no packed table and was refused before)."""
+    _, plain = _train(_l2_by_name_model_fn, tmp_path / "plain", 20)
+    hooks = htf_estimator.hooks(every_n_steps=None, log_fn=lambda line: None)
+    est, wrapped = _train(htf_estimator.model_fn(_l2_by_name_model_fn), tmp_path / "wrapped", 20, hooks)
+    _assert_losses_close(wrapped, plain)
+    assert [len(pt.members) for pt in hooks[0].report.plan.packed_tables] == [FIELDS]
+    assert dict(tf.train.list_variables(est.model_dir)) == dict(tf.train.list_variables(str(tmp_path / "plain")))
 
 
 def _scaled_model_fn(picked, optimizer="sgd", scope=None, in_cond=False):

@@ -4,8 +4,9 @@ Each packed variable is created in the real graph, initialized from copies of
 its member tables' own initializers (the record pass's initial values, copied
 by ``estimator_graph.copy_to_graph``; under Horovod only this rank's rows of a
 sharded table), and named in the name scope its tables share
-(``packed_storage.shared_scope``), so that a model_fn choosing each
-optimizer's variables by scope or name picks it with its tables.
+(``packed_storage.shared_scope``) and ending as theirs do
+(``wide/packed_1d_float32_model/embeddings``), so that a model_fn choosing
+each optimizer's variables by scope or name picks it with its tables.
 """
 
 from __future__ import annotations
@@ -79,9 +80,13 @@ def create(plan: PackingPlan, tables: dict, op_map, source, target) -> PackedTab
                 f"initial value has shape {tuple(full.shape.as_list())}."
             )
         kwargs["initial_value"] = full
+        # Named as its tables' variables end ("wide/packed_1d_float32_model/embeddings"), so that a model_fn
+        # picking variables by name ("embeddings" in v.name) finds it with them.
+        kwargs["name"] = "embeddings"
         if not scopes[name]:
-            return next_creator(**kwargs)
-        with tf.name_scope(scopes[name] + "/"):  # an absolute scope: "wide/packed_1d_float32_model"
+            with tf.name_scope(name):  # under the enclosing "hybridtf" scope
+                return next_creator(**kwargs)
+        with tf.name_scope(f"{scopes[name]}/{name}/"):  # an absolute scope: "wide/packed_1d_float32_model/"
             return next_creator(**kwargs)
 
     # PackedTables takes arrays in graph mode: zero-stride stand-ins, replaced by the copied initializers.
