@@ -56,11 +56,13 @@ ImplStatus ValidateConfig(const Config& c) {
         "], got " + std::to_string(c.capacity) + ".");
   }
   if (c.warmup_steps < 0 || c.warmup_steps > 0xFFFFFFFFll) {
-    return ImplStatus::InvalidArgument(t + ": warmup_steps must be >= 0, got " +
+    return ImplStatus::InvalidArgument(t + ": warmup_steps must be in [0, 4294967295] (steps are " +
+                                       "counted in 32 bits), got " +
                                        std::to_string(c.warmup_steps) + ".");
   }
   if (c.flush_every < 1 || c.flush_every > 0xFFFFFFFFll) {
-    return ImplStatus::InvalidArgument(t + ": flush_every must be >= 1, got " +
+    return ImplStatus::InvalidArgument(t + ": flush_every must be in [1, 4294967295] (steps are " +
+                                       "counted in 32 bits), got " +
                                        std::to_string(c.flush_every) + ".");
   }
   if (!(c.count_decay > 0.f && c.count_decay <= 1.f)) {

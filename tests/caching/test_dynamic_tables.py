@@ -107,7 +107,13 @@ def test_bad_inputs_name_the_table_and_the_fix(tmp_path):
         tables.lookup("items", tf.constant([1.5]))
     with pytest.raises(TypeError, match=r"'items'.*int64"):
         tables.lookup("items", tf.constant(["a"]))
-    for kwargs, what in (({"hot_rows": 0}, "hot_rows"), ({"capacity": -1}, "capacity"), ({"dim": 0}, "dim")):
+    for kwargs, what in (
+        ({"hot_rows": 0}, "hot_rows"),
+        ({"capacity": -1}, "capacity"),
+        ({"dim": 0}, "dim"),
+        ({"warmup_steps": 2**32}, r"warmup_steps in \[0, 4294967295\]"),  # the store counts steps in 32 bits
+        ({"flush_every": 2**33}, r"flush_every in \[1, 4294967295\]"),
+    ):
         with pytest.raises(ValueError, match=rf"'bad'.*{what}"):
             DynamicTableConfig("bad", **{"dim": D, **kwargs})
     with pytest.raises(ValueError, match=r"'items'.*dynamic.*dynamic_tables\['items'\]"):

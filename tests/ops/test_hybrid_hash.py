@@ -262,6 +262,10 @@ def test_bad_config_and_ids():
         from hybridtf._src.run.loader import load_ops
 
         load_ops().hybrid_tf_hybrid_hash_table(table_name="raw", dim=2, hot_rows=0)
+    with pytest.raises(ValueError, match=r"'x': warmup_steps must be in \[0, 4294967295\]"):
+        native.HybridHashStore("x", dim=2, hot_rows=1, warmup_steps=2**32)
+    with pytest.raises(ValueError, match=r"'x': flush_every must be in \[1, 4294967295\]"):
+        native.HybridHashStore("x", dim=2, hot_rows=1, flush_every=2**33)
     t = _table("ids")
     with pytest.raises(TypeError, match=r"'ids'.*int64"):
         t.lookup(tf.constant([1.0]))

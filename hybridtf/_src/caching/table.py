@@ -132,10 +132,11 @@ class TableConfig:
                 "removes hot rows, so once a flush made every row hot the full table could take no new id. Use a "
                 "hot tier of a fraction of the capacity (e.g. hot_rows=capacity // 10), or capacity=0 (unbounded)."
             )
-        if self.warmup_steps < 0 or self.flush_every < 1 or self.ttl_steps < 0:
+        steps_max = 0xFFFFFFFF  # the store counts steps in 32 bits
+        if not (0 <= self.warmup_steps <= steps_max and 1 <= self.flush_every <= steps_max and self.ttl_steps >= 0):
             raise ValueError(
-                f"{t}: need warmup_steps >= 0, flush_every >= 1 and ttl_steps >= 0, got "
-                f"{self.warmup_steps}, {self.flush_every}, {self.ttl_steps}."
+                f"{t}: need warmup_steps in [0, {steps_max}], flush_every in [1, {steps_max}] and ttl_steps >= 0 "
+                f"(0 = off), got {self.warmup_steps}, {self.flush_every}, {self.ttl_steps}."
             )
         if self.initializer not in INITIALIZERS:
             raise ValueError(f"{t}: initializer must be one of {INITIALIZERS}, got {self.initializer!r}.")
