@@ -182,3 +182,24 @@ def test_the_train_steps_own_optimizer_checkpoints_in_the_plain_layout(source, t
     resumed = _wide_and_deep(optimize=target)
     resumed.load_weights(str(tmp_path / "ck"))
     np.testing.assert_allclose(_train(resumed, batches[6:]), expected, rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("optimized", [False, True], ids=["plain", "optimized"])
+def test_a_keras_weights_file_of_a_two_optimizer_step_loads_as_into_the_plain_model(optimized, tmp_path, caplog):
+    """The compiled optimizer trains only the deep variables: a build over all of them would not fit the file, so
+    ``load_weights`` leaves it unbuilt and its state is skipped with a warning, as Keras skips it in the plain model
+    (it was refused, and the weights could not be loaded at all); the model's weights load exactly."""
+    batches = _batches(8)
+    model = _wide_and_deep(optimize=optimized)
+    _train(model, batches[:4])
+    path = str(tmp_path / "two.weights.h5")
+    model.save_weights(path)
+    resumed = _wide_and_deep(optimize=optimized)
+    with caplog.at_level(logging.WARNING):
+        resumed.load_weights(path)
+    x = batches[4][0]
+    np.testing.assert_array_equal(resumed.predict_on_batch(x), model.predict_on_batch(x))
+    if optimized:
+        told = [r.getMessage() for r in caplog.records if "not loading the state of optimizer" in r.getMessage()]
+        assert len(told) == 2 and "starts afresh" in told[0]  # the compiled Adagrad and the step's own Ftrl
+    assert np.isfinite(_train(resumed, batches[4:])).all()

@@ -109,7 +109,7 @@ def _is_horovod_class(cls) -> bool:
     return "_allreduce" in cls.__dict__ and "register_local_var" in cls.__dict__
 
 
-def _user_class(optimizer, skip: tuple = ()) -> type:
+def user_class(optimizer, skip: tuple = ()) -> type:
     """The optimizer's own class, under hybridtf's (and ``skip``'s) and Horovod's run-time subclasses."""
     mixins = (_HybridOptimizerMixin, *skip)
     for cls in type(optimizer).__mro__:
@@ -155,7 +155,7 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     variable's rows or counts the model's variables, compute something else.
     """
     found = []
-    base = _user_class(optimizer)
+    base = user_class(optimizer)
     clip_fix = "clip the dense layers' gradients yourself in a custom step, or train without clipping"
     if getattr(optimizer, "clipnorm", None) is not None and not exact_clipping:
         found.append(
@@ -202,7 +202,7 @@ def fusable(optimizer, skip: tuple = ()) -> str | None:
 
     ``skip``: further run-time mixin classes to look through (the dynamic-table hook's).
     """
-    base = _user_class(optimizer, skip)
+    base = user_class(optimizer, skip)
     if getattr(optimizer, "_agg_helper", None) is not None:  # Horovod backward_passes_per_step > 1
         return None
     if any(getattr(optimizer, name, None) is not None for name in ("clipnorm", "clipvalue", "global_clipnorm")):
@@ -371,6 +371,19 @@ class _HybridOptimizerMixin:
     def load_own_variables(self, store):
         _check_lazy(store, self)
         items = self._htf_plain_variables()
+        if len(store.keys()) != len(items) and not getattr(self, "_built", False):
+            # Not built for this file (model.load_weights builds it when the file fits a build over the model's
+            # trainable variables): skipped as Keras skips an unbuilt optimizer's state in the plain model.
+            _log.warning(
+                "hybridtf: not loading the state of optimizer '%s' (%s): the file holds %d of its variables and it "
+                "is not built (it trains only some of the model's variables, e.g. in a custom train_step). It starts "
+                "afresh, as it would in the plain model; to keep its state use TensorFlow checkpoints "
+                "(save_weights without .h5, tf.train.Checkpoint), which restore it when it is built.",
+                self.name,
+                type(self).__name__,
+                len(store.keys()),
+            )
+            return
         if len(store.keys()) != len(items):
             raise keras_slots.OptimizerLayoutError(
                 f"the file holds {len(store.keys())} variables of optimizer '{self.name}' "

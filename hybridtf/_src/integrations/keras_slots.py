@@ -26,6 +26,8 @@ would restore wrongly.
 
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from hybridtf._src.errors import HybridTFError
@@ -145,3 +147,42 @@ def _check_row_slot(optimizer, slot, packed, packed_name, storage) -> None:
         "the variables (SGD, Adagrad, Adam, RMSprop, Ftrl, ...), or exclude these tables from packing "
         "(hybridtf.keras.optimize(model, exclude=[...]))."
     )
+
+
+def saved_variable_count(filepath, attribute: str = "optimizer") -> int | None:
+    """How many variables the Keras file ``filepath`` (``.keras`` / ``.weights.h5``) holds for the model's optimizer
+    attribute ``attribute``; None when the file cannot be read or holds none."""
+    import io
+    import zipfile
+
+    import h5py
+
+    try:
+        path = os.fspath(filepath)
+        if path.endswith(".keras"):
+            with zipfile.ZipFile(path) as archive:
+                source = io.BytesIO(archive.read("model.weights.h5"))
+        else:
+            source = path
+        with h5py.File(source, "r") as weights:
+            group = weights.get(f"{attribute}/vars")
+            return None if group is None else len(group.keys())
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return None  # Keras's own loading reports an unreadable file
+
+
+def variables_per_build(optimizer, user_class: type) -> tuple[int, int] | None:
+    """``(base, per_variable)``: a fresh ``user_class`` optimizer with ``optimizer``'s configuration holds
+    ``base + per_variable * n`` variables once built over ``n`` variables (measured on one-element stand-ins);
+    None if that cannot be measured."""
+    try:
+        counts = []
+        for n in (1, 2):
+            probe = user_class.from_config(optimizer.get_config())
+            with tf.init_scope():
+                probe.build([tf.Variable(tf.zeros([1]), name=f"probe_{i}") for i in range(n)])
+            counts.append(len(probe.variables))
+    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt from its config: not measurable
+        return None
+    per_variable = counts[1] - counts[0]
+    return counts[0] - per_variable, per_variable
