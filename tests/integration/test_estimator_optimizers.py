@@ -120,7 +120,8 @@ def _l2_by_name_model_fn(features, labels, mode):
     loss += 1e-3 * tf.add_n(penalties)
     tf.compat.v1.add_to_collection(LOSS_KEY, loss)
     step = tf.compat.v1.train.get_global_step()
-    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step))
+    train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
 
 def test_a_loss_term_over_tables_picked_by_name_trains_as_plain(tmp_path):

@@ -29,9 +29,15 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, horovod_hooks, keras_callbacks, keras_notices, keras_record
+from hybridtf._src.integrations import (
+    atomic_checkpoint,
+    horovod_hooks,
+    keras_callbacks,
+    keras_notices,
+    keras_record,
+    keras_slots,
+)
 from hybridtf._src.integrations import keras_optimize_steps as steps
-from hybridtf._src.integrations import keras_slots
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan

@@ -182,7 +182,7 @@ def variables_per_build(optimizer, user_class: type) -> tuple[int, int] | None:
             with tf.init_scope():
                 probe.build([tf.Variable(tf.zeros([1]), name=f"probe_{i}") for i in range(n)])
             counts.append(len(probe.variables))
-    except Exception:  # noqa: BLE001 - an optimizer that cannot be rebuilt from its config: not measurable
+    except Exception:  # an optimizer that cannot be rebuilt from its config: not measurable
         return None
     per_variable = counts[1] - counts[0]
     return counts[0] - per_variable, per_variable
