@@ -62,8 +62,8 @@ ImplStatus ValidateConfig(const Config& c) {
   }
   if (c.flush_every < 1 || c.flush_every > 0xFFFFFFFFll) {
     return ImplStatus::InvalidArgument(t + ": flush_every must be in [1, 4294967295] (steps are " +
-                                       "counted in 32 bits), got " +
-                                       std::to_string(c.flush_every) + ".");
+                                       "counted in 32 bits), got " + std::to_string(c.flush_every) +
+                                       ".");
   }
   if (!(c.count_decay > 0.f && c.count_decay <= 1.f)) {
     return ImplStatus::InvalidArgument(t + ": count_decay must be in (0, 1], got " +
