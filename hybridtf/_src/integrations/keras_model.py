@@ -38,7 +38,7 @@ from hybridtf._src.integrations import (
     keras_slots,
 )
 from hybridtf._src.integrations import keras_optimize_steps as steps
-from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
+from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
@@ -211,7 +211,8 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
     def load_weights(self, filepath, skip_mismatch=False, by_name=False, options=None):
         keras_notices.refuse_legacy_hdf5(filepath, None)
         if str(filepath).endswith((".keras", ".weights.h5")):
-            _build_optimizer(self, filepath)  # Keras files hold the optimizer's state by position: build it first
+            # Keras files hold the optimizer's state by position: build it first
+            keras_slots.build_optimizer(self, filepath)
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
@@ -309,7 +310,7 @@ class _UnpackedModelMixin(PlainConstruction):
 
     def load_weights(self, filepath, *args, **kwargs):
         if str(filepath).endswith((".keras", ".weights.h5")):
-            _build_optimizer(self)  # its packed dynamic stores' optimizer state too, as an optimized model's
+            keras_slots.build_optimizer(self)  # its dynamic stores' optimizer state too, as an optimized model's
         return super().load_weights(filepath, *args, **kwargs)
 
     @property
@@ -361,30 +362,6 @@ def _crash_safe(filepath, overwrite):
     else:
         with atomic_checkpoint.protected(path):
             yield path
-
-
-def _build_optimizer(model, filepath=None) -> None:
-    """Builds ``model``'s Keras optimizer on its trainable variables if it is not built yet.
-
-    Keras files hold the optimizer's state by position, so a file is loaded into a built optimizer. When the
-    file ``filepath`` holds this optimizer's state over fewer variables than the model trains (a custom
-    ``train_step`` gives the compiled optimizer only some of them), the optimizer stays unbuilt: its state is
-    then skipped with a warning, as Keras skips it for the plain model. A file of another optimizer (a count no
-    build of this one makes) is loaded into the build and refused there, naming the fix.
-    """
-    optimizer = getattr(model, "optimizer", None)
-    if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or getattr(optimizer, "_built", False):
-        return
-    plain = getattr(model, "_htf_plain_trainable", None)
-    saved = keras_slots.saved_variable_count(filepath) if filepath is not None and plain is not None else None
-    layout = keras_slots.variables_per_build(optimizer, user_class(optimizer)) if saved is not None else None
-    if layout is not None and layout[1] > 0:
-        base, per_variable = layout
-        trained, rest = divmod(saved - base, per_variable)
-        if rest == 0 and 0 <= trained < len(plain):  # this optimizer's state over only some of the variables
-            return
-    with tf.init_scope():
-        optimizer.build(model.trainable_variables)
 
 
 def is_optimized(model) -> bool:

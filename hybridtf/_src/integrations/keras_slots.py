@@ -186,3 +186,29 @@ def variables_per_build(optimizer, user_class: type) -> tuple[int, int] | None:
         return None
     per_variable = counts[1] - counts[0]
     return counts[0] - per_variable, per_variable
+
+
+def build_optimizer(model, filepath=None) -> None:
+    """Builds ``model``'s Keras optimizer on its trainable variables if it is not built yet.
+
+    Keras files hold the optimizer's state by position, so a file is loaded into a built optimizer. When the
+    file ``filepath`` holds this optimizer's state over fewer variables than the model trains (a custom
+    ``train_step`` gives the compiled optimizer only some of them), the optimizer stays unbuilt: its state is
+    then skipped with a warning, as Keras skips it for the plain model. A file of another optimizer (a count no
+    build of this one makes) is loaded into the build and refused there, naming the fix.
+    """
+    from hybridtf._src.integrations.keras_optimizers import user_class  # (it imports this module)
+
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or getattr(optimizer, "_built", False):
+        return
+    plain = getattr(model, "_htf_plain_trainable", None)
+    saved = saved_variable_count(filepath) if filepath is not None and plain is not None else None
+    layout = variables_per_build(optimizer, user_class(optimizer)) if saved is not None else None
+    if layout is not None and layout[1] > 0:
+        base, per_variable = layout
+        trained, rest = divmod(saved - base, per_variable)
+        if rest == 0 and 0 <= trained < len(plain):  # this optimizer's state over only some of the variables
+            return
+    with tf.init_scope():
+        optimizer.build(model.trainable_variables)
