@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
-from hybridtf._src.integrations import keras_legacy_slots, keras_slots
+from hybridtf._src.integrations import keras_kept_rows, keras_legacy_slots, keras_slots
 from hybridtf._src.rewrite import gradient_norms, regularization
 from hybridtf._src.run import regularized_apply, sparse_apply
 
@@ -234,8 +234,15 @@ class _HybridOptimizerMixin:
     """Per-instance override: fused updates for packed tables, Keras for the rest."""
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        current_learning_rate(self)  # the fused updates run before Keras's apply_gradients would set it
         grads_and_vars = list(grads_and_vars)
+        restore = keras_kept_rows.keep_rows_without_gradient(self, grads_and_vars)  # tables without gradient
+        result = self._htf_apply_gradients(grads_and_vars, *args, **kwargs)
+        if restore is not None:
+            restore()
+        return result
+
+    def _htf_apply_gradients(self, grads_and_vars, *args, **kwargs):
+        current_learning_rate(self)  # the fused updates run before Keras's apply_gradients would set it
         storage = self._htf_storage
         if (
             storage is not None

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import tensorflow as tf
 
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.run import gradient_arrivals
 from hybridtf._src.run.gather_rows import gather_variable_rows
 from hybridtf._src.run.pack_ids import pack_ids
 from hybridtf._src.run.stitch_combine import stitch_combine
@@ -167,6 +168,7 @@ def stitch_outputs(prepared: PackedRequests, rows: tf.Tensor, inverse: tf.Tensor
     not through a reshape per request.
     """
     id_shapes = [_kernel_shape(ids) for ids in prepared.shapes]
+    gradient_arrivals.register_fields(rows, [table for table, _ in prepared.vocabularies])
     outs = stitch_combine(
         rows,
         inverse,

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from hybridtf._src.run import gradient_arrivals
 from hybridtf._src.run.loader import load_ops
 from hybridtf._src.run.second_order import TABLE_FIX, refuse_second_order
 
@@ -148,6 +149,7 @@ def _id_shapes(id_shapes, combiners) -> dict:
 @tf.RegisterGradient(OP_NAME)
 def _stitch_combine_grad(op, *grads):
     rows, inverse, sizes, segments, lengths, weights = op.inputs
+    gradient_arrivals.note_fields(rows, [f for f, g in enumerate(grads) if not gradient_arrivals.is_zero_fill(g)])
     dense = [tf.zeros_like(out) if g is None else tf.convert_to_tensor(g) for g, out in zip(grads, op.outputs)]
     d_rows = load_ops().hybrid_tf_stitch_combine_grad(
         dense,

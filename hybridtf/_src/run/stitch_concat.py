@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
+from hybridtf._src.run import gradient_arrivals
 from hybridtf._src.run.loader import load_ops
 from hybridtf._src.run.second_order import FUSION_FIX, refuse_second_order
 
@@ -121,6 +122,16 @@ def _op_layout(op: tf.Operation):
     return lists, attrs
 
 
+def note_placed_fields(rows: Sequence[tf.Tensor], attrs: dict) -> None:
+    """In a gradient function: every field the op places got the op's (real) output gradient."""
+    placed: dict[int, list[int]] = {}
+    for g, item in zip(attrs["piece_groups"], attrs["piece_items"]):
+        if g >= 0:
+            placed.setdefault(g, []).append(item)
+    for g, fields in placed.items():
+        gradient_arrivals.note_fields(rows[g], fields)
+
+
 def stitch_concat_matmul(
     groups: Sequence[StitchGroup],
     dense: Sequence[tf.Tensor],
@@ -164,6 +175,7 @@ def stitch_concat_matmul(
 @tf.RegisterGradient(MATMUL_OP_NAME)
 def _stitch_concat_matmul_grad(op, grad):
     lists, attrs = _op_layout(op)
+    note_placed_fields(lists[0], attrs)
     kernel = op.inputs[-1]
     d_rows, d_dense, d_kernel = load_ops().hybrid_tf_stitch_concat_mat_mul_grad(grad, kernel, *lists, **attrs)
     return [*d_rows, *([None] * (4 * len(lists[0]))), *d_dense, d_kernel]
@@ -217,6 +229,7 @@ def _column_broadcast_source(grad: tf.Tensor) -> tf.Tensor | None:
 @tf.RegisterGradient(OP_NAME)
 def _stitch_concat_grad(op, grad):
     (rows, inverses, sizes, segments, lengths, dense), attrs = _op_layout(op)
+    note_placed_fields(rows, attrs)
     column = _column_broadcast_source(grad)
     if column is not None:
         grad, attrs = column, {**attrs, "broadcast_grad": True}

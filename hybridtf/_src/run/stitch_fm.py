@@ -7,7 +7,7 @@ import tensorflow as tf
 from hybridtf._src.run.loader import load_ops
 from hybridtf._src.run.second_order import FUSION_FIX, refuse_second_order
 from hybridtf._src.run.stitch_concat import OP_NAME as STITCH_CONCAT
-from hybridtf._src.run.stitch_concat import _op_layout
+from hybridtf._src.run.stitch_concat import _op_layout, note_placed_fields
 
 OP_NAME = "HybridTF>StitchFM"
 GRAD_OP_NAME = "HybridTF>StitchFMGrad"
@@ -44,5 +44,6 @@ def _stitch_fm_grad(op, grad, grad_sums):
     # The second output (sum_f e_f per row) is there for this gradient; the tape and
     # tf.gradients pass zeros for an output nothing reads (and x + 0 == x).
     lists, attrs = _op_layout(op)
+    note_placed_fields(lists[0], attrs)
     d_rows = load_ops().hybrid_tf_stitch_fm_grad(grad, op.outputs[1], grad_sums, *lists, **attrs)
     return [*d_rows, *([None] * (4 * len(lists[0])))]
