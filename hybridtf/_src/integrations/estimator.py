@@ -45,6 +45,7 @@ from hybridtf._src.capture.lookup_api import Tables
 from hybridtf._src.integrations import estimator_capture as capture
 from hybridtf._src.integrations import estimator_dynamic, estimator_storage, estimator_updates, estimator_warm_start
 from hybridtf._src.integrations import estimator_graph as graph_util
+from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_saver import recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
@@ -92,6 +93,8 @@ class _Record:
         self.tables_sets: list = []
         self.pairs: list = []
         self.spec = None
+        self.init_noted: dict = {}  # table -> (checkpoint, tensor) of the model_fn's init_from_checkpoint
+        self.skipped_variables: set[str] = set()
 
     def run(self, user_fn, kwargs, real_graph):
         with self.graph.as_default():
@@ -103,13 +106,22 @@ class _Record:
                     args[key], pairs = graph_util.stand_in_inputs(args[key], f"hybridtf_record_{key}")
                     self.pairs.extend(pairs)
             views_as_variables = estimator_updates.each_packed_variable_once({}, set())
-            with tf.variable_creator_scope(self._creator), context.recording() as rec, views_as_variables:
+            from_checkpoint = init_from_ckpt.intercepted(
+                init_from_ckpt.record_pass_table(lambda: self.variables), self.init_noted
+            )
+            with (
+                tf.variable_creator_scope(self._creator),
+                context.recording() as rec,
+                views_as_variables,
+                from_checkpoint,
+            ):
                 rec.requests = _RecordedRequests(self)
                 setattr(rec, RUNS_LOOKUPS_ATTR, True)
                 self.spec = user_fn(**args)
         for name, info in list(self.tables.items()):
             if info.view.dense_use is not None:
                 self.skipped.append((name, info.view.dense_use))
+                self.skipped_variables.add(info.variable.op.name)  # reported once, with that reason
                 del self.tables[name]
         op_map = graph_util.new_op_map(self.pairs)
         for lookup in self.lookups:
@@ -152,7 +164,7 @@ class _Record:
 
     def unpacked_lookups(self) -> list[str]:
         """Variables gathered from in the scratch graph that hybridtf does not manage."""
-        known = {info.variable.op.name for info in self.tables.values()}
+        known = {info.variable.op.name for info in self.tables.values()} | self.skipped_variables
         for tables in self.tables_sets:
             known.update(v.op.name for v in tables.variables)
         known.update(o._rows_buffer.op.name for o in estimator_dynamic.dynamic_owners(self.graph))
@@ -420,7 +432,10 @@ def build(
         report.interleaving = real.runtime.interleaving
     shared = {pt.name for pt in plan.packed_tables if len(pt.members) > 1} if plan is not None else set()
     packed_once = estimator_updates.each_packed_variable_once(real.storage.packed if real.storage else {}, shared)
-    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep, packed_once:
+    packed_tables = {m.name for pt in plan.packed_tables for m in pt.members} if plan is not None else set()
+    init_noted = {t: source for t, source in record.init_noted.items() if t in packed_tables}
+    from_checkpoint = init_from_ckpt.intercepted(init_from_ckpt.real_pass_table(packed_tables), init_noted)
+    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep, packed_once, from_checkpoint:
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
         try:
@@ -458,7 +473,9 @@ def build(
         }
         recorded = recorded_keys(record.spec, record.graph, plain)
         spec, _ = with_saver(spec, packed, members, config, shards, recorded)
-        estimator_warm_start.apply(packed, members, shards, mode)
+        keys = {m.name: real.claimed[m.name].checkpoint_key for pt in plan.packed_tables for m in pt.members}
+        init_from_ckpt.apply(init_noted, packed, members, keys, shards)
+        estimator_warm_start.apply(packed, members, shards, mode)  # after: TensorFlow warm-starts after the model_fn
     report.packed_lookups = len(real.outputs)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
     report.step_ops_plain = scratch_ops

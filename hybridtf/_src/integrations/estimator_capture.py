@@ -211,7 +211,11 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
     if _in_weight_regularizer(value):
         return value.rows_as(dtype)
     if value.dense_use is None:
-        value.dense_use = "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, ...)"
+        value.dense_use = (
+            "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, an L2 term over "
+            "layer.embeddings, ...): exact, but unpacked; for an L2 term use a Keras embeddings_regularizer, which "
+            "packs"
+        )
     return value.rows_as(dtype)
 
 

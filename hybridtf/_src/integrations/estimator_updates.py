@@ -404,9 +404,10 @@ def check_loss_reads(plan, packed: dict, record_variables: dict, record_loss, lo
                     f"loss reads table {m.name!r} {want} time(s): a term over whole variables (e.g. "
                     "tf.nn.l2_loss over layer.trainable_variables) that lists the packed variable once per layer "
                     "holding it, or leaves out tables it holds, would cover other rows than the plain loss. Use a "
-                    "Keras embeddings_regularizer, compute the term over each layer's embeddings "
-                    "(tf.nn.l2_loss(layer.embeddings)) or over tf.compat.v1.trainable_variables(), or keep these "
-                    f"tables unpacked: model_fn(fn, exclude={names})."
+                    "Keras embeddings_regularizer (packed), or compute the term over "
+                    "tf.compat.v1.trainable_variables() (each variable once), or keep these tables unpacked: "
+                    f"model_fn(fn, exclude={names}) (a term over a layer's embeddings, "
+                    "tf.nn.l2_loss(layer.embeddings), reads the table as a tensor, which also leaves it unpacked)."
                 )
 
 

@@ -113,7 +113,7 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
                     f"warm start of tables sharded over Horovod ranks ({owner}): warm-start in one process, save, "
                     "and start the Horovod job from that checkpoint."
                 )
-            _warm_start_rows(var, parts, {p[0] for p in chosen}, prev_names, ckpt_file, shapes)
+            warm_start_rows(var, parts, {p[0] for p in chosen}, prev_names, ckpt_file, shapes)
 
     # TensorFlow warm-starts everything else it would have selected.
     grouped = warm_starting_util._get_grouped_variables(selection)
@@ -126,8 +126,15 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
     )
 
 
-def _warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes) -> None:
-    """Makes ``var``'s initializer read the ``chosen`` members from the checkpoint, the others as before."""
+def warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes, what: str = "warm start") -> None:
+    """Makes ``var``'s initializer read the ``chosen`` members from the checkpoint, the others as before.
+
+    ``what`` names the caller in errors: "warm start" (``warm_start_from``) or "init_from_checkpoint".
+    """
+    fix = {
+        "warm start": "name its entry with var_name_to_prev_var_name or leave it out of vars_to_warm_start",
+        "init_from_checkpoint": "map the table to a tensor the checkpoint holds",
+    }[what]
     dim = var.shape[1]
     values = []
     with tf.name_scope(var.op.name + "/hybridtf_warm_start"):
@@ -138,12 +145,11 @@ def _warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes) -> None:
             source = prev_names.get(key, key)
             if source not in shapes:
                 raise ValueError(
-                    f"warm start: tensor {source!r} (table {key!r}) is not found in checkpoint {ckpt_file}; "
-                    "name its entry with var_name_to_prev_var_name or leave it out of vars_to_warm_start."
+                    f"{what}: tensor {source!r} (table {key!r}) is not found in checkpoint {ckpt_file}; {fix}."
                 )
             if shapes[source] != [rows, dim]:
                 raise ValueError(
-                    f"warm start: table {key!r} is {[rows, dim]} but checkpoint {ckpt_file} holds {source!r} as "
+                    f"{what}: table {key!r} is {[rows, dim]} but checkpoint {ckpt_file} holds {source!r} as "
                     f"{shapes[source]}; the vocabulary size or embedding dim changed."
                 )
             with tf.device("/cpu:0"):
