@@ -77,6 +77,11 @@ def build(kind: str, size: int, mixed: bool = False, compile: bool = True, pack:
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
     model = htf.keras.optimize(tf.keras.Model(inputs, out), exclude=() if pack else TABLES)
     inner = {"adagrad": lambda: tf.keras.optimizers.Adagrad(0.1), "adam": lambda: tf.keras.optimizers.Adam(0.01)}
+    if kind == "adagrad_hvd_first":  # the other order: dynamic_optimizer(hvd.DistributedOptimizer(opt))
+        opt = tf.keras.optimizers.Adagrad(0.1)
+        optimizer = htf.keras.dynamic_optimizer(hvdk.DistributedOptimizer(opt) if size > 1 else opt)
+        model.compile(optimizer=optimizer, loss="mse")
+        return model
     optimizer = htf.keras.dynamic_optimizer(inner[kind]())
     if not compile:
         return model, optimizer
@@ -162,6 +167,14 @@ def custom_loop(size: int):
     return model, step
 
 
+def static_model(**optimize_kwargs):
+    """A small optimized model of two static tables."""
+    ids = tf.keras.Input((2,), dtype=tf.int64)
+    tables = [tf.keras.layers.Embedding(40, DIM, name=f"static_{k}")(ids) for k in range(2)]
+    out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Concatenate()(tables)))
+    return htf.keras.optimize(tf.keras.Model(ids, out), **optimize_kwargs)
+
+
 def main():
     out_dir, mode = sys.argv[1], sys.argv[2]
     early = htf.layers.DynamicEmbedding(DIM, name="early")  # built before hvd.init(): not sharded
@@ -170,9 +183,18 @@ def main():
     early_model = tf.keras.Model(  # two layers that would share a store, built before hvd.init()
         early_ids, [htf.layers.DynamicEmbedding(DIM, name=f"early_{k}", **TABLE)(early_ids) for k in range(2)]
     )
+    early_static = static_model()  # optimized before hvd.init(): laid out for one process
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    result = {"rank": rank, "size": size, "early_error": None}
+    result = {"rank": rank, "size": size, "early_error": None, "early_static_error": None, "strategy_error": None}
+    try:
+        early_static.compile(optimizer="adagrad", loss="mse")
+    except ValueError as err:
+        result["early_static_error"] = str(err)
+    try:  # ranks that optimize with different settings: refused at optimize, naming the setting
+        static_model(shard_strategy="range" if rank == 1 else "mod")
+    except ValueError as err:
+        result["strategy_error"] = str(err)
     try:
         early(tf.constant([1, 2], tf.int64), training=True)
     except ValueError as err:
@@ -225,6 +247,7 @@ def main():
             reloaded.load_weights(os.path.join(out_dir, tag, "ckpt"))
             after = export(reloaded, size)
             result[f"{tag}_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
+        result["adagrad_hvd_first_losses"] = train(build("adagrad_hvd_first", size), 0, STEPS, rank, size)
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
         if mode == "train":

@@ -101,13 +101,26 @@ def test_mixed_static_and_dynamic(runs, tag):
     assert runs["one"]["mixed_reload_identical"] and runs["one"]["mixed_packed_reload_identical"]
 
 
+def test_dynamic_optimizer_of_a_horovod_optimizer(runs):
+    """``dynamic_optimizer(hvd.DistributedOptimizer(opt))`` (the other order) trains as one process (it recursed
+    forever: Horovod's methods call ``super(self.__class__, self)``)."""
+    for rank in (0, 1):
+        _close(runs["two"][rank]["adagrad_hvd_first_losses"], runs["one"]["adagrad_hvd_first_losses"])
+    _close(runs["one"]["adagrad_hvd_first_losses"], runs["one"]["adagrad_losses"])  # the same model and steps
+
+
 def test_custom_loop_and_refusals(runs):
     """``htf.horovod.DistributedGradientTape`` over a packed store; what is refused, with the fix."""
     for rank in (0, 1):
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
         assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
+        # a static model optimized before hvd.init(): refused at compile (ranks trained their own copies)
+        assert "before hvd.init()" in runs["two"][rank]["early_static_error"]
+        # ranks optimizing with different settings: refused at optimize, naming the setting
+        assert "different shard_strategy" in runs["two"][rank]["strategy_error"]
     assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
+    assert runs["one"]["early_static_error"] is None and runs["one"]["strategy_error"] is None
     assert runs["one"]["early_skipped"] == []  # packed in one process
     for rank in (0, 1):  # built before hvd.init(): not sharded, so not packed into a sharded store
         skipped = runs["two"][rank]["early_skipped"]

@@ -22,7 +22,14 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable, loss_scale_inner
+from hybridtf._src.integrations.keras_optimizers import (
+    LazyAdam,
+    current_learning_rate,
+    fusable,
+    horovod_class_with,
+    is_horovod_class,
+    loss_scale_inner,
+)
 
 _log = logging.getLogger("hybridtf")
 
@@ -137,7 +144,11 @@ def dynamic_optimizer(optimizer):
             f"{type(optimizer).__name__}."
         )
     if not isinstance(optimizer, _DynamicOptimizerMixin):
-        optimizer.__class__ = _hooked_class(type(optimizer))
+        cls = type(optimizer)
+        # hvd.DistributedOptimizer(opt) given first: its class cannot be subclassed (see horovod_class_with)
+        optimizer.__class__ = (
+            horovod_class_with(_DynamicOptimizerMixin, cls) if is_horovod_class(cls) else _hooked_class(cls)
+        )
     return optimizer
 
 

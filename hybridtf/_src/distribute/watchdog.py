@@ -317,8 +317,8 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
         )
     lines.append(
         "Likely cause: the ranks ran different numbers of batches (uneven data per rank) or not every rank "
-        "called save_weights / evaluate / predict. Give every rank the same number of batches (split the data "
-        "evenly, drop_remainder=True, or steps_per_epoch / steps) and call these on every rank."
+        "called save_weights / load_weights / evaluate / predict. Give every rank the same number of batches "
+        "(split the data evenly, drop_remainder=True, or steps_per_epoch / steps) and call these on every rank."
     )
     lines.append(
         f"Ending every rank: Horovod is shut down on this one. The limit is {TIMEOUT_ENV}={armed.limit:g} "
@@ -389,7 +389,7 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
                 f"hybridtf: rank {world.rank} of {world.size} was in the collective {armed.describe()} "
                 "when another rank ended the job (it timed out waiting in another collective, raised an error, "
                 "finished its script or was killed: its stderr says which). Usually the ranks ran different "
-                "numbers of batches, or not every rank called save_weights / evaluate / predict."
+                "numbers of batches, or not every rank called save_weights / load_weights / evaluate / predict."
             )
             _print(message)  # before the launcher terminates this rank, and even if the caller swallows it
             raise CollectiveAbortedError(message) from err

@@ -56,6 +56,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         base_call = super().call
         if record.could_possibly_record():  # under a gradient tape (a custom loop's step): nothing frozen alone
             keras_notices.refuse_frozen_packed_layers(self)
+            keras_notices.refuse_world_change(self)
         if context.active() is not None:  # inside hybridtf.function: packed with the whole step
             with dataflow_fusion.fusing(model=self, **self._htf_fusion_options()) as scope:  # this forward pass only
                 result = base_call(inputs, *args, **kwargs)
@@ -98,6 +99,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
     def compile(self, *args, **kwargs):
         keras_notices.refuse_distribution_strategy(self, "compiled")
         keras_notices.refuse_frozen_packed_layers(self)
+        keras_notices.refuse_world_change(self)
         super().compile(*args, **kwargs)
         keras_notices.run_without_xla(self)
         hook_dynamic_optimizer(self, self.optimizer)  # dynamic tables beside the packed ones
@@ -531,6 +533,7 @@ def optimize(
         shard_strategy=shard_strategy,
         replicate_below_rows=replicate_below_rows,
     )
+    steps.check_ranks_agree(model, options, plan, [g.plan.members for g in dynamic.groups])
     skipped = steps.skipped_layers(skipped, plan) + keras_notices.feature_column_layers(model)
     keras_notices.warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
     if not captured and not skipped and not dynamic.groups:

@@ -99,6 +99,25 @@ def run_without_xla(model) -> None:
     model.jit_compile = False
 
 
+def refuse_world_change(model) -> None:
+    """Raises when ``model`` was optimized in one process (before ``hvd.init()``) and trains in a Horovod job.
+
+    Its packed tables were laid out for one process: not sharded over the ranks, and no rank averages
+    their gradients, so each rank would train its own copy (or, with ``hvd.DistributedOptimizer``,
+    fail in the fused update on the rows Horovod gathered from every rank).
+    """
+    from hybridtf._src.distribute.world import current_world
+
+    world, built = current_world(), model._htf_runtime.storage.world
+    if world.distributed and not built.distributed:
+        raise ValueError(
+            f"hybridtf.keras.optimize ran on model {model.name!r} before hvd.init(): its packed tables are laid out "
+            f"for one process, not for the {world.size} Horovod ranks, so each rank would train its own copy. Call "
+            "hvd.init() before building and optimizing the model; to continue a one-process model, save_weights "
+            "there and load them into the model optimized after hvd.init()."
+        )
+
+
 def refuse_distribution_strategy(model, when: str) -> None:
     """Raises when ``model`` is optimized or compiled under a ``tf.distribute`` strategy that mirrors variables.
 

@@ -34,6 +34,7 @@ from hybridtf._src.capture.keras_capture import (
 )
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.agreement import check_same_settings
 from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.integrations import horovod_hooks, keras_interleave
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
@@ -346,3 +347,12 @@ def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:
                     f"plan has table {m.name!r} as {m.num_rows} x {pt.dim}, the model's layer is "
                     f"{spec.num_rows} x {spec.dim}."
                 )
+
+
+def check_ranks_agree(model, options: dict, plan: PackingPlan, dynamic_groups: list) -> None:
+    """Under Horovod: every rank optimizes with the same settings and plan (else ValueError naming them)."""
+    settings = {k: options[k] for k in ("shard_strategy", "replicate_below_rows", "max_shards", "fused_updates")}
+    settings.update({k: options[k] for k in ("fuse_concat", "share_unique", "fuse_dense", "micro_batches")})
+    settings["the packing plan"] = plan.packed_tables
+    settings["the dynamic tables' packing"] = dynamic_groups
+    check_same_settings(current_world(), settings, f"hybridtf.keras.optimize of model {model.name!r}")

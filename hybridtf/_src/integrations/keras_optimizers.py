@@ -102,10 +102,10 @@ def _check_lazy(store, optimizer) -> None:
 
 def is_horovod_distributed(optimizer) -> bool:
     """Whether ``optimizer`` is a ``hvd.DistributedOptimizer`` (Horovod's run-time subclass of a Keras optimizer)."""
-    return any(_is_horovod_class(cls) for cls in type(optimizer).__mro__)
+    return any(is_horovod_class(cls) for cls in type(optimizer).__mro__)
 
 
-def _is_horovod_class(cls) -> bool:
+def is_horovod_class(cls) -> bool:
     return "_allreduce" in cls.__dict__ and "register_local_var" in cls.__dict__
 
 
@@ -113,7 +113,7 @@ def user_class(optimizer, skip: tuple = ()) -> type:
     """The optimizer's own class, under hybridtf's (and ``skip``'s) and Horovod's run-time subclasses."""
     mixins = (_HybridOptimizerMixin, *skip)
     for cls in type(optimizer).__mro__:
-        if issubclass(cls, mixins) or _is_horovod_class(cls):
+        if issubclass(cls, mixins) or is_horovod_class(cls):
             continue
         return cls
     return type(optimizer)
@@ -440,7 +440,7 @@ class _HybridOptimizerMixin:
         return apply(var, *state, grad.values, grad.indices, ranges, l1, l2, **kwargs)
 
 
-_HOROVOD_CLASSES: dict[type, type] = {}
+_HOROVOD_CLASSES: dict[tuple[type, type], type] = {}
 
 # Keras 2.15's loss-scale wrapper of a tf.keras.optimizers.Optimizer (mixed_float16).
 _LOSS_SCALE_CLASSES = tuple(
@@ -472,17 +472,17 @@ class _LossScaleDelegate:
         return self.inner_optimizer._htf_plain_variables()
 
 
-def _horovod_hybrid_class(cls: type) -> type:
-    """hybridtf's mixin under a ``hvd.DistributedOptimizer`` class.
+def horovod_class_with(mixin: type, cls: type) -> type:
+    """``mixin`` (one of hybridtf's optimizer hooks) under a ``hvd.DistributedOptimizer`` class ``cls``.
 
     Horovod's methods call ``super(self.__class__, self)``, so its class
     cannot be subclassed; like Horovod itself, this copies its methods into a
-    new class whose bases put hybridtf's mixin before the Keras optimizer.
+    new class whose bases put the mixin before the Keras optimizer.
     """
-    if cls not in _HOROVOD_CLASSES:
+    if (mixin, cls) not in _HOROVOD_CLASSES:
         body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
-        _HOROVOD_CLASSES[cls] = type(cls.__name__, (_HybridOptimizerMixin, *cls.__bases__), body)
-    return _HOROVOD_CLASSES[cls]
+        _HOROVOD_CLASSES[mixin, cls] = type(cls.__name__, (mixin, *cls.__bases__), body)
+    return _HOROVOD_CLASSES[mixin, cls]
 
 
 def hybridize_optimizer(
@@ -557,7 +557,9 @@ def hybridize_optimizer(
     if not isinstance(optimizer, _HybridOptimizerMixin):
         cls = type(optimizer)
         optimizer.__class__ = (
-            _horovod_hybrid_class(cls) if _is_horovod_class(cls) else runtime_subclass(_HybridOptimizerMixin, cls)
+            horovod_class_with(_HybridOptimizerMixin, cls)
+            if is_horovod_class(cls)
+            else runtime_subclass(_HybridOptimizerMixin, cls)
         )
     replicated = {id(v) for v in storage.replicated_variables()}
     fused = [v for v in storage.packed.values() if id(v) not in replicated] if fused_updates else []
