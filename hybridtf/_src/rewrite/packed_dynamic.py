@@ -73,6 +73,7 @@ from hybridtf._src.distribute.world import current_world
 from hybridtf._src.rewrite import dataflow_fusion
 from hybridtf._src.rewrite.dynamic_member_table import MemberTable
 from hybridtf._src.rewrite.lookup_chain import _reshape
+from hybridtf._src.run import gradient_arrivals
 from hybridtf._src.run.stitch_combine import stitch_combine
 
 GROUP_FIELDS = ("dim", "hot_rows", "warmup_steps", "flush_every", "count_decay", "evict_policy", "ttl_steps")
@@ -214,6 +215,7 @@ class DynamicGroup:
                 ).rows
             else:
                 rows = self.table.lookup(unique_ids, insert=False, members=unique_members)
+            gradient_arrivals.register_fields(rows, [req.table for req in requests])
             outs = stitch_combine(
                 rows,
                 inverse,
