@@ -211,6 +211,39 @@ def _has_weights(layer) -> bool:
         return False
 
 
+class PlainWeightsMixin(PlainConstruction):
+    """A layer holding packed Embedding layers (a custom layer with a list of them, ``TimeDistributed``, a
+    tower sub-model): ``get_weights`` / ``set_weights`` / ``count_params`` in the plain layer's order and
+    shapes, each table's rows where its variable was (a Keras container gathers its sublayers' variables,
+    and a packed layer holds none: it returned ``[]``)."""
+
+    def get_weights(self):
+        return [w.numpy() for w in self._htf_plain_weights]
+
+    def set_weights(self, weights):
+        own = self._htf_plain_weights
+        if len(weights) != len(own):
+            raise ValueError(f"layer {self.name!r} has {len(own)} weight(s) in the plain layout, got {len(weights)}")
+        for w, value in zip(own, weights):
+            w.assign(value)
+
+    def count_params(self):
+        return sum(int(w.shape.num_elements()) for w in self._htf_plain_weights)
+
+
+def plain_weights_of_containers(model: tf.keras.Model, table_of_var: dict) -> list:
+    """Before packing: ``(layer, plain order)`` of each layer below ``model`` that holds tables of sublayers
+    (table name where a view will be)."""
+    found = []
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        if any(id(w) in table_of_var for w in layer._trainable_weights + layer._non_trainable_weights):
+            continue  # the table's own layer: its capture class keeps its weights
+        weights = layer.weights if _has_weights(layer) else []
+        if any(id(w) in table_of_var for w in weights):
+            found.append((layer, [table_of_var.get(id(w), w) for w in weights]))
+    return found
+
+
 def keep_checkpoint_indices(model: tf.keras.Model) -> set:
     """Before packing: the ids of ``model``'s layers with weights; nested functional models keep theirs.
 
@@ -247,6 +280,7 @@ def pack_storage(
     table_of_var = {id(t.layer.embeddings): name for name, t in tables.items()}
     plain_order = [table_of_var.get(id(w), w) for w in model.weights]  # table name where a view will be
     plain_trainable = [table_of_var.get(id(w), w) for w in model.trainable_weights]  # the optimizer's order
+    containers = plain_weights_of_containers(model, table_of_var)
     values = {name: t.layer.embeddings for name, t in tables.items()}
     runtime_box: list = []
 
@@ -280,6 +314,11 @@ def pack_storage(
         names[pt.name] = f"{scope}/{pt.name}/embeddings" if scope else f"{pt.name}/embeddings"
     PackedTables(plan, values, release=swap_in_views, world=world, variable_names=names)
     plain_weights = [tables[w].layer.embeddings if isinstance(w, str) else w for w in plain_order]
+    for layer, order in containers:
+        views = [tables[w].layer.embeddings if isinstance(w, str) else w for w in order]
+        object.__setattr__(layer, "_htf_plain_weights", views)
+        if not isinstance(layer, PlainWeightsMixin):
+            layer.__class__ = runtime_subclass(PlainWeightsMixin, type(layer))
     return PackedState(runtime_box[0], world, weighted_layers, plain_weights, plain_trainable)
 
 
