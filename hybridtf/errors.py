@@ -10,7 +10,9 @@ from hybridtf._src.errors import (
     OpLibraryError,
     PlanKeyError,
 )
+from hybridtf._src.integrations.keras_slots import OptimizerLayoutError
 from hybridtf._src.rewrite.packed_storage import CheckpointLayoutError
+from hybridtf._src.run.second_order import SecondOrderGradientError
 
 __all__ = [
     "CaptureError",
@@ -21,5 +23,7 @@ __all__ = [
     "InterleavingError",
     "NativeModuleError",
     "OpLibraryError",
+    "OptimizerLayoutError",
     "PlanKeyError",
+    "SecondOrderGradientError",
 ]

@@ -46,6 +46,10 @@ def _recorded_requests(model, features):
     from hybridtf._src.integrations.keras_model import _HybridModelMixin
     from hybridtf._src.integrations.keras_record import discarding_losses
 
+    features = tf.nest.map_structure(  # NumPy arrays as the model's call would get them from Keras
+        lambda x: x if isinstance(x, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)) else tf.convert_to_tensor(x),
+        features,
+    )
     with discarding_losses(model), context.recording() as rec:
         super(_HybridModelMixin, model).call(features, training=False)
     return rec.requests
