@@ -69,3 +69,4 @@ def test_traffic_estimate_counts_the_exchange_by_hand():
     assert t["tables"]["packed_4d_float32_model"]["unique_ids_per_rank"] == [3, 3]
     with pytest.raises(ValueError, match="divisible"):
         estimate_traffic(model, features, 3)
+    assert estimate_traffic(model, [f.numpy() for f in features], 2) == t  # NumPy batches too (report's)
