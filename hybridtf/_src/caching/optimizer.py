@@ -22,14 +22,8 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations.keras_optimizers import (
-    LazyAdam,
-    current_learning_rate,
-    fusable,
-    horovod_class_with,
-    is_horovod_class,
-    loss_scale_inner,
-)
+from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
+from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable, loss_scale_inner
 
 _log = logging.getLogger("hybridtf")
 

@@ -38,7 +38,7 @@ from hybridtf._src.integrations import (
     keras_slots,
 )
 from hybridtf._src.integrations import keras_optimize_steps as steps
-from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer
+from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
@@ -214,7 +214,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         keras_notices.refuse_legacy_hdf5(filepath, None)
         if str(filepath).endswith((".keras", ".weights.h5")):
             # Keras files hold the optimizer's state by position: build it first
-            keras_slots.build_optimizer(self, filepath)
+            keras_slots.build_optimizer(self, filepath, user_class)
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
@@ -312,7 +312,9 @@ class _UnpackedModelMixin(PlainConstruction):
 
     def load_weights(self, filepath, *args, **kwargs):
         if str(filepath).endswith((".keras", ".weights.h5")):
-            keras_slots.build_optimizer(self)  # its dynamic stores' optimizer state too, as an optimized model's
+            keras_slots.build_optimizer(
+                self, user_class=user_class
+            )  # its dynamic stores' optimizer state too, as an optimized model's
         return super().load_weights(filepath, *args, **kwargs)
 
     @property

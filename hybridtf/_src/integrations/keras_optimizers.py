@@ -23,6 +23,11 @@ import tensorflow as tf
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
 from hybridtf._src.integrations import keras_kept_rows, keras_legacy_slots, keras_slots
+from hybridtf._src.integrations.keras_horovod_classes import (
+    horovod_class_with,
+    is_horovod_class,
+    is_horovod_distributed,
+)
 from hybridtf._src.rewrite import gradient_norms, regularization
 from hybridtf._src.run import regularized_apply, sparse_apply
 
@@ -98,15 +103,6 @@ def _check_lazy(store, optimizer) -> None:
             "mean something else. Compile with the optimizer that wrote the file, or compile after loading to "
             "start the optimizer afresh on purpose."
         )
-
-
-def is_horovod_distributed(optimizer) -> bool:
-    """Whether ``optimizer`` is a ``hvd.DistributedOptimizer`` (Horovod's run-time subclass of a Keras optimizer)."""
-    return any(is_horovod_class(cls) for cls in type(optimizer).__mro__)
-
-
-def is_horovod_class(cls) -> bool:
-    return "_allreduce" in cls.__dict__ and "register_local_var" in cls.__dict__
 
 
 def user_class(optimizer, skip: tuple = ()) -> type:
@@ -440,8 +436,6 @@ class _HybridOptimizerMixin:
         return apply(var, *state, grad.values, grad.indices, ranges, l1, l2, **kwargs)
 
 
-_HOROVOD_CLASSES: dict[tuple[type, type], type] = {}
-
 # Keras 2.15's loss-scale wrapper of a tf.keras.optimizers.Optimizer (mixed_float16).
 _LOSS_SCALE_CLASSES = tuple(
     cls
@@ -470,19 +464,6 @@ class _LossScaleDelegate:
 
     def _htf_plain_variables(self) -> list:
         return self.inner_optimizer._htf_plain_variables()
-
-
-def horovod_class_with(mixin: type, cls: type) -> type:
-    """``mixin`` (one of hybridtf's optimizer hooks) under a ``hvd.DistributedOptimizer`` class ``cls``.
-
-    Horovod's methods call ``super(self.__class__, self)``, so its class
-    cannot be subclassed; like Horovod itself, this copies its methods into a
-    new class whose bases put the mixin before the Keras optimizer.
-    """
-    if (mixin, cls) not in _HOROVOD_CLASSES:
-        body = {k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")}
-        _HOROVOD_CLASSES[mixin, cls] = type(cls.__name__, (mixin, *cls.__bases__), body)
-    return _HOROVOD_CLASSES[mixin, cls]
 
 
 def hybridize_optimizer(

@@ -188,17 +188,16 @@ def variables_per_build(optimizer, user_class: type) -> tuple[int, int] | None:
     return counts[0] - per_variable, per_variable
 
 
-def build_optimizer(model, filepath=None) -> None:
+def build_optimizer(model, filepath=None, user_class=type) -> None:
     """Builds ``model``'s Keras optimizer on its trainable variables if it is not built yet.
 
     Keras files hold the optimizer's state by position, so a file is loaded into a built optimizer. When the
     file ``filepath`` holds this optimizer's state over fewer variables than the model trains (a custom
     ``train_step`` gives the compiled optimizer only some of them), the optimizer stays unbuilt: its state is
     then skipped with a warning, as Keras skips it for the plain model. A file of another optimizer (a count no
-    build of this one makes) is loaded into the build and refused there, naming the fix.
+    build of this one makes) is loaded into the build and refused there, naming the fix. ``user_class`` gives
+    the optimizer's own class under hybridtf's and Horovod's run-time ones (``keras_optimizers.user_class``).
     """
-    from hybridtf._src.integrations.keras_optimizers import user_class  # (it imports this module)
-
     optimizer = getattr(model, "optimizer", None)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer) or getattr(optimizer, "_built", False):
         return
