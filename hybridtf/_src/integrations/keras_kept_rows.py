@@ -32,7 +32,7 @@ def keep_rows_without_gradient(optimizer, grads_and_vars) -> Callable[[], None] 
     storage = optimizer._htf_storage
     if storage is None or tf.executing_eagerly():
         return None
-    regularized = set(getattr(storage, "regularizers", {}) or {})
+    regularized = set(storage.regularizers)
     keeps = []
     for grad, variable in grads_and_vars:
         views = optimizer._htf_members.get(id(variable))

@@ -48,8 +48,9 @@ from hybridtf._src.rewrite.runtime import lookup_all
 _log = logging.getLogger("hybridtf")
 
 
-class _HybridModelMixin(steps.CheckpointIndexMixin):
-    """Per-instance overrides of an optimized Keras model."""
+class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
+    """Per-instance overrides of an optimized Keras model (``get_weights`` / ``set_weights`` / ``count_params`` in the
+    plain model's order and shapes, each table separately: ``PlainWeightsMixin``)."""
 
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs, *args, **kwargs):
@@ -151,7 +152,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
 
     @property
     def _undeduplicated_weights(self):
-        # ``weights`` / ``variables`` (and so ``count_params``, ``summary``'s total, an EMA over
+        # ``weights`` / ``variables`` (and so ``summary``'s total, an EMA over
         # ``model.variables``) hold the packed variables too: no layer lists them among its own weights.
         return super()._undeduplicated_weights + list(self._htf_runtime.storage.packed.values())
 
@@ -160,19 +161,6 @@ class _HybridModelMixin(steps.CheckpointIndexMixin):
         if save_type == "savedmodel":  # traced functions capture the packed variables
             children["hybridtf_packed_tables"] = self._htf_runtime.storage
         return children
-
-    def get_weights(self):
-        """Weights in the plain model's order and shapes (each table separately)."""
-        return [w.numpy() for w in self._htf_plain_weights]
-
-    def set_weights(self, weights):
-        """Sets weights given in the plain model's order and shapes."""
-        if len(weights) != len(self._htf_plain_weights):
-            raise ValueError(
-                f"set_weights got {len(weights)} arrays; the model has {len(self._htf_plain_weights)} weights."
-            )
-        for w, value in zip(self._htf_plain_weights, weights):
-            w.assign(value)
 
     def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
         """Saves the weights in the plain model's per-table layout, crash-safe.

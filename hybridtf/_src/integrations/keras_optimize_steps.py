@@ -212,10 +212,10 @@ def _has_weights(layer) -> bool:
 
 
 class PlainWeightsMixin(PlainConstruction):
-    """A layer holding packed Embedding layers (a custom layer with a list of them, ``TimeDistributed``, a
-    tower sub-model): ``get_weights`` / ``set_weights`` / ``count_params`` in the plain layer's order and
-    shapes, each table's rows where its variable was (a Keras container gathers its sublayers' variables,
-    and a packed layer holds none: it returned ``[]``)."""
+    """An optimized model, or a layer holding packed Embedding layers (a custom layer with a list of them,
+    ``TimeDistributed``, a tower sub-model): ``get_weights`` / ``set_weights`` / ``count_params`` in the plain
+    layer's order and shapes, each table's rows where its variable was (``_htf_plain_weights``; a Keras
+    container gathers its sublayers' variables, and a packed layer holds none: it returned ``[]``)."""
 
     def get_weights(self):
         return [w.numpy() for w in self._htf_plain_weights]
