@@ -330,22 +330,26 @@ def test_unsupported_layers_are_reported_not_packed():
     assert "'with_reg'" in report.summary()
 
 
-def test_feature_column_lookups_are_named_in_one_warning(caplog):
+def test_partitioned_feature_column_lookups_are_named_in_one_warning(caplog):
+    """Feature-column tables pack (test_estimator_feature_columns.py) except partitioned ones, which are named."""
+
     def fn(features, labels, mode):
         columns = [
             tf.feature_column.embedding_column(tf.feature_column.categorical_column_with_identity(f"C{i}", VOCAB), DIM)
             for i in range(2)
         ]
         ok = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(4), name="ok")
-        x = tf.concat([tf.compat.v1.feature_column.input_layer(features, columns), ok(features["C2"])], axis=1)
+        with tf.compat.v1.variable_scope("parts", partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+            deep = tf.compat.v1.feature_column.input_layer(features, columns)
+        x = tf.concat([deep, ok(features["C2"])], axis=1)
         return _head(mode, labels, _mlp(x))
 
     with caplog.at_level("WARNING", logger="hybridtf"):
         _, _, report = _graph_spec(htf_estimator.model_fn(fn))
     assert [m.name for pt in report.plan.packed_tables for m in pt.members] == ["ok"]
-    assert len(report.unpacked_lookups) == 2
+    assert len(report.unpacked_lookups) == 4  # two tables of two parts each
     warnings = [r.getMessage() for r in caplog.records if r.name == "hybridtf" and r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "feature columns" in warnings[0] and "C0_embedding" in warnings[0]
+    assert len(warnings) == 1 and "partitioner" in warnings[0] and "C0_embedding" in warnings[0]
 
 
 def test_tables_lookup_with_stateful_ids_is_an_error():

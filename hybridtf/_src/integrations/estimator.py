@@ -43,7 +43,13 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
 from hybridtf._src.capture.lookup_api import Tables
 from hybridtf._src.integrations import estimator_capture as capture
-from hybridtf._src.integrations import estimator_dynamic, estimator_storage, estimator_updates, estimator_warm_start
+from hybridtf._src.integrations import (
+    estimator_columns,
+    estimator_dynamic,
+    estimator_storage,
+    estimator_updates,
+    estimator_warm_start,
+)
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
@@ -135,8 +141,8 @@ class _Record:
         tables = capture.tables_being_built()
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
-        layer = capture.frame_owner("add_weight", tf.keras.layers.Layer)
-        if layer is None or not capture.is_table_layer(layer) or kwargs.get("name") != "embeddings":
+        layer = estimator_columns.table_owner(kwargs)
+        if layer is None:
             return next_creator(**kwargs)
         variable = next_creator(**kwargs)
         reason = capture.unsupported_reason(layer, kwargs)
@@ -216,14 +222,8 @@ class _Real:
         tables = capture.tables_being_built()
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
-        layer = capture.frame_owner("add_weight", tf.keras.layers.Layer)
-        if (
-            layer is None
-            or not capture.is_table_layer(layer)
-            or kwargs.get("name") != "embeddings"
-            or layer.name not in self.packed_names
-            or layer.name in self.claimed
-        ):
+        layer = estimator_columns.table_owner(kwargs)
+        if layer is None or layer.name not in self.packed_names or layer.name in self.claimed:
             return next_creator(**kwargs)
         spec = self.plan.table(layer.name)
         shape = tuple(tf.TensorShape(kwargs.get("shape")).as_list())
@@ -447,6 +447,7 @@ def build(
                 raise
             raise estimator_updates.real_pass_error(error, real.storage.packed) from error
     real.check_done()
+    capture.settle_collections(real_graph)
     if real.storage is not None:
         estimator_updates.check_updates(plan, real.storage.packed, record.variables)
         estimator_updates.check_loss_reads(

@@ -131,6 +131,9 @@ class CapturedTable(TableView):
     def name(self) -> str:
         return f"{self.checkpoint_key}:0"
 
+    def get_shape(self) -> tf.TensorShape:  # TF1 code (shared feature columns) checks a table's shape so
+        return self.shape
+
     # Keras' TF1 backend initializes the variables it tracked (add_weight tracks this view) in its own session.
     @property
     def initializer(self):
@@ -145,13 +148,14 @@ class CapturedTable(TableView):
         Optimizers given ``layer.trainable_variables`` (or a Keras model's)
         then train the packed table; layers packed together share it.
         """
-        weights = getattr(self.layer, "_trainable_weights", None)
+        owner = getattr(self.layer, "keras_layer", None) or self.layer  # a feature column's: its DenseFeatures
+        weights = getattr(owner, "_trainable_weights", None)
         if weights is None or not any(w is self for w in weights):
             return
         kept = [w for w in weights if w is not self]
         if not any(w is self._variable for w in kept):
             kept.append(self._variable)
-        self.layer._trainable_weights = kept
+        owner._trainable_weights = kept
 
     @tf.autograph.experimental.do_not_convert
     def lookup(self, ids, combiner: str = "none"):
@@ -251,6 +255,25 @@ def capture_bag(layer) -> None:
     """Gives an ``EmbeddingBag`` instance the run-time subclass that looks up through its ``CapturedTable``."""
     if isinstance(layer, EmbeddingBag) and not isinstance(layer, EstimatorBagMixin):
         layer.__class__ = runtime_subclass(EstimatorBagMixin, type(layer))
+
+
+def settle_collections(graph: tf.Graph) -> None:
+    """Puts the packed variable where the model_fn added a table view to a graph collection.
+
+    ``shared_embedding_columns`` (and user code) add a table to a named
+    collection; a view there would be written into an exported MetaGraph by
+    a name no op has. Each view becomes the variable holding its rows (once).
+    """
+    for key in graph.get_all_collection_keys():
+        items = graph.get_collection_ref(key)
+        if not any(isinstance(item, CapturedTable) for item in items):
+            continue
+        settled = []
+        for item in items:
+            kept = item.packed_variable if isinstance(item, CapturedTable) else item
+            if not any(kept is other for other in settled):
+                settled.append(kept)
+        items[:] = settled
 
 
 def reserve_variable_name(name: str | None) -> str:

@@ -34,7 +34,7 @@ class EstimatorReport:
         packed_lookups: lookups computed by packed chains.
         tables_lookups: of those, lookups of ``hybridtf.embedding.Tables``.
         unpacked_lookups: gathers on variables hybridtf does not manage
-            (``tf.nn.embedding_lookup`` on own variables, feature columns, ...).
+            (``tf.nn.embedding_lookup`` on own variables, partitioned feature columns, ...).
         skipped: ``(table, reason)`` of embedding layers left as they are.
         step_ops_plain: ops the step of the un-wrapped model_fn can run.
         step_ops_packed: ops the step of this graph can run.
@@ -86,13 +86,13 @@ class EstimatorReport:
             lines.append(f"hybridtf: table {name!r} not packed: {reason}.")
         if self.unpacked_lookups:
             shown = ", ".join(repr(v) for v in self.unpacked_lookups[:10])
-            columns = any(v.endswith("/embedding_weights") for v in self.unpacked_lookups)
+            columns = any("/embedding_weights" in v or v.startswith("linear_model/") for v in self.unpacked_lookups)
             lines.append(
                 f"hybridtf: lookups on {len(self.unpacked_lookups)} variable(s) hybridtf does not manage are left as "
                 f"they are ({shown}); "
                 + (
-                    "feature columns (tf.feature_column.embedding_column through input_layer / DenseFeatures) "
-                    "are not packed: "
+                    "feature-column tables created through a variable_scope partitioner (PartitionedVariable parts) "
+                    "are not packed: drop the partitioner to pack them, or "
                     if columns
                     else ""
                 )

@@ -1,0 +1,197 @@
+"""Feature-column tables in a wrapped model_fn: packed like Embedding layers, looked up like the plain graph.
+
+TF1 Estimator code often builds its embeddings with feature columns:
+``tf.compat.v1.feature_column.input_layer(features, [embedding_column(...), ...])``
+(also ``shared_embedding_columns``), and the wide part with
+``tf.compat.v1.feature_column.linear_model(features, [categorical columns])``.
+Both create each table with ``tf.compat.v1.get_variable`` (so the wrapper's
+variable creator sees it, like a layer's ``add_weight``) and look it up with
+``tf.nn.safe_embedding_lookup_sparse``. This module provides:
+
+* ``column_owner(kwargs)``: which feature column's table a variable creation
+  is, found from the Python stack (``EmbeddingColumn`` /
+  ``_SharedEmbeddingColumn`` reading ``embedding_weights``, or
+  ``linear_model``'s per-column ``weights`` of a categorical column). The
+  returned ``ColumnTable`` stands for the owning layer: the wrapper captures
+  the table as it captures a layer's, under the name of the variable's scope
+  (``input_layer/C1_embedding``), with the plain variable's name as its
+  checkpoint key (``input_layer/C1_embedding/embedding_weights``).
+* a dispatch of ``tf.nn.safe_embedding_lookup_sparse`` (v1 and v2) for a
+  captured table: the same result as TensorFlow's (ids < 0 pruned, an example
+  without ids gives a zero row, ``sum`` / ``mean`` / ``sqrtn`` over its ids,
+  rank > 2 ids reshaped back), computed by the packed chain as a bag lookup.
+  Weighted ids (``weighted_categorical_column``, ``linear_model`` of a
+  weighted column), ``max_norm`` and ``default_id`` read the table as a tensor
+  instead: the table stays unpacked, named in the report with the reason.
+
+Tables stay plain variables when created through a partitioner (a
+``PartitionedVariable``) or ``DenseFeatures`` (a Keras layer's own weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+from tensorflow.python.feature_column import feature_column as fc_old
+from tensorflow.python.feature_column import feature_column_v2 as fc_v2
+
+from hybridtf._src.capture.ids import prepare_ids
+from hybridtf._src.integrations.estimator_capture import CapturedTable, frame_owner, is_table_layer
+
+_BAG_COMBINERS = ("sum", "mean", "sqrtn")
+
+
+@dataclasses.dataclass(eq=False)
+class ColumnTable:
+    """The feature column that owns a captured table: stands for the layer a table normally belongs to.
+
+    Attributes:
+        name: the table's name, the scope of its variable (``input_layer/C1_embedding``).
+        trainable: whether ``get_variable`` made the table trainable.
+        column: the feature column.
+        kind: ``"embedding_column" | "dense_features" | "shared_embedding_columns" | "shared_embeddings" |
+            "linear_model"``.
+        keras_layer: the ``DenseFeatures`` layer that lists the table among its weights (or None).
+    """
+
+    name: str
+    trainable: bool
+    column: object
+    kind: str
+    keras_layer: object = None
+
+
+def _column_of(name: str):
+    """(column, kind, table name) of the feature-column table named ``name`` being created, or Nones."""
+    creator = frame_owner("embedding_weights", fc_v2.SharedEmbeddingColumnCreator)
+    if creator is not None and name.rsplit("/", 1)[-1] == getattr(creator, "_name", None):
+        return creator, "shared_embeddings", name
+    if name.endswith("/embedding_weights"):
+        for method, cls, kind in (
+            ("_old_get_dense_tensor_internal", fc_v2.EmbeddingColumn, "embedding_column"),
+            ("create_state", fc_v2.EmbeddingColumn, "dense_features"),
+            ("_get_dense_tensor_internal", fc_old._SharedEmbeddingColumn, "shared_embedding_columns"),
+        ):
+            column = frame_owner(method, cls)
+            if column is not None:
+                return column, kind, name.rsplit("/", 1)[0]
+    elif name.endswith("/weights"):
+        wrapper = frame_owner("build", fc_old._FCLinearWrapper)
+        column = getattr(wrapper, "_feature_column", None)
+        if isinstance(column, fc_old._CategoricalColumn):
+            return column, "linear_model", name.rsplit("/", 1)[0]
+    return None, None, None
+
+
+def column_owner(kwargs) -> ColumnTable | None:
+    """The feature column whose table the variable creator's ``kwargs`` create, or None.
+
+    Example:
+        >>> column_owner({"name": "input_layer/C1_embedding/embedding_weights", ...}).name
+        'input_layer/C1_embedding'
+    """
+    name = kwargs.get("name")
+    if not isinstance(name, str):
+        return None
+    scope = tf.compat.v1.get_default_graph().get_name_scope()  # "" under get_variable: its names are absolute
+    full = f"{scope}/{name}" if scope else name
+    column, kind, table = _column_of(full)
+    if column is None:
+        return None
+    keras_layer = frame_owner("add_weight", tf.keras.layers.Layer) if kind == "dense_features" else None
+    return ColumnTable(table, kwargs.get("trainable") is not False, column, kind, keras_layer)
+
+
+def table_owner(kwargs):
+    """The layer (or feature column: a ``ColumnTable``) whose table the creator's ``kwargs`` create, or None."""
+    layer = frame_owner("add_weight", tf.keras.layers.Layer)
+    if layer is not None and is_table_layer(layer) and kwargs.get("name") == "embeddings":
+        return layer
+    return column_owner(kwargs)
+
+
+def is_column_table(view) -> bool:
+    return isinstance(view, CapturedTable) and isinstance(view.layer, ColumnTable)
+
+
+def _unpacked(table: CapturedTable, reason: str):
+    if table.dense_use is None:
+        table.dense_use = f"{reason}: exact, but unpacked"
+    return table.read_value()
+
+
+def _bags(sparse_ids: tf.SparseTensor, prune: bool):
+    """``[N, L]`` ragged bags of ``sparse_ids`` (leading dims flattened) and the leading dims' shape."""
+    dense_shape = sparse_ids.dense_shape
+    rank = sparse_ids.shape.rank
+    if rank != 2:
+        lead = dense_shape[:-1]
+        sparse_ids = tf.sparse.reshape(sparse_ids, tf.stack([tf.reduce_prod(lead), dense_shape[-1]]))
+    else:
+        lead = None
+    if prune:
+        sparse_ids = tf.sparse.retain(sparse_ids, sparse_ids.values >= 0)
+    bags = tf.RaggedTensor.from_value_rowids(
+        sparse_ids.values, sparse_ids.indices[:, 0], nrows=sparse_ids.dense_shape[0], validate=True
+    )
+    return bags, lead
+
+
+def _bag_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, default_id, max_norm, safe: bool):
+    if sparse_weights is not None:
+        return None, "weighted ids (sparse_weights, a weighted_categorical_column) scale each row"
+    if max_norm is not None:
+        return None, "max_norm clips rows"
+    if default_id is not None:
+        return None, "default_id fills examples without ids with a row"
+    if combiner not in _BAG_COMBINERS:
+        return None, f"combiner {combiner!r}"
+    if not isinstance(sparse_ids, tf.SparseTensor):
+        return None, "ids that are not a tf.SparseTensor"
+    bags, lead = _bags(sparse_ids, prune=safe)
+    out = table.lookup(prepare_ids(bags, combiner, table.table), combiner)
+    if lead is not None:
+        out = tf.reshape(out, tf.concat([tf.cast(lead, tf.int32), [int(table.shape[1])]], 0))
+    return out, None
+
+
+@tf.experimental.dispatch_for_api(tf.compat.v1.nn.safe_embedding_lookup_sparse, {"embedding_weights": CapturedTable})
+def _safe_lookup_v1(
+    embedding_weights,
+    sparse_ids,
+    sparse_weights=None,
+    combiner="mean",
+    default_id=None,
+    name=None,
+    partition_strategy="div",
+    max_norm=None,
+    allow_fast_lookup=False,
+):
+    out, reason = _bag_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, True)
+    if out is not None:
+        return out
+    rows = _unpacked(embedding_weights, reason)
+    return tf.compat.v1.nn.safe_embedding_lookup_sparse(
+        rows, sparse_ids, sparse_weights, combiner, default_id, name, partition_strategy, max_norm, allow_fast_lookup
+    )
+
+
+@tf.experimental.dispatch_for_api(tf.nn.safe_embedding_lookup_sparse, {"embedding_weights": CapturedTable})
+def _safe_lookup_v2(
+    embedding_weights,
+    sparse_ids,
+    sparse_weights=None,
+    combiner="mean",
+    default_id=None,
+    max_norm=None,
+    name=None,
+    allow_fast_lookup=False,
+):
+    out, reason = _bag_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, True)
+    if out is not None:
+        return out
+    rows = _unpacked(embedding_weights, reason)
+    return tf.nn.safe_embedding_lookup_sparse(
+        rows, sparse_ids, sparse_weights, combiner, default_id, max_norm, name, allow_fast_lookup
+    )
