@@ -210,12 +210,19 @@ def test_custom_loop_optimizer_checkpoints_in_the_plain_layout(keras_data, tmp_p
     packed_path = tf.train.Checkpoint(model=wrapped, optimizer=packed_opt).write(str(tmp_path / "packed" / "ckpt"))
     assert dict(tf.train.list_variables(packed_path)) == dict(tf.train.list_variables(plain_path))
     # The plain checkpoint into a fresh optimized model and its optimizer, the packed one into a plain pair.
+    # Restored after a first step built the optimizer (the restore overwrites every value), or before any step
+    # (restore_or_initialize's order: the values wait until htf.function hooks the optimizer and it is built).
     resumed = {}
-    for kind, path in (("into_packed", plain_path), ("into_plain", packed_path)):
-        model = htf.keras.optimize(_model()) if kind == "into_packed" else _model()
+    for kind, path in (("into_packed", plain_path), ("into_plain", packed_path), ("into_packed_unbuilt", packed_path)):
+        model = _model() if kind == "into_plain" else htf.keras.optimize(_model())
         opt = tf.keras.optimizers.Adam(0.01)
-        step = _train_step(model, opt, htf.function if kind == "into_packed" else tf.function)
-        step(*keras_data[0])  # builds the optimizer, then the restore overwrites every value
+        step = _train_step(model, opt, tf.function if kind == "into_plain" else htf.function)
+        if kind == "into_packed_unbuilt":
+            status = tf.train.Checkpoint(model=model, optimizer=opt).read(path)
+            resumed[kind] = np.array([step(x, y).numpy() for x, y in keras_data[5:15]])
+            status.assert_consumed()
+            continue
+        step(*keras_data[0])
         tf.train.Checkpoint(model=model, optimizer=opt).read(path).assert_consumed()
         resumed[kind] = np.array([step(x, y).numpy() for x, y in keras_data[5:15]])
     expected = np.array([plain_step(x, y).numpy() for x, y in keras_data[5:15]])

@@ -556,6 +556,7 @@ def hybridize_optimizer(
         object.__setattr__(optimizer, "_htf_plain", keras_slots.PlainSlots())
         object.__setattr__(optimizer, "_htf_slot_of", {})
     object.__setattr__(optimizer, "_htf_plain_order", plain_order)
+    keras_slots.adopt_deferred_restore(optimizer)
     reg = {}
     for name, var in storage.packed.items():
         ranges = storage.regularized_ranges(name)

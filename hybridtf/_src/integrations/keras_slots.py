@@ -59,6 +59,30 @@ class PlainSlots(tf.__internal__.tracking.Trackable):
         return list(self._items)
 
 
+def adopt_deferred_restore(optimizer) -> None:
+    """Moves a checkpoint's optimizer variables, read before ``optimizer`` was hooked, to its ``PlainSlots``.
+
+    A custom loop's optimizer is hooked when ``hybridtf.function`` first
+    traces the step; ``tf.train.Checkpoint(...).restore`` before that leaves
+    the saved ``_variables/<i>`` (plain layout) deferred on the optimizer's own
+    variable list, which its build fills in the packed order: each value would
+    land on the wrong slot. Held by ``PlainSlots`` instead, they restore into
+    the plain positions once the optimizer is built.
+    """
+    own = optimizer.__dict__.get("_variables")
+    if own is None or getattr(optimizer, "_built", False):
+        return
+    own._maybe_initialize_trackable()
+    pending = own._deferred_dependencies
+    if not pending:
+        return
+    plain = optimizer._htf_plain
+    plain._maybe_initialize_trackable()
+    for name, positions in list(pending.items()):
+        plain._deferred_dependencies.setdefault(name, []).extend(positions)
+    pending.clear()
+
+
 def slot_name(slot: tf.Variable) -> str:
     """The slot kind of an optimizer variable named ``<kind>/<variable>``, e.g. ``m``."""
     return slot.name.split("/", 1)[0]
