@@ -238,3 +238,35 @@ def test_from_mlp_fused_keeps_the_dense_fusion(batches):
     types, whole_types = pruned_op_types(model, batches[:1]), pruned_op_types(whole_model, batches[:1])
     assert types.count("HybridTF>StitchConcatMatMul") == 3 * whole_types.count("HybridTF>StitchConcatMatMul") > 0
     assert types.count("HybridTF>UniquePartition") == whole_types.count("HybridTF>UniquePartition")  # chains once
+
+
+def _ragged_model(seed=7):
+    """A Keras ``Embedding`` on ragged multi-hot ids, pooled by ``reduce_sum`` (its output is a RaggedTensor)."""
+    ids, dense = _inputs()
+    tags = tf.keras.Input((None,), dtype=tf.int64, ragged=True, name="tags")
+    rows = tf.keras.layers.Embedding(40, DIM, embeddings_initializer=_init(seed), name="emb_tags")(tags)
+    pooled = tf.keras.layers.Lambda(lambda r: tf.reduce_sum(r, axis=1))(rows)
+    deep = [
+        tf.keras.layers.Flatten()(
+            tf.keras.layers.Embedding(n, DIM, embeddings_initializer=_init(seed + 1 + i), name=f"emb_{f}")(ids[f])
+        )
+        for i, (f, n) in enumerate(FIELDS)
+    ]
+    x = tf.keras.layers.Concatenate()([*deep, pooled, dense])
+    x = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100))(x)
+    out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
+    return tf.keras.Model({**ids, "tags": tags, "dense_features": dense}, out)
+
+
+@pytest.mark.parametrize("mode", ["embedding", "mlp", "mlp_fused"])
+def test_ragged_embedding_output_micro_batched_from_every_layer(mode, batches):
+    """The MLP modes take the ragged output's gradient at its values (they failed to watch the RaggedTensor)."""
+    rng = np.random.default_rng(3)
+    ragged = []
+    for x, y in batches[:5]:
+        lengths = rng.integers(0, 4, BATCH)
+        tags = tf.RaggedTensor.from_row_lengths(rng.integers(0, 40, int(lengths.sum())), lengths)
+        ragged.append(({**x, "tags": tags}, y))
+    whole, _ = _losses(_ragged_model, "adam", ragged)
+    micro, _ = _losses(_ragged_model, "adam", ragged, micro_batches=2, interleave_from=mode)
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)

@@ -238,6 +238,11 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     return model.compute_metrics(x, y, y_pred, sample_weight)
 
 
+def _leaf(output):
+    """The tensor a lookup output's gradient is taken at: a ragged output's flat values, else the output."""
+    return output.flat_values if isinstance(output, tf.RaggedTensor) else output
+
+
 def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     requests = model._htf_whole_batch_requests(x)
     table_vars = [v for v in variables if id(v) in model._htf_table_variable_ids]
@@ -258,7 +263,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
         with tf.GradientTape() as tape:
             tape.watch(stitch.rows)
             out_i = stitch.micro_batch(lo, hi)
-            sliced_i = [out_i[j] for j in sliced]
+            sliced_i = [_leaf(out_i[j]) for j in sliced]  # a ragged output (Embedding on ragged ids): its values
             tape.watch(sliced_i)
             with context.replaying(requests, out_i):
                 pred = model(xi, training=True)
@@ -273,7 +278,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
         for parts, gi, oi in zip(out_grads, g[len(dense_vars) + len(stitch.rows) :], sliced_i):
             parts.append(tf.zeros_like(oi) if gi is None else tf.convert_to_tensor(gi))
         preds.append(pred)
-    targets = stitch.rows + [outputs[j] for j in sliced]
+    targets = stitch.rows + [_leaf(outputs[j]) for j in sliced]  # micro-batches' values concatenate to these
     sent = d_rows + [tf.concat(parts, 0) for parts in out_grads]
     table_grads = lookup_tape.gradient(targets, table_vars, output_gradients=sent) if targets else []
     dense_grads = acc.result()
