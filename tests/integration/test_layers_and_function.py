@@ -230,6 +230,22 @@ def test_custom_loop_optimizer_checkpoints_in_the_plain_layout(keras_data, tmp_p
         np.testing.assert_allclose(losses, expected, rtol=1e-5, err_msg=kind)
 
 
+def test_a_packed_table_given_to_tape_gradient_names_the_fix(keras_data):
+    """``layer.embeddings`` of a packed layer is a view of the packed variable: TensorFlow's error quotes it."""
+    _, wrapped = _model_pair()
+    x, y = keras_data[0]
+    view = wrapped.get_layer("emb_one_a").embeddings
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, wrapped(x, training=True)))
+        return tape.gradient(loss, [view])
+
+    with pytest.raises(TypeError, match=r"packed table 'emb_one_a'.*layer_variables.*exclude"):
+        step(x, y)
+
+
 TABLES = {"user": 50, "item": 60, "cate": 40}
 
 

@@ -117,6 +117,8 @@ class MicroBatching:
         }
 
     def __str__(self) -> str:
+        if self.num_micro_batches == 1 and self.source != "eq2":
+            return "D-interleaving off: 1 micro-batch (the default; micro_batches=N or 'auto' splits the step)"
         text = f"D-interleaving from {self.interleave_from!r}: {self.num_micro_batches} micro-batches"
         if self.source == "eq2":
             text += (
@@ -337,7 +339,9 @@ class InterleavingPlan:
 
     def __str__(self) -> str:
         cap = "unbounded" if math.isinf(self.capacity) else f"{self.capacity:,.0f} params/step"
-        how = {"eq3": "Eq. 3", "num_groups": "number of groups set by the user", "user": "groups given"}
+        how = {"eq3": "Eq. 3", "num_groups": "number of groups set by interleave_groups", "user": "groups given"}
+        if self.source == "num_groups" and self.num_groups == 1:
+            how["num_groups"] = "interleave_groups=1, the default: no K-interleaving"
         lines = [
             f"InterleavingPlan: {self.num_groups} K-interleaving groups ({how.get(self.source, self.source)}); "
             f"Capacity_g {cap}" + (f" (scaled x{self.scale:g})" if self.scale != 1 else "")

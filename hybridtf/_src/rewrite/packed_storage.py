@@ -91,6 +91,15 @@ class TableView(tf.__internal__.tracking.Trackable):
         self._world = world
         self._gathered = None  # the whole table, while PackedTables.gathered() is active
 
+    def __repr__(self) -> str:
+        # TensorFlow quotes this when a view reaches an API that wants a variable (tape.gradient sources, ...).
+        return (
+            f"<packed table {self.table!r}: rows {self._offset}..{self._offset + self._num_rows - 1} of variable "
+            f"{getattr(self._variable, 'name', '?')!r}, not a tf.Variable itself; for gradients and optimizers use "
+            "the packed variable, e.g. htf.keras.layer_variables(model, layers), or keep the table a variable of "
+            "its own with optimize(model, exclude=[...])>"
+        )
+
     @property
     def sharded(self) -> bool:
         return self._layout is not None
