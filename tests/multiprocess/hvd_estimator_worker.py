@@ -1,5 +1,8 @@
 """One process of the Estimator-under-Horovod test: a wrapped W&D model_fn, trained and evaluated.
 
+The model_fn's tables: Keras Embedding layers, an EmbeddingBag, and feature columns (an
+``embedding_column`` through ``input_layer``, ``linear_model`` weights).
+
 Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
 global batch; the ranks' mean loss per step must equal one process training
 on the global batches. Every rank has its own model_dir: with sharded tables
@@ -64,6 +67,13 @@ def model_fn(features, labels, mode):
             tf.keras.layers.Embedding(VOCAB - i, 1, embeddings_initializer=init(50 + i), name=f"wide_C{i}")(ids)
         )
     deep.append(EmbeddingBag(30, DIM, combiner="mean", embeddings_initializer=init(99), name="hist")(features["hist"]))
+    # feature-column tables (packed and sharded like the layers'): an embedding_column and linear_model weights
+    column = tf.feature_column.categorical_column_with_identity("C0", VOCAB)
+    embedding = tf.feature_column.embedding_column(
+        column, DIM, initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1, seed=123)
+    )
+    deep.append(tf.compat.v1.feature_column.input_layer(features, [embedding]))
+    wide.append(tf.compat.v1.feature_column.linear_model(features, [column]))
     hidden = tf.keras.layers.Dense(16, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))
     pred = tf.sigmoid(out(hidden(tf.concat(deep, axis=1))) + tf.add_n(wide))
@@ -106,6 +116,8 @@ class LossHook(tf.compat.v1.train.SessionRunHook):
 
     def begin(self):
         self.shards = len(tf.compat.v1.get_collection(LOCAL_VARIABLES))
+        plan = htf.estimator.report_of(tf.compat.v1.get_default_graph()).plan
+        self.packed = sorted(m.name for pt in plan.packed_tables for m in pt.members)
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
@@ -134,6 +146,7 @@ def main():
     evaluation = est.evaluate(lambda: input_fn(global_data(2, seed=4), rank, size), steps=2)
     result = {"rank": rank, "size": size, "losses": losses.losses, "eval_loss": float(evaluation["loss"])}
     result["shards"] = losses.shards
+    result["packed"] = losses.packed
     ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))
     result["checkpoint_shapes"] = {k: s for k, s in tf.train.list_variables(ckpt) if "emb_C0" in k or "hist" in k}
     if size > 1:
