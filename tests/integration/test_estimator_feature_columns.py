@@ -66,7 +66,7 @@ def _deep_columns(extra=()):
     return cols + list(extra)
 
 
-def make_model_fn(two_optimizers=False, extra_columns=()):
+def make_model_fn(two_optimizers=False, extra_columns=(), optimizer=None):
     def model_fn(features, labels, mode):
         features = dict(features)
         features["hist"] = tf.sparse.from_dense(features["hist"] + 1)  # ids + 1: padding -1 -> 0 is dropped
@@ -95,7 +95,7 @@ def make_model_fn(two_optimizers=False, extra_columns=()):
                 tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step, var_list=rest),
             )
         else:
-            train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+            train_op = (optimizer() if optimizer else tf.compat.v1.train.AdagradOptimizer(0.1)).minimize(loss, step)
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     return model_fn
@@ -229,3 +229,55 @@ def test_dense_features_tables_are_packed_and_train_like_the_plain_model_fn(tmp_
     wrapped, wrapped_losses = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 30)
     _close(wrapped_losses, plain_losses)
     assert dict(tf.train.list_variables(wrapped.model_dir)) == dict(tf.train.list_variables(plain.model_dir))
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+        lambda: tf.compat.v1.train.RMSPropOptimizer(0.01, momentum=0.9),
+        lambda: tf.compat.v1.train.ProximalAdagradOptimizer(0.1, l2_regularization_strength=0.1),
+    ],
+    ids=["momentum", "rmsprop", "proximal_adagrad"],
+)
+def test_examples_without_ids_update_row_zero_as_tensorflow_does(tmp_path, optimizer):
+    """TensorFlow fills an example without ids (C5's out-of-vocabulary ids, empty histories) with id 0 and zeroes
+    its result, so row 0's gradient entry is there (zero) and a stateful optimizer moves row 0 anyway."""
+    fn = make_model_fn(optimizer=optimizer)
+    wrapped_fn = make_model_fn(optimizer=optimizer)
+    plain, plain_losses = _train(fn, tmp_path / "plain", 20)
+    wrapped, wrapped_losses = _train(htf_estimator.model_fn(wrapped_fn), tmp_path / "wrapped", 20)
+    _close(wrapped_losses, plain_losses)
+    for key in ("input_layer/C5_embedding/embedding_weights", "linear_model/hist/weights"):
+        np.testing.assert_allclose(wrapped.get_variable_value(key), plain.get_variable_value(key), rtol=1e-4, atol=1e-6)
+
+
+def test_default_id_fills_examples_without_ids_packed(tmp_path):
+    """``safe_embedding_lookup_sparse(default_id=...)`` on a model_fn's own Keras table: packed, filled as TF does."""
+
+    def fn(features, labels, mode):
+        layer = tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(3), name="hist_table")
+        layer.build(None)
+        ids = tf.sparse.from_dense(features["hist"] + 1)
+        ids = tf.SparseTensor(ids.indices, ids.values - 1, ids.dense_shape)  # rows with no ids: empty examples
+        pooled = tf.nn.safe_embedding_lookup_sparse(layer.embeddings, ids, combiner="sum", default_id=7)
+        logit = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(8))(pooled)
+        loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, tf.sigmoid(logit)))
+        tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=opt.minimize(loss, tf.compat.v1.train.get_global_step())
+        )
+
+    report = _report(htf_estimator.model_fn(fn))
+    assert report.skipped == [] and [m.name for pt in report.plan.packed_tables for m in pt.members] == ["hist_table"]
+    plain_losses = _train(fn, tmp_path / "plain", 20)[1]
+    wrapped_losses = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 20)[1]
+    _close(wrapped_losses, plain_losses)
+
+
+def test_frozen_column_is_reported_once_with_its_reason():
+    frozen = fc.embedding_column(fc.categorical_column_with_identity("C7", VOCAB), 4, trainable=False)
+    report = _report(htf_estimator.model_fn(make_model_fn(extra_columns=[frozen])))
+    assert dict(report.skipped) == {"input_layer/C7_embedding": "frozen (trainable=False) tables are not packed"}
+    assert report.unpacked_lookups == []

@@ -150,6 +150,7 @@ class _Record:
             reason = f"another embedding layer is also named {layer.name!r}; give layers unique names"
         if reason is not None:
             self.skipped.append((layer.name, reason))
+            self.skipped_variables.add(variable.op.name)  # reported once, with that reason
             return variable
         rows = int(variable.shape[0])
         view = capture.CapturedTable(variable, 0, rows, layer.name, layer, variable.op.name, self._lookup)

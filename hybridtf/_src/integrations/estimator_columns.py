@@ -20,12 +20,16 @@ variable creator sees it, like a layer's ``add_weight``) and look it up with
   captured table: the same result as TensorFlow's (ids < 0 pruned, an example
   without ids gives a zero row, ``sum`` / ``mean`` / ``sqrtn`` over its ids,
   rank > 2 ids reshaped back), computed by the packed chain as a bag lookup.
+  An example without ids is filled with ``default_id`` (or id 0, its result
+  zeroed) as TensorFlow fills it, so the table's gradient has the same rows.
   Weighted ids (``weighted_categorical_column``, ``linear_model`` of a
-  weighted column), ``max_norm`` and ``default_id`` read the table as a tensor
-  instead: the table stays unpacked, named in the report with the reason.
+  weighted column) and ``max_norm`` read the table as a tensor instead: the
+  table stays unpacked, named in the report with the reason.
 
-Tables stay plain variables when created through a partitioner (a
-``PartitionedVariable``) or ``DenseFeatures`` (a Keras layer's own weights).
+``DenseFeatures`` (Keras v2 and ``tf.compat.v1``) and ``SequenceFeatures``
+create their tables through ``EmbeddingColumn.create_state``; those are
+captured too. Tables made through a ``variable_scope`` partitioner (a
+``PartitionedVariable``) stay plain variables.
 """
 
 from __future__ import annotations
@@ -121,21 +125,27 @@ def _unpacked(table: CapturedTable, reason: str):
     return table.read_value()
 
 
-def _bags(sparse_ids: tf.SparseTensor, prune: bool):
-    """``[N, L]`` ragged bags of ``sparse_ids`` (leading dims flattened) and the leading dims' shape."""
+def _bags(sparse_ids: tf.SparseTensor, prune: bool, default_id):
+    """Ragged ``[N, L]`` bags of ``sparse_ids`` as TensorFlow's safe lookup sees them.
+
+    Leading dims are flattened (returned for the reshape back), ids < 0 are
+    dropped, and an example without ids gets ``default_id`` (0 when None) as
+    TensorFlow fills it: its row is gathered and, with no ``default_id``, its
+    result zeroed (``empty``), so the table's gradient holds that row with a
+    zero value, which momentum, RMSProp, proximal and FTRL updates apply.
+    """
     dense_shape = sparse_ids.dense_shape
-    rank = sparse_ids.shape.rank
-    if rank != 2:
+    lead = None
+    if sparse_ids.shape.rank != 2:
         lead = dense_shape[:-1]
         sparse_ids = tf.sparse.reshape(sparse_ids, tf.stack([tf.reduce_prod(lead), dense_shape[-1]]))
-    else:
-        lead = None
     if prune:
         sparse_ids = tf.sparse.retain(sparse_ids, sparse_ids.values >= 0)
+    filled, empty = tf.sparse.fill_empty_rows(sparse_ids, tf.cast(default_id or 0, sparse_ids.dtype))
     bags = tf.RaggedTensor.from_value_rowids(
-        sparse_ids.values, sparse_ids.indices[:, 0], nrows=sparse_ids.dense_shape[0], validate=True
+        filled.values, filled.indices[:, 0], nrows=filled.dense_shape[0], validate=True
     )
-    return bags, lead
+    return bags, empty, lead
 
 
 def _bag_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, default_id, max_norm, safe: bool):
@@ -143,14 +153,14 @@ def _bag_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, defa
         return None, "weighted ids (sparse_weights, a weighted_categorical_column) scale each row"
     if max_norm is not None:
         return None, "max_norm clips rows"
-    if default_id is not None:
-        return None, "default_id fills examples without ids with a row"
     if combiner not in _BAG_COMBINERS:
         return None, f"combiner {combiner!r}"
     if not isinstance(sparse_ids, tf.SparseTensor):
         return None, "ids that are not a tf.SparseTensor"
-    bags, lead = _bags(sparse_ids, prune=safe)
+    bags, empty, lead = _bags(sparse_ids, safe, default_id)
     out = table.lookup(prepare_ids(bags, combiner, table.table), combiner)
+    if default_id is None:
+        out = tf.where(empty[:, None], tf.zeros_like(out), out)
     if lead is not None:
         out = tf.reshape(out, tf.concat([tf.cast(lead, tf.int32), [int(table.shape[1])]], 0))
     return out, None
