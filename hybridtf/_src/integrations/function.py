@@ -26,7 +26,6 @@ Why not record in the real graph (as ``optimize`` does inside a model's
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 
@@ -41,41 +40,22 @@ from tensorflow.python.util import object_identity
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
+from hybridtf._src.integrations.graph_lift import (
+    GATHER_OPS,
+    READ_ONLY_OPS,
+    GraphNotedRequests,
+    components,
+    lift_ids,
+    side_effect_op,
+)
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
-from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
 
 _log = logging.getLogger("hybridtf")
-
-# Op types that gather rows of a resource variable (input 0 is its handle).
-_GATHER_OPS = frozenset({"ResourceGather", "ResourceGatherNd", GATHER_ROWS})
-
-# Stateful op types that only read: allowed where ids are computed, and not
-# counted as writes to a table.
-_READ_ONLY_OPS = _GATHER_OPS | frozenset(
-    {
-        "ReadVariableOp",
-        "VariableShape",
-        "VarIsInitializedOp",
-        "LookupTableFindV2",
-        "LookupTableSizeV2",
-    }
-)
-
-
-def _components(ids) -> list:
-    return tf.nest.flatten(ids, expand_composites=True)
 
 
 def _describe(request: LookupRequest, index: int) -> str:
     return f"lookup #{index} (table {request.table!r})"
-
-
-def _has_function_attr(op) -> bool:
-    for value in op.node_def.attr.values():
-        if value.HasField("func") or len(value.list.func):
-            return True
-    return False
 
 
 def _check_liftable(request, index, tensors, scratch) -> bool:
@@ -84,31 +64,20 @@ def _check_liftable(request, index, tensors, scratch) -> bool:
     Returns:
         Whether the ops call functions (their definitions must be copied).
     """
-    captured = object_identity.ObjectIdentitySet(scratch.internal_captures)
-    seen, stack, calls = set(), [t.op for t in tensors if t not in captured], False
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        if op.type in ("Placeholder", "PlaceholderWithDefault"):
-            raise CaptureError(
-                f"htf.function: the ids of {_describe(request, index)} depend on placeholder {op.name!r}, which is "
-                "not an input of the function; compute ids from the function's arguments."
-            )
-        if op._is_stateful and op.type not in _READ_ONLY_OPS:
-            raise CaptureError(
-                f"htf.function: the ids of {_describe(request, index)} depend on op {op.name!r} ({op.type}), which "
-                "has side effects (e.g. next(iterator), stateful random ops); htf.function computes all lookups of "
-                "a step together and would run it twice. Pass the batch as an argument of the function, or use "
-                "tf.random.stateless_* ops."
-            )
-        calls = calls or _has_function_attr(op)
-        for t in op.inputs:
-            if t not in captured:
-                stack.append(t.op)
-        stack.extend(op.control_inputs)
-    return calls
+    op, calls = side_effect_op(tensors, scratch)
+    if op is None:
+        return calls
+    if op.type in ("Placeholder", "PlaceholderWithDefault"):
+        raise CaptureError(
+            f"htf.function: the ids of {_describe(request, index)} depend on placeholder {op.name!r}, which is "
+            "not an input of the function; compute ids from the function's arguments."
+        )
+    raise CaptureError(
+        f"htf.function: the ids of {_describe(request, index)} depend on op {op.name!r} ({op.type}), which "
+        "has side effects (e.g. next(iterator), stateful random ops); htf.function computes all lookups of "
+        "a step together and would run it twice. Pass the batch as an argument of the function, or use "
+        "tf.random.stateless_* ops."
+    )
 
 
 _NOT_TOP_LEVEL = (
@@ -117,49 +86,23 @@ _NOT_TOP_LEVEL = (
 )
 
 
-class _NotedRequests(list):
+class NotedRequests(GraphNotedRequests):
     """The recorder's request list; also notes each lookup's graph and micro-batch segment."""
 
     def __init__(self):
         super().__init__()
-        self.graphs = []
         self.segments = []
 
     def append(self, request):
-        self.graphs.append(ops.get_default_graph())
         self.segments.append(current_segment())
         super().append(request)
 
 
-def _check_top_level(requests: _NotedRequests, scratch) -> None:
+def _check_top_level(requests: NotedRequests, scratch) -> None:
     """Raises if a lookup was recorded in a graph nested in the record pass (control flow, tf.function)."""
     for index, (request, graph) in enumerate(zip(requests, requests.graphs)):
         if graph is not scratch:
             raise CaptureError(f"htf.function: {_describe(request, index)} {_NOT_TOP_LEVEL}")
-
-
-def _lift_ids(requests, scratch, real) -> list[LookupRequest]:
-    """The recorded requests with their ids copied from the scratch graph into the real graph."""
-    to_lift, calls = [], False
-    for index, request in enumerate(requests):
-        mine = [t for t in _components(request.ids) if getattr(t, "graph", None) is scratch]
-        calls = _check_liftable(request, index, mine, scratch) or calls
-        to_lift.extend(mine)
-    op_map = object_identity.ObjectIdentityDictionary()
-    if to_lift:
-        if calls:
-            for fn in list(scratch._functions.values()):
-                if not real._is_function(fn.name):
-                    real._add_function_recursive(fn)
-        op_map = tf.__internal__.lift_to_graph(
-            to_lift, real, add_sources=True, handle_captures=True, base_graph=scratch
-        )
-    lifted = []
-    for request in requests:
-        parts = [op_map.get(t, t) if getattr(t, "graph", None) is scratch else t for t in _components(request.ids)]
-        ids = tf.nest.pack_sequence_as(request.ids, parts, expand_composites=True)
-        lifted.append(dataclasses.replace(request, ids=ids))
-    return lifted
 
 
 def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIdentitySet]:
@@ -167,13 +110,13 @@ def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIde
     result = []
     for out in outputs:
         handles = object_identity.ObjectIdentitySet()
-        stack, seen = [t.op for t in _components(out)], set()
+        stack, seen = [t.op for t in components(out)], set()
         while stack:
             op = stack.pop()
             if op in seen or op not in chain_ops:
                 continue
             seen.add(op)
-            if op.type in _GATHER_OPS:
+            if op.type in GATHER_OPS:
                 handles.add(op.inputs[0])
             stack.extend(t.op for t in op.inputs)
         result.append(handles)
@@ -215,7 +158,7 @@ class _ServedOutputs:
         if self._first is None:
             self._first = start
         with tf.name_scope("hybridtf_packed_lookups"):
-            outputs = lookup_all(_lift_ids([self._requests[i] for i in indices], self._scratch, graph))
+            outputs = lookup_all(lift_ids([self._requests[i] for i in indices], self._scratch, graph, _check_liftable))
         self._cursor = graph.version
         chain = graph.get_operations()[start : self._cursor]
         self._chain_ops.update(chain)
@@ -258,7 +201,7 @@ class _ServedOutputs:
 
     def _scan(self, operations, watched) -> None:
         for op in operations:
-            if op.type in _READ_ONLY_OPS or op in self._chain_ops:
+            if op.type in READ_ONLY_OPS or op in self._chain_ops:
                 continue
             for t in op.inputs:
                 if t in watched and t not in self._written:
@@ -346,7 +289,7 @@ class _PackedStep:
             return self._run(args, kwargs)  # tf.config.run_functions_eagerly(True): lookups run one by one
         scratch = func_graph_module.FuncGraph("hybridtf_record_pass")
         with scratch.as_default(), context.recording() as rec:
-            rec.requests = _NotedRequests()
+            rec.requests = NotedRequests()
             setattr(rec, RUNS_LOOKUPS_ATTR, True)
             self._run(args, kwargs)
         if not rec.requests:

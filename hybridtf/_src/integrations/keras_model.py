@@ -70,7 +70,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs)
+        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs, kwargs)
         outputs = lookup_all(requests)
         with (
             context.replaying(requests, outputs),

@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 
 import tensorflow as tf
 
 from hybridtf._src.capture import context
+from hybridtf._src.integrations import graph_lift
+
+_log = logging.getLogger("hybridtf")
 
 
 @contextlib.contextmanager
@@ -59,18 +63,86 @@ def inference_mode(model, inputs):
         yield
 
 
-def step_requests(model, base_call, inputs, kwargs):
+def step_requests(model, base_call, inputs, kwargs, step_kwargs=None):
     """The lookups of ``model``'s forward pass on ``inputs`` (``kwargs``: the call's, training off).
 
-    The scratch recording of ``lookups_from_inputs`` when ids are model inputs, else a recording in
-    the real graph (its ops are dead once the lookups are replayed) in inference mode.
+    The scratch recording of ``lookups_from_inputs`` when ids are model inputs; else (ids computed
+    inside the model, e.g. by ``StringLookup`` / ``Hashing`` / ``Discretization`` layers) a recording
+    in a scratch graph nested in the step, in the step's own mode (``step_kwargs``: the call's own),
+    whose id computations are copied into the step (``recorded_in_step_mode``); else (eager steps,
+    lookups under control flow, ids through ops with side effects) a recording in the real graph in
+    inference mode (its ops are dead once the lookups are replayed).
     """
     requests = lookups_from_inputs(model, base_call, inputs, kwargs)
-    if requests is None:  # ids are computed inside the model: record inline
+    if requests is None and step_kwargs is not None:
+        requests = recorded_in_step_mode(model, base_call, inputs, step_kwargs)
+    if requests is None:  # record inline
         with discarding_losses(model), inference_mode(model, inputs), context.recording() as rec:
             base_call(inputs, **kwargs)
         requests = rec.requests
     return requests
+
+
+def _is_random(op) -> bool:
+    return "Random" in op.type or op.type in ("TruncatedNormal", "Multinomial", "RandomShuffle")
+
+
+def recorded_in_step_mode(model, base_call, inputs, kwargs):
+    """The forward pass's lookups recorded in a scratch graph in the step's mode, their ids copied into the step.
+
+    Ids the model computes from its inputs are then those of the training step itself: a layer
+    that acts differently in training (BatchNormalization's batch statistics before a
+    ``Discretization``) gives the lookups the ids the plain model's step uses, and nothing of the
+    recording runs (a counter the forward pass updates counts once). None when the copy cannot be
+    made: outside a ``tf.function`` graph, lookups under control flow, or ids through an op with
+    side effects (logged once per model; the inline inference-mode recording is used). Ids drawn
+    through random ops (augmentation such as id dropout) are refused: a packed step computes every
+    id before the forward pass, and would draw them apart from the plain model's.
+
+    Raises:
+        CaptureError: the ids of a lookup depend on a random op.
+    """
+    from tensorflow.python.framework import func_graph as func_graph_module
+    from tensorflow.python.framework import ops
+
+    real = ops.get_default_graph()
+    if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
+        return None
+    scratch = func_graph_module.FuncGraph("hybridtf_keras_record")
+    with scratch.as_default(), discarding_losses(model), context.recording() as rec:
+        rec.requests = graph_lift.GraphNotedRequests()
+        setattr(rec, context.RUNS_LOOKUPS_ATTR, True)
+        base_call(inputs, **kwargs)
+    requests = rec.requests
+    if not requests or any(graph is not scratch for graph in requests.graphs):
+        return None
+    for request in requests:
+        parts = tf.nest.flatten(request.ids, expand_composites=True)
+        parts = [t for t in parts if getattr(t, "graph", None) is scratch]
+        op, _ = graph_lift.side_effect_op(parts, scratch)
+        if op is None:
+            continue
+        if _is_random(op):
+            raise context.CaptureError(
+                f"hybridtf: the ids of embedding table {request.table!r} are drawn through random op {op.name!r} "
+                f"({op.type}) inside the model (e.g. id dropout or noise before a Discretization): an optimized "
+                "model computes the ids of all its lookups before the forward pass, so they would be drawn apart "
+                "from the plain model's. Apply the augmentation in the input pipeline (tf.data), or keep the table "
+                f"unpacked: htf.keras.optimize(model, exclude=[{request.table!r}])."
+            )
+        if not getattr(model, "_htf_side_effect_noted", False):
+            object.__setattr__(model, "_htf_side_effect_noted", True)
+            _log.warning(
+                "hybridtf: the ids of embedding table %r are computed inside the model through op %r (%s), which has "
+                "side effects: the optimized model records its lookups in an extra inference-mode pass, where this op "
+                "runs again (exact only if it is pure and does not depend on the training flag). Compute these ids "
+                "in the input pipeline to avoid it.",
+                request.table,
+                op.name,
+                op.type,
+            )
+        return None
+    return graph_lift.lift_ids(list(requests), scratch, real)
 
 
 def _source(tensor):

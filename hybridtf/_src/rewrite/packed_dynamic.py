@@ -369,7 +369,7 @@ class _DynamicModelMixin(PlainConstruction):
         record_kwargs = dict(kwargs)
         if self._expects_training_arg:
             record_kwargs["training"] = False
-        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs)
+        requests = keras_record.step_requests(self, base_call, inputs, record_kwargs, kwargs)
         outputs = lookup_all(requests)
         fusion = getattr(self, "_htf_dynamic_fusion", None) or {"enabled": False}
         with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:

@@ -1,0 +1,101 @@
+"""Ids a model computes itself from raw features: recorded in the step's own mode, each op run once.
+
+An optimized model computes the ids of all its lookups before its forward pass. When the model
+makes its ids (``StringLookup``, ``Discretization``, a custom layer), they are recorded in a scratch
+graph in the step's mode and copied into the step. So a layer that acts differently in training
+(BatchNormalization before a ``Discretization``) gives the ids the plain step uses, a counter on the
+id path counts once per step, and ids drawn through random ops (id dropout) are refused with the fix
+instead of being drawn apart from the plain model's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hybridtf as htf
+from hybridtf._src.capture.context import CaptureError
+
+BATCH, STEPS = 32, 6
+WORDS = [f"w{i}" for i in range(20)]
+
+
+def _batches(seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(STEPS):
+        x = {
+            "word": tf.constant(rng.choice([*WORDS, "oov"], (BATCH, 1))),
+            "price": tf.constant(rng.normal(2.0, 3.0, (BATCH, 1)).astype(np.float32)),
+        }
+        out.append((x, tf.constant((rng.random((BATCH, 1)) < 0.3).astype(np.float32))))
+    return out
+
+
+class Counter(tf.keras.layers.Layer):
+    """Counts the examples it sees (a frequency statistic updated on the id path)."""
+
+    def build(self, input_shape):
+        self.seen = self.add_weight("seen", (), tf.int64, initializer="zeros", trainable=False)
+
+    def call(self, ids):
+        self.seen.assign_add(tf.cast(tf.shape(ids)[0], tf.int64))
+        return ids
+
+
+class IdDropout(tf.keras.layers.Layer):
+    def call(self, ids, training=None):
+        if training:
+            return tf.where(tf.random.uniform(tf.shape(ids), seed=1) >= 0.5, ids, tf.zeros_like(ids))
+        return ids
+
+
+def _model(kind="bn"):
+    tf.keras.utils.set_random_seed(4)
+    word = tf.keras.Input((1,), dtype=tf.string, name="word")
+    price = tf.keras.Input((1,), name="price")
+    ids = tf.keras.layers.StringLookup(vocabulary=WORDS, name="lookup")(word)
+    ids = Counter(name="counter")(ids) if kind == "bn" else IdDropout(name="id_dropout")(ids)
+    bucket = tf.keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0, 2.0], name="bucket")(
+        tf.keras.layers.BatchNormalization(name="bn")(price)  # batch statistics in training, moving ones at inference
+    )
+    emb_word = tf.keras.layers.Embedding(len(WORDS) + 1, 4, name="emb_word")(ids)
+    emb_price = tf.keras.layers.Embedding(5, 4, name="emb_price")(bucket)
+    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(emb_word), tf.keras.layers.Flatten()(emb_price)])
+    out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(2))(x)
+    return tf.keras.Model({"word": word, "price": price}, out)
+
+
+def test_ids_computed_in_training_mode_and_stateful_id_path_runs_once():
+    batches = _batches()
+    plain, packed = _model(), _model()
+    packed.set_weights(plain.get_weights())
+    packed = htf.keras.optimize(packed)
+    assert packed.hybridtf_skipped == []
+    assert {m.name for pt in packed.hybridtf_plan.packed_tables for m in pt.members} == {"emb_word", "emb_price"}
+    losses = []
+    for model in (plain, packed):
+        model.compile(tf.keras.optimizers.Adam(0.05), "binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in batches])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+    for model in (plain, packed):  # BatchNormalization's moving statistics updated once per step, the counter too
+        assert int(model.get_layer("counter").seen.numpy()) == STEPS * BATCH
+    np.testing.assert_allclose(
+        packed.get_layer("bn").moving_mean.numpy(), plain.get_layer("bn").moving_mean.numpy(), rtol=1e-6
+    )
+    x = batches[0][0]
+    np.testing.assert_allclose(packed.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-7)
+    assert int(packed.get_layer("counter").seen.numpy()) == (STEPS + 1) * BATCH
+
+
+def test_ids_drawn_through_random_ops_are_refused_with_the_fix():
+    model = htf.keras.optimize(_model("dropout"))
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    x, y = _batches()[0]
+    with pytest.raises(CaptureError, match=r"'emb_word'.*random op.*input pipeline.*exclude=\['emb_word'\]"):
+        model.train_on_batch(x, y)
+    model = htf.keras.optimize(_model("dropout"), exclude=["emb_word"])  # the fix: that table stays plain
+    model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+    assert np.isfinite(model.train_on_batch(x, y))
+    assert np.isfinite(model.predict_on_batch(x)).all()  # inference: no dropout, packed as usual
