@@ -57,7 +57,8 @@ def make_input_fn(fields: int, vocab: int, batch: int, steps: int):
     y = (rng.random((n, 1)) < 0.3).astype(np.float32)
 
     def input_fn():
-        return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat().take(steps)
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).cache()
+        return ds.repeat().take(steps).prefetch(1)
 
     return input_fn
 
