@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 import hybridtf.estimator as htf_estimator
+from tests.integration.test_estimator import LOSS_KEY, LossHook
 
 N, BATCH, STEPS, VOCAB = 1024, 64, 40, 40
-LOSS_KEY = "test_feature_columns_loss"
 fc = tf.feature_column
 fc1 = tf.compat.v1.feature_column
 
@@ -99,17 +99,6 @@ def make_model_fn(two_optimizers=False, extra_columns=(), optimizer=None):
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
 
     return model_fn
-
-
-class LossHook(tf.compat.v1.train.SessionRunHook):
-    def __init__(self):
-        self.losses = []
-
-    def before_run(self, run_context):
-        return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
-
-    def after_run(self, run_context, run_values):
-        self.losses.append(float(run_values.results))
 
 
 def _train(fn, model_dir, steps=STEPS, warm_start_from=None):
