@@ -56,13 +56,15 @@ def _model(kind="bn"):
     word = tf.keras.Input((1,), dtype=tf.string, name="word")
     price = tf.keras.Input((1,), name="price")
     ids = tf.keras.layers.StringLookup(vocabulary=WORDS, name="lookup")(word)
-    ids = Counter(name="counter")(ids) if kind == "bn" else IdDropout(name="id_dropout")(ids)
-    bucket = tf.keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0, 2.0], name="bucket")(
-        tf.keras.layers.BatchNormalization(name="bn")(price)  # batch statistics in training, moving ones at inference
-    )
+    ids = IdDropout(name="id_dropout")(ids) if kind == "dropout" else Counter(name="counter")(ids)
+    scaled = price
+    if kind != "counter":  # batch statistics in training, moving ones at inference
+        scaled = tf.keras.layers.BatchNormalization(name="bn")(price)
+    bucket = tf.keras.layers.Discretization(bin_boundaries=[-1.0, 0.0, 1.0, 2.0], name="bucket")(scaled)
     emb_word = tf.keras.layers.Embedding(len(WORDS) + 1, 4, name="emb_word")(ids)
     emb_price = tf.keras.layers.Embedding(5, 4, name="emb_price")(bucket)
-    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(emb_word), tf.keras.layers.Flatten()(emb_price)])
+    flat = [tf.keras.layers.Flatten()(emb_word), tf.keras.layers.Flatten()(emb_price)]
+    x = tf.keras.layers.Concatenate(name="features")(flat)
     out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(2))(x)
     return tf.keras.Model({"word": word, "price": price}, out)
 
@@ -99,3 +101,17 @@ def test_ids_drawn_through_random_ops_are_refused_with_the_fix():
     model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
     assert np.isfinite(model.train_on_batch(x, y))
     assert np.isfinite(model.predict_on_batch(x)).all()  # inference: no dropout, packed as usual
+
+
+def test_micro_batches_from_a_named_layer_with_ids_computed_inside():
+    """The head (up to ``features``) runs once on the whole batch: its ids recorded in training mode, copied."""
+    batches = _batches()
+    plain, packed = _model("counter"), _model("counter")
+    packed.set_weights(plain.get_weights())
+    packed = htf.keras.optimize(packed, micro_batches=2, interleave_from="features")
+    losses = []
+    for model in (plain, packed):
+        model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in batches])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+    assert int(packed.get_layer("counter").seen.numpy()) == int(plain.get_layer("counter").seen.numpy())
