@@ -103,12 +103,13 @@ def test_ids_drawn_through_random_ops_are_refused_with_the_fix():
     assert np.isfinite(model.predict_on_batch(x)).all()  # inference: no dropout, packed as usual
 
 
-def test_micro_batches_from_a_named_layer_with_ids_computed_inside():
-    """The head (up to ``features``) runs once on the whole batch: its ids recorded in training mode, copied."""
+@pytest.mark.parametrize("interleave_from", ["features", "mlp", "mlp_fused"])
+def test_micro_batches_from_a_layer_with_ids_computed_inside(interleave_from):
+    """The lookups (the head up to ``features``) run once on the whole batch: ids recorded in training mode."""
     batches = _batches()
     plain, packed = _model("counter"), _model("counter")
     packed.set_weights(plain.get_weights())
-    packed = htf.keras.optimize(packed, micro_batches=2, interleave_from="features")
+    packed = htf.keras.optimize(packed, micro_batches=2, interleave_from=interleave_from)
     losses = []
     for model in (plain, packed):
         model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")

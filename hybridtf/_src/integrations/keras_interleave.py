@@ -78,6 +78,9 @@ class _InterleaveModelMixin(PlainConstruction):
         base_call = self._htf_model_call()
         kwargs = {"training": False} if self._expects_training_arg else {}
         requests = keras_record.lookups_from_inputs(self, base_call, x, kwargs)
+        if requests is None:  # ids computed inside the model: recorded in training mode, their ops copied
+            step_kwargs = {"training": True} if self._expects_training_arg else {}
+            requests = keras_record.recorded_in_step_mode(self, base_call, x, step_kwargs)
         if requests is None:
             raise MicroBatchError(
                 "interleave_from='mlp' needs every embedding lookup's ids to be model inputs (the lookups run once "
