@@ -525,7 +525,8 @@ def optimize(
     )
     steps.check_ranks_agree(model, options, plan, [g.plan.members for g in dynamic.groups])
     skipped = steps.skipped_layers(skipped, plan) + keras_notices.feature_column_layers(model)
-    keras_notices.warn_skipped(skipped, len({m.name for pt in plan.packed_tables for m in pt.members}))
+    packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
+    keras_notices.warn_skipped(skipped, len(packed_names | {m for g in dynamic.groups for m in g.plan.members}))
     if not captured and not skipped and not dynamic.groups:
         keras_notices.warn_nothing_found(model)
     if not plan.packed_tables:

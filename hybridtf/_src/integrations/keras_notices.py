@@ -28,8 +28,9 @@ def warn_skipped(skipped: list[SkippedLayer], packed: int) -> None:
         return
     lines = "\n".join(f"  - {s.name}: {s.reason}" for s in skipped)
     _log.warning(
-        "hybridtf.keras.optimize packed %d embedding table(s) and left %d unpacked (they run as plain Keras, "
-        "with their own lookup and update ops; model.hybridtf_skipped lists them):\n%s",
+        "hybridtf.keras.optimize packed %d embedding table(s) and left %d unpacked (each keeps its own lookup and "
+        "update: plain Keras for an Embedding, its own HybridHash store for a DynamicEmbedding; "
+        "model.hybridtf_skipped lists them):\n%s",
         packed,
         len(skipped),
         lines,

@@ -83,6 +83,25 @@ def step_requests(model, base_call, inputs, kwargs, step_kwargs=None):
     return requests
 
 
+@contextlib.contextmanager
+def keeping_seeds(model):
+    """Restores the layers' legacy seed counters after a recording-only pass.
+
+    A seeded Keras ``Dropout`` (``RandomGenerator.make_legacy_seed``) moves its seed on each call; a
+    pass that is only recorded must leave the real call the seed the plain model's call gets.
+    """
+    generators = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        generator = getattr(layer, "_random_generator", None)
+        if generator is not None and isinstance(getattr(generator, "_seed", None), int):
+            generators.append((generator, generator._seed))
+    try:
+        yield
+    finally:
+        for generator, seed in generators:
+            generator._seed = seed
+
+
 def _is_random(op) -> bool:
     return "Random" in op.type or op.type in ("TruncatedNormal", "Multinomial", "RandomShuffle")
 
@@ -107,9 +126,19 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
 
     real = ops.get_default_graph()
     if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
+        if tf.executing_eagerly() and not getattr(model, "_htf_eager_ids_noted", False):
+            object.__setattr__(model, "_htf_eager_ids_noted", True)
+            _log.warning(
+                "hybridtf: model %r runs eagerly (run_eagerly=True): its lookups are recorded in an extra "
+                "inference-mode pass. Exact when the ids are model inputs; ids the model computes itself "
+                "(StringLookup, Hashing, your own layer) that depend on the training flag would differ from the "
+                "plain model's, and stateful ops on their way run again. Run the steps as a graph (the default) "
+                "for the exact step.",
+                model.name,
+            )
         return None
     scratch = func_graph_module.FuncGraph("hybridtf_keras_record")
-    with scratch.as_default(), discarding_losses(model), context.recording() as rec:
+    with scratch.as_default(), discarding_losses(model), keeping_seeds(model), context.recording() as rec:
         rec.requests = graph_lift.GraphNotedRequests()
         setattr(rec, context.RUNS_LOOKUPS_ATTR, True)
         base_call(inputs, **kwargs)
