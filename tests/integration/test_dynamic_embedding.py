@@ -165,6 +165,17 @@ def test_checkpoint_round_trip_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+def test_legacy_h5_of_a_model_with_a_dynamic_table_is_refused(tmp_path):
+    """Keras's HDF5 writer saves variables only: the table's ids and rows would be silently lost."""
+    x, y = _data(steps=2)
+    _, model, _ = _pair("adagrad")
+    _fit(model, x, y)
+    for save in (lambda: model.save_weights(str(tmp_path / "w.h5")), lambda: model.save(str(tmp_path / "m.h5"))):
+        with pytest.raises(NotImplementedError, match=r"DynamicEmbedding 'items'.*\.weights\.h5"):
+            save()
+    model.save_weights(str(tmp_path / "w.weights.h5"))  # the Keras v3 file holds the table
+
+
 def test_bad_inputs_name_the_table_and_the_fix(tmp_path):
     dyn = htf.layers.DynamicEmbedding(D, name="users", hot_rows=4)
     with pytest.raises(TypeError, match=r"'users'.*int64.*Fix"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import zlib
 
 import numpy as np
@@ -70,6 +71,18 @@ def _initializer_args(initializer, name: str) -> tuple[str, float, float]:
         f"DynamicEmbedding {name!r}: unsupported initializer {initializer!r}; rows must be a function of (seed, id) "
         "only, so use 'uniform', 'normal', 'zeros' or RandomUniform/RandomNormal/Zeros/Constant."
     )
+
+
+def _in_legacy_hdf5(max_depth: int = 12) -> bool:
+    """Whether Keras's legacy HDF5 writer or reader asks for the layer's weights (``hdf5_format._legacy_weights``)."""
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "_legacy_weights" and "hdf5_format" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 @tf.keras.utils.register_keras_serializable(package="hybridtf")
@@ -189,6 +202,13 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     @property
     def trainable_weights(self):
+        if _in_legacy_hdf5():
+            raise NotImplementedError(
+                f"DynamicEmbedding {self.name!r}: the legacy HDF5 format (a .h5 path in save_weights / "
+                "load_weights / save) holds a model's variables only, not a dynamic table's ids and rows (they live "
+                "in its HybridHash store): the table would be lost. Use a .weights.h5 or .keras file, or a "
+                "TensorFlow checkpoint (save_weights('ckpt'), tf.train.Checkpoint), which hold every table."
+            )
         return [self._rows_buffer] if self.trainable and self.built else []
 
     @property
