@@ -95,3 +95,13 @@ def test_plan_prints_and_round_trips_json():
         InterleavingPlan.from_json('{"format": "x"}')
     with pytest.raises(ValueError, match="twice"):
         InterleavingPlan.from_dict({**plan.to_dict(), "excluded": ["a"]})
+
+
+def test_plan_text_names_the_defaults_as_defaults():
+    """One group and one micro-batch are what optimize does when asked nothing: the text says so."""
+    one = plan_interleaving(_chains(), num_groups=1)
+    assert "interleave_groups=1, the default: no K-interleaving" in str(one)
+    assert "set by" not in str(one)
+    assert "number of groups set by interleave_groups" in str(plan_interleaving(_chains(), num_groups=2))
+    assert str(MicroBatching(1)).startswith("D-interleaving off: 1 micro-batch")
+    assert str(MicroBatching(2, "mlp")) == "D-interleaving from 'mlp': 2 micro-batches"
