@@ -115,17 +115,13 @@ def table_owner(kwargs):
     return column_owner(kwargs)
 
 
-def is_column_table(view) -> bool:
-    return isinstance(view, CapturedTable) and isinstance(view.layer, ColumnTable)
-
-
 def _unpacked(table: CapturedTable, reason: str):
     if table.dense_use is None:
         table.dense_use = f"{reason}: exact, but unpacked"
     return table.read_value()
 
 
-def _bags(sparse_ids: tf.SparseTensor, prune: bool, default_id):
+def _bags(sparse_ids: tf.SparseTensor, default_id):
     """Ragged ``[N, L]`` bags of ``sparse_ids`` as TensorFlow's safe lookup sees them.
 
     Leading dims are flattened (returned for the reshape back), ids < 0 are
@@ -139,8 +135,7 @@ def _bags(sparse_ids: tf.SparseTensor, prune: bool, default_id):
     if sparse_ids.shape.rank != 2:
         lead = dense_shape[:-1]
         sparse_ids = tf.sparse.reshape(sparse_ids, tf.stack([tf.reduce_prod(lead), dense_shape[-1]]))
-    if prune:
-        sparse_ids = tf.sparse.retain(sparse_ids, sparse_ids.values >= 0)
+    sparse_ids = tf.sparse.retain(sparse_ids, sparse_ids.values >= 0)
     filled, empty = tf.sparse.fill_empty_rows(sparse_ids, tf.cast(default_id or 0, sparse_ids.dtype))
     bags = tf.RaggedTensor.from_value_rowids(
         filled.values, filled.indices[:, 0], nrows=filled.dense_shape[0], validate=True
@@ -148,22 +143,31 @@ def _bags(sparse_ids: tf.SparseTensor, prune: bool, default_id):
     return bags, empty, lead
 
 
-def _bag_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, default_id, max_norm, safe: bool):
+def _unpacked_reason(sparse_ids, sparse_weights, combiner, max_norm) -> str | None:
+    """Why this lookup reads the table as a tensor (the table then stays unpacked), or None."""
     if sparse_weights is not None:
-        return None, "weighted ids (sparse_weights, a weighted_categorical_column) scale each row"
+        return "weighted ids (sparse_weights, a weighted_categorical_column) scale each row"
     if max_norm is not None:
-        return None, "max_norm clips rows"
+        return "max_norm clips rows"
     if combiner not in _BAG_COMBINERS:
-        return None, f"combiner {combiner!r}"
+        return f"combiner {combiner!r}"
     if not isinstance(sparse_ids, tf.SparseTensor):
-        return None, "ids that are not a tf.SparseTensor"
-    bags, empty, lead = _bags(sparse_ids, safe, default_id)
+        return "ids that are not a tf.SparseTensor"
+    return None
+
+
+def _safe_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, default_id, max_norm, plain):
+    """``safe_embedding_lookup_sparse`` of a captured table: a packed bag lookup, or ``plain(rows)`` unpacked."""
+    reason = _unpacked_reason(sparse_ids, sparse_weights, combiner, max_norm)
+    if reason is not None:
+        return plain(_unpacked(table, reason))
+    bags, empty, lead = _bags(sparse_ids, default_id)
     out = table.lookup(prepare_ids(bags, combiner, table.table), combiner)
     if default_id is None:
         out = tf.where(empty[:, None], tf.zeros_like(out), out)
     if lead is not None:
         out = tf.reshape(out, tf.concat([tf.cast(lead, tf.int32), [int(table.shape[1])]], 0))
-    return out, None
+    return out
 
 
 @tf.experimental.dispatch_for_api(tf.compat.v1.nn.safe_embedding_lookup_sparse, {"embedding_weights": CapturedTable})
@@ -178,13 +182,20 @@ def _safe_lookup_v1(
     max_norm=None,
     allow_fast_lookup=False,
 ):
-    out, reason = _bag_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, True)
-    if out is not None:
-        return out
-    rows = _unpacked(embedding_weights, reason)
-    return tf.compat.v1.nn.safe_embedding_lookup_sparse(
-        rows, sparse_ids, sparse_weights, combiner, default_id, name, partition_strategy, max_norm, allow_fast_lookup
-    )
+    def plain(rows):
+        return tf.compat.v1.nn.safe_embedding_lookup_sparse(
+            rows,
+            sparse_ids,
+            sparse_weights,
+            combiner,
+            default_id,
+            name,
+            partition_strategy,
+            max_norm,
+            allow_fast_lookup,
+        )
+
+    return _safe_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, plain)
 
 
 @tf.experimental.dispatch_for_api(tf.nn.safe_embedding_lookup_sparse, {"embedding_weights": CapturedTable})
@@ -198,10 +209,9 @@ def _safe_lookup_v2(
     name=None,
     allow_fast_lookup=False,
 ):
-    out, reason = _bag_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, True)
-    if out is not None:
-        return out
-    rows = _unpacked(embedding_weights, reason)
-    return tf.nn.safe_embedding_lookup_sparse(
-        rows, sparse_ids, sparse_weights, combiner, default_id, max_norm, name, allow_fast_lookup
-    )
+    def plain(rows):
+        return tf.nn.safe_embedding_lookup_sparse(
+            rows, sparse_ids, sparse_weights, combiner, default_id, max_norm, name, allow_fast_lookup
+        )
+
+    return _safe_lookup(embedding_weights, sparse_ids, sparse_weights, combiner, default_id, max_norm, plain)

@@ -7,6 +7,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.util import object_identity
 
 from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.integrations.graph_lift import is_random_op
 from hybridtf._src.run.gather_rows import OP_NAME as GATHER_ROWS
 
 # Ops whose copy into the real graph would not compute the same values.
@@ -59,11 +60,6 @@ def _ancestors(tensors, stop) -> list:
     return order
 
 
-def _is_random(op) -> bool:
-    """A seeded random op (an initializer's: ``RandomUniform``, v1's ``truncated_normal_initializer``, ...)."""
-    return "Random" in op.type or op.type in ("TruncatedNormal", "ParameterizedTruncatedNormal")
-
-
 def liftable_problem(tensors, op_map, allow_random: bool = False) -> str | None:
     """Why the ops computing ``tensors`` cannot be copied into the real graph (None: they can)."""
     for op in _ancestors(tensors, op_map):
@@ -73,7 +69,7 @@ def liftable_problem(tensors, op_map, allow_random: bool = False) -> str | None:
             return f"they depend on placeholder {op.name!r}, which is not one of the model_fn's features or labels"
         if op.type in _RESOURCE_OPS or any(t.dtype == tf.resource for t in op.inputs):
             return f"they read op {op.name!r} ({op.type}) of a variable or resource created in the model_fn"
-        if op._is_stateful and not (allow_random and _is_random(op)):
+        if op._is_stateful and not (allow_random and is_random_op(op)):
             return f"they depend on op {op.name!r} ({op.type}), which has side effects"
     return None
 

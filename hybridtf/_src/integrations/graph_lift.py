@@ -35,6 +35,11 @@ READ_ONLY_OPS = GATHER_OPS | frozenset(
 )
 
 
+def is_random_op(op) -> bool:
+    """A (seeded) random op: ``RandomUniform``, ``TruncatedNormal``, ``Multinomial``, ``RandomShuffle``, ..."""
+    return "Random" in op.type or op.type in ("TruncatedNormal", "ParameterizedTruncatedNormal", "Multinomial")
+
+
 def components(ids) -> list:
     return tf.nest.flatten(ids, expand_composites=True)
 

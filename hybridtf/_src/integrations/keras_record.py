@@ -22,6 +22,8 @@ import dataclasses
 import logging
 
 import tensorflow as tf
+from tensorflow.python.framework import func_graph as func_graph_module
+from tensorflow.python.framework import ops
 
 from hybridtf._src.capture import context
 from hybridtf._src.integrations import graph_lift
@@ -102,10 +104,6 @@ def keeping_seeds(model):
             generator._seed = seed
 
 
-def _is_random(op) -> bool:
-    return "Random" in op.type or op.type in ("TruncatedNormal", "Multinomial", "RandomShuffle")
-
-
 def recorded_in_step_mode(model, base_call, inputs, kwargs):
     """The forward pass's lookups recorded in a scratch graph in the step's mode, their ids copied into the step.
 
@@ -121,9 +119,6 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
     Raises:
         CaptureError: the ids of a lookup depend on a random op.
     """
-    from tensorflow.python.framework import func_graph as func_graph_module
-    from tensorflow.python.framework import ops
-
     real = ops.get_default_graph()
     if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
         if tf.executing_eagerly() and not getattr(model, "_htf_eager_ids_noted", False):
@@ -151,7 +146,7 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
         op, _ = graph_lift.side_effect_op(parts, scratch)
         if op is None:
             continue
-        if _is_random(op):
+        if graph_lift.is_random_op(op):
             raise context.CaptureError(
                 f"hybridtf: the ids of embedding table {request.table!r} are drawn through random op {op.name!r} "
                 f"({op.type}) inside the model (e.g. id dropout or noise before a Discretization): an optimized "

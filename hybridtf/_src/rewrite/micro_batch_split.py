@@ -92,13 +92,7 @@ def _whole_batch_frontier(head, x):
     """The head on the whole batch, its lookups computed by the packed chains."""
     from hybridtf._src.integrations import keras_record
 
-    requests = keras_record.lookups_from_inputs(head, head.call, x, {"training": False})
-    if requests is None:  # ids computed inside the head: recorded in training mode, their ops copied
-        requests = keras_record.recorded_in_step_mode(head, head.call, x, {"training": True})
-    if requests is None:
-        with keras_record.discarding_losses(head), context.recording() as rec:
-            head(x, training=False)
-        requests = rec.requests
+    requests = keras_record.step_requests(head, head.call, x, {"training": False}, {"training": True})
     with context.replaying(requests, lookup_all(requests)):
         return tf.nest.flatten(head(x, training=True))
 
