@@ -10,6 +10,8 @@ instead of being drawn apart from the plain model's.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -130,3 +132,46 @@ def test_a_seeded_dropout_after_the_lookups_draws_as_in_the_plain_model():
         model.compile(tf.keras.optimizers.Adagrad(0.1), "binary_crossentropy")
         losses.append([model.train_on_batch(x, y) for x, y in batches])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+
+
+def _noted(caplog, text):
+    return [r for r in caplog.records if r.name == "hybridtf" and text in r.getMessage()]
+
+
+def test_eager_steps_warn_once_that_computed_ids_are_recorded_in_inference_mode(caplog):
+    model = htf.keras.optimize(_model("counter"))
+    model.compile(optimizer="adagrad", loss="binary_crossentropy", run_eagerly=True)
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        for x, y in _batches()[:2]:
+            model.train_on_batch(x, y)
+    [record] = _noted(caplog, "runs eagerly")
+    assert "Run the steps as a graph" in record.getMessage()
+
+
+class PyIds(tf.keras.layers.Layer):
+    """Ids through a tf.py_function (an op with side effects on the id path)."""
+
+    def call(self, ids):
+        out = tf.py_function(lambda t: t, [ids], ids.dtype)
+        out.set_shape(ids.shape)
+        return out
+
+
+def test_ids_through_an_op_with_side_effects_warn_and_train_as_the_plain_model(caplog):
+    def build():
+        tf.keras.utils.set_random_seed(5)
+        word = tf.keras.Input((1,), dtype=tf.string, name="word")
+        ids = PyIds()(tf.keras.layers.StringLookup(vocabulary=WORDS)(word))
+        emb = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(len(WORDS) + 1, 4, name="emb_word")(ids))
+        model = tf.keras.Model({"word": word}, tf.keras.layers.Dense(1, "sigmoid")(emb))
+        model.compile(optimizer="adagrad", loss="binary_crossentropy")
+        return model
+
+    plain, optimized = build(), build()
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        optimized = htf.keras.optimize(optimized)
+        for x, y in _batches():
+            x = {"word": x["word"]}
+            np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-5)
+    [record] = _noted(caplog, "which has side effects")
+    assert "emb_word" in record.getMessage() and "EagerPyFunc" in record.getMessage()

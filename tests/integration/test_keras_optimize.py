@@ -319,3 +319,19 @@ def test_tensorboard_histograms_include_the_packed_tables(tmp_path):
     assert tables <= set(plain_logs) and tables <= set(wrapped_logs)
     for tag in tables:  # [buckets, (left, right, count)]: the same table values
         np.testing.assert_allclose(wrapped_logs[tag], plain_logs[tag], rtol=1e-5, atol=1e-6, err_msg=tag)
+
+
+def test_the_skipped_tables_warning_counts_dynamic_tables_as_packed(caplog):
+    ids = {name: tf.keras.Input(shape=(), dtype=tf.int64, name=name) for name in ("a", "h", "u", "d")}
+    emb_a = tf.keras.layers.Embedding(50, 4, name="emb_a")(ids["a"])
+    emb_h = htf.layers.DynamicEmbedding(4, name="dyn_h")(ids["h"])  # two of the same dim: one store
+    emb_u = htf.layers.DynamicEmbedding(4, name="dyn_u")(ids["u"])
+    emb_d = tf.keras.layers.Embedding(80, 4, name="emb_d", embeddings_regularizer=lambda w: 0.01 * tf.reduce_sum(w))
+    x = tf.keras.layers.Concatenate()([emb_a, emb_h, emb_u, emb_d(ids["d"])])
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(x))
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        model = htf.keras.optimize(model)
+    [record] = [r for r in caplog.records if r.name == "hybridtf" and "left" in r.getMessage()]
+    message = record.getMessage()
+    assert "packed 3 embedding table(s) and left 1 unpacked" in message and "emb_d" in message
+    assert [s.name for s in model.hybridtf_skipped] == ["emb_d"]
