@@ -152,3 +152,8 @@ def test_weight_decay_excluding_only_some_tables_of_a_packed_variable_names_them
     x, y = _batches(1)[0]
     with pytest.raises(ValueError, match=r"excludes tables \['e0'\].*exclude=\['e0'\]"):
         packed.train_on_batch(x, y)
+
+
+def test_lazy_adam_refuses_amsgrad_when_built_with_the_fix():
+    with pytest.raises(ValueError, match=r"amsgrad=True.*tf\.keras\.optimizers\.Adam\(amsgrad=True\)"):
+        htf.keras.LazyAdam(0.01, amsgrad=True)

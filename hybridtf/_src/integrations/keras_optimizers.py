@@ -49,6 +49,14 @@ class LazyAdam(tf.keras.optimizers.Adam):
         >>> model.compile(optimizer=hybridtf.keras.LazyAdam(0.001), loss="binary_crossentropy")
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.amsgrad:
+            raise ValueError(
+                "hybridtf.keras.LazyAdam does not support amsgrad=True (its lazy row updates keep no maximum of "
+                "the second moments): use tf.keras.optimizers.Adam(amsgrad=True), or LazyAdam without amsgrad."
+            )
+
     def save_own_variables(self, store):
         super().save_own_variables(store)
         _mark_lazy(store, self)
@@ -60,8 +68,6 @@ class LazyAdam(tf.keras.optimizers.Adam):
     def update_step(self, gradient, variable):
         if not isinstance(gradient, tf.IndexedSlices):
             return super().update_step(gradient, variable)
-        if self.amsgrad:
-            raise ValueError("LazyAdam does not support amsgrad=True.")
         dtype = variable.dtype
         alpha = sparse_apply.adam_alpha(self, dtype)
         key = self._var_key(variable)

@@ -104,6 +104,16 @@ def keeping_seeds(model):
             generator._seed = seed
 
 
+def _training(kwargs) -> bool:
+    """Whether an eager call with ``kwargs`` trains (its ``training`` argument, else Keras's call context)."""
+    training = kwargs.get("training")
+    if training is None:
+        from keras.src.engine import base_layer_utils
+
+        training = base_layer_utils.call_context().training
+    return bool(training)  # an eager call: a Python bool or int, or an eager tensor
+
+
 def recorded_in_step_mode(model, base_call, inputs, kwargs):
     """The forward pass's lookups recorded in a scratch graph in the step's mode, their ids copied into the step.
 
@@ -121,11 +131,13 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
     """
     real = ops.get_default_graph()
     if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
-        if tf.executing_eagerly() and not getattr(model, "_htf_eager_ids_noted", False):
+        eager_training = tf.executing_eagerly() and _training(kwargs)
+        if eager_training and not getattr(model, "_htf_eager_ids_noted", False):
             object.__setattr__(model, "_htf_eager_ids_noted", True)
             _log.warning(
-                "hybridtf: model %r runs eagerly (run_eagerly=True): its lookups are recorded in an extra "
-                "inference-mode pass. Exact when the ids are model inputs; ids the model computes itself "
+                "hybridtf: model %r runs a training step eagerly (run_eagerly=True, or an eager call with "
+                "training=True): its lookups are recorded in an extra inference-mode pass. Exact when the ids "
+                "are model inputs; ids the model computes itself "
                 "(StringLookup, Hashing, your own layer) that depend on the training flag would differ from the "
                 "plain model's, and stateful ops on their way run again. Run the steps as a graph (the default) "
                 "for the exact step.",
