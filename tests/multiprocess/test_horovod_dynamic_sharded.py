@@ -118,7 +118,7 @@ def test_custom_loop_and_refusals(runs):
         # a static model optimized before hvd.init(): refused at compile (ranks trained their own copies)
         assert "before hvd.init()" in runs["two"][rank]["early_static_error"]
         # ranks optimizing with different settings: refused at optimize, naming the setting
-        assert "different shard_strategy" in runs["two"][rank]["strategy_error"]
+        assert "differ in shard_strategy" in runs["two"][rank]["strategy_error"]
     assert runs["one"]["early_error"] is None and runs["one"]["save_error"] is None
     assert runs["one"]["early_static_error"] is None and runs["one"]["strategy_error"] is None
     assert runs["one"]["early_skipped"] == []  # packed in one process

@@ -46,7 +46,7 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
     differ = [name for k, name in enumerate(names) if (values[:, k] != values[0, k]).any()]
     if differ:
         raise ValueError(
-            f"{what}: the Horovod ranks optimize with different {', '.join(differ)} (this rank, {world.rank}: "
+            f"{what}: the Horovod ranks differ in {', '.join(differ)} (this rank, {world.rank}: "
             + "; ".join(f"{name}={settings[name]!r}"[:200] for name in differ)
             + "). Every rank must build the same model and call hybridtf.keras.optimize with the same arguments: "
             "the packing decides which rows each rank holds and exchanges."
