@@ -144,6 +144,7 @@ def test_one_store_one_chain_one_update_per_step():
     assert ops_packed.count("HybridTF>HybridHashUniqueFields") == 1
     assert ops_packed.count("HybridTF>StitchConcatMatMul") == 1
     assert ops_packed.count("HybridTF>StitchConcatMatMulGrad") == 1
+    assert packed.hybridtf_fused_concats and packed.hybridtf_fused_dense  # the model says so too
     for op in ("Unique", "UniqueWithCounts", "SplitV", "UnsortedSegmentSum"):
         assert op not in ops_packed, op
     assert ops_unpacked.count("HybridTF>HybridHashLookup") == FIELDS

@@ -320,25 +320,32 @@ class _UnpackedModelMixin(PlainConstruction):
         """Nothing is packed, so no table shares unique ids."""
         return {}
 
+    # Without static packed tables, only packed DynamicEmbedding stores' lookups can be fused (their
+    # StitchCombine outputs, as last traced: ``packed_dynamic._DynamicModelMixin``); else nothing.
     @property
     def hybridtf_fused_concats(self) -> list[str]:
-        """Nothing is packed, so nothing is fused."""
-        return []
+        """Where concatenations and sums of packed dynamic lookups became one StitchConcat, as last traced."""
+        return _dynamic_fusions(self, "concats")
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
-        """Nothing is packed, so nothing is fused."""
-        return []
+        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
+        return _dynamic_fusions(self, "dense")
 
     @property
     def hybridtf_fused_fm(self) -> list[str]:
-        """Nothing is packed, so nothing is fused."""
-        return []
+        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
+        return _dynamic_fusions(self, "fm")
 
     @property
     def hybridtf_fused_dice(self) -> list[str]:
-        """Nothing is packed, so nothing is fused."""
-        return []
+        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced."""
+        return _dynamic_fusions(self, "dice")
+
+
+def _dynamic_fusions(model, kind: str) -> list[str]:
+    log = getattr(model, "_htf_dynamic_fusions", None)
+    return list(getattr(log, kind)) if log is not None else []
 
 
 @contextlib.contextmanager

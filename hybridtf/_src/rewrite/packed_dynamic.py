@@ -374,7 +374,11 @@ class _DynamicModelMixin(PlainConstruction):
         fusion = getattr(self, "_htf_dynamic_fusion", None) or {"enabled": False}
         with context.replaying(requests, outputs), dataflow_fusion.fusing(model=self, **fusion) as scope:
             result = base_call(inputs, **kwargs)
-        return scope.resolve(result) if scope is not None else result
+        if scope is None:
+            return result
+        result = scope.resolve(result)
+        object.__setattr__(self, "_htf_dynamic_fusions", scope.log)  # hybridtf_fused_*, as last traced
+        return result
 
     @property
     def hybridtf_dynamic_plan(self) -> list[DynamicGroupPlan]:
