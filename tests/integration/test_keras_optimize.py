@@ -335,3 +335,44 @@ def test_the_skipped_tables_warning_counts_dynamic_tables_as_packed(caplog):
     message = record.getMessage()
     assert "packed 3 embedding table(s) and left 1 unpacked" in message and "emb_d" in message
     assert [s.name for s in model.hybridtf_skipped] == ["emb_d"]
+
+
+class _TiedOutput(tf.keras.layers.Layer):
+    """An output projection tied to an embedding table (holds the table's variable as its own weight)."""
+
+    def __init__(self, emb, by_index=False, **kwargs):
+        super().__init__(**kwargs)
+        self.emb, self.by_index = emb, by_index
+        if not by_index:
+            self.kernel = emb.embeddings
+
+    def call(self, h):
+        kernel = self.emb.weights[0] if self.by_index else self.kernel
+        return tf.matmul(h, kernel, transpose_b=True)
+
+
+def _tied_model(by_index=False):
+    tf.keras.utils.set_random_seed(3)
+    ids = tf.keras.Input((4,), dtype="int32")
+    emb = tf.keras.layers.Embedding(40, 8, name="tok")
+    h = tf.keras.layers.Dense(8, name="proj")(tf.keras.layers.GlobalAveragePooling1D()(emb(ids)))
+    model = tf.keras.Model(ids, _TiedOutput(emb, by_index, name="tied")(h))
+    model.compile(tf.keras.optimizers.Adam(0.01), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def test_a_table_tied_to_another_layer_stays_unpacked_and_trains_as_the_plain_model():
+    plain, optimized = _tied_model(), htf.keras.optimize(_tied_model())
+    [skipped] = optimized.hybridtf_skipped
+    assert skipped.name == "tok" and "also a weight of 'tied'" in skipped.reason
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
+        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
+    np.testing.assert_allclose(optimized.get_layer("tok").get_weights()[0], plain.get_layer("tok").get_weights()[0])
+
+
+def test_indexing_a_packed_layers_weights_names_the_table_and_the_fix():
+    model = htf.keras.optimize(_tied_model(by_index=True))
+    with pytest.raises(Exception, match=r"layer 'tok' is packed.*exclude=\['tok'\]"):
+        model.train_on_batch(np.zeros((4, 4), "int32"), np.zeros((4,), "int32"))

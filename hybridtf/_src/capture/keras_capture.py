@@ -122,15 +122,39 @@ def is_embedding_layer(layer) -> bool:
     return isinstance(layer, tf.keras.layers.Embedding) or getattr(type(layer), "_htf_capture_mixin", None) is not None
 
 
+def _variable_holders(model: tf.keras.Model) -> dict:
+    """``id(variable) -> names of the layers (or the model) that track it as their own weight``."""
+    holders: dict = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for v in [*getattr(layer, "_trainable_weights", ()), *getattr(layer, "_non_trainable_weights", ())]:
+            names = holders.setdefault(id(v), [])
+            if layer.name not in names:
+                names.append(layer.name)
+    return holders
+
+
+def _shared_reason(layer, holders: dict) -> str | None:
+    """Why ``layer``'s table cannot be packed because another layer holds its variable (tied weights), or None."""
+    others = [name for name in holders.get(id(getattr(layer, "embeddings", None)), ()) if name != layer.name]
+    if not others:
+        return None
+    return (
+        f"its table variable is also a weight of {', '.join(repr(n) for n in others)} (tied weights, e.g. an output "
+        "projection that reads the whole table), which would keep training the unpacked variable: it stays "
+        "unpacked (exact); to pack it, read the table only through this layer's lookups"
+    )
+
+
 def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
     """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
     captured, skipped, seen, names = [], [], set(), set()
     layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
+    holders = _variable_holders(model)
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if not is_embedding_layer(layer) or id(layer) in seen:
             continue
         seen.add(id(layer))
-        reason = unsupported_reason(layer)
+        reason = unsupported_reason(layer) or _shared_reason(layer, holders)
         name = layer.name
         if reason is None and name in names:  # e.g. towers built by one function, in sub-models
             name = _unique_table_name(model, layer, names | layer_names)
@@ -217,8 +241,32 @@ def _warn_user_read_of_variables(layer) -> None:
     )
 
 
+class PackedLayerWeights(list):
+    """A packed layer's ``weights``: a plain list (without the table), whose missing index names the fix."""
+
+    def __init__(self, items=(), layer_name: str | None = None):
+        super().__init__(items)
+        self._layer_name = layer_name
+
+    def __getitem__(self, index):
+        try:
+            return super().__getitem__(index)
+        except IndexError:
+            name = getattr(self, "_layer_name", None)
+            raise IndexError(
+                f"layer {name!r} is packed by hybridtf.keras.optimize: its table's rows live in a packed variable, "
+                f"so layer.weights does not list it. Look the table up by calling the layer, read its values with "
+                f"layer.get_weights(), or keep it unpacked for code that reads the whole table: "
+                f"htf.keras.optimize(model, exclude=[{name!r}])."
+            ) from None
+
+
 class _HybridEmbeddingMixin(PlainConstruction):
     """Per-instance overrides of a captured Embedding layer."""
+
+    @property
+    def weights(self):
+        return PackedLayerWeights(super().weights, self.name)
 
     @property
     def trainable_variables(self):
