@@ -165,6 +165,37 @@ def test_checkpoint_round_trip_is_bit_identical(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
+class _Subclassed(tf.keras.Model):
+    """A subclassed model: its layers are built at its first call, after a load_weights may have come."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = htf.layers.DynamicEmbedding(D, hot_rows=4, warmup_steps=0, flush_every=1, name="items")
+        self.out = tf.keras.layers.Dense(1)
+
+    def call(self, ids, training=None):
+        return self.out(tf.reshape(self.emb(ids, training=training), [-1, D]))
+
+
+@pytest.mark.parametrize("how", ["load_weights", "checkpoint_manager"])
+def test_a_restore_before_the_table_is_built_restores_it(tmp_path, how):
+    ids, y = np.arange(32, dtype=np.int64)[:, None] * 1000, np.ones((32, 1), np.float32)
+    trained = _Subclassed()
+    trained.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.5)), loss="mse")
+    trained.fit(ids, y, batch_size=8, epochs=2, verbose=0)
+    fresh = _Subclassed()  # restored before its first call: the table's entries wait for build()
+    if how == "load_weights":
+        trained.save_weights(str(tmp_path / "w"))
+        fresh.load_weights(str(tmp_path / "w"))
+    else:
+        tf.train.CheckpointManager(tf.train.Checkpoint(model=trained), str(tmp_path), 1).save()
+        tf.train.CheckpointManager(tf.train.Checkpoint(model=fresh), str(tmp_path), 1).restore_or_initialize()
+    np.testing.assert_array_equal(fresh.predict(ids, verbose=0), trained.predict(ids, verbose=0))
+    assert fresh.emb.stats()["size"] == 32
+    for a, b in zip(trained.emb.table.export(), fresh.emb.table.export()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
 def test_legacy_h5_of_a_model_with_a_dynamic_table_is_refused(tmp_path):
     """Keras's HDF5 writer saves variables only: the table's ids and rows would be silently lost."""
     x, y = _data(steps=2)

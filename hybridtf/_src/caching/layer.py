@@ -176,6 +176,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         world = current_world()
         if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
             self.table.shard_over(world)
+        # A checkpoint restored before the layer was built (a subclassed model's load_weights before its first
+        # call) left the table's entries pending under its name: restore them now, as Keras does for variables.
+        self._handle_deferred_dependencies("table", self.table)
         # Untracked (never checkpointed): the distinct rows of the current step and their ids.
         with tf.init_scope():
             buffer = tf.Variable(
