@@ -318,3 +318,17 @@ def test_bad_initializers_shared_names_export_dims_and_import_members():
         two = tf.constant([1, 2], tf.int64)
         t.import_(two, tf.zeros([1, 4]), tf.zeros([2, 0, 4]), two, tf.zeros([0]), tf.constant(0, tf.int64))
     np.testing.assert_array_equal(np.sort(t.export()[0].numpy()), [1, 2])  # refused imports changed nothing
+
+
+@pytest.mark.parametrize("steps, hot_after_restore", [(3, 0), (4, 2)])
+def test_a_restore_fills_the_hot_tier_only_if_the_saved_store_had_flushed(steps, hot_after_restore):
+    """warmup_steps=2, flush_every=3: the first flush ends step 3, so a store saved after 3 steps has
+    nothing hot, and its restore must not make rows hot (hit statistics would differ from the saved run's)."""
+    saved = _table("r", dim=2, hot_rows=2, warmup_steps=2, flush_every=3)
+    for _ in range(steps):
+        saved.lookup(tf.constant([1, 2, 3], tf.int64))
+        saved.end_step()
+    assert saved.stats()["hot_used"] == hot_after_restore
+    restored = _table("r", dim=2, hot_rows=2, warmup_steps=2, flush_every=3)
+    restored.import_(*saved.export())
+    assert restored.stats()["hot_used"] == hot_after_restore
