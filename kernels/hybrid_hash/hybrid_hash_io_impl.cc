@@ -160,13 +160,14 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
       std::memcpy(f + dim, slots + i * num_slots * dim, 4 * num_slots * dim);
     }
   }
-  // The hot tier refilled from the restored counts when the saved store had flushed (EndStep flushes
-  // at the first step s >= warmup_steps with s % flush_every == 0); before that, nothing is hot yet.
-  // Values do not depend on it; the selection may differ from the last flush's, whose counts were
-  // those of its own step, until the next flush.
+  // The hot tier refilled from the restored counts when the saved store had flushed (EndStep
+  // flushes at the first step s >= warmup_steps with s % flush_every == 0); before that, nothing is
+  // hot yet. Values do not depend on it; the selection may differ from the last flush's, whose
+  // counts were those of its own step, until the next flush.
   const int64_t saved_step = step_, warmup = config_.warmup_steps;
   const int64_t fe = config_.flush_every > 0 ? config_.flush_every : 1;
-  bool flushed = false;  // the first flush step, warmup + to_first, is before saved_step (no overflow)
+  bool flushed =
+      false;  // the first flush step, warmup + to_first, is before saved_step (no overflow)
   if (warmup < saved_step) {
     const int64_t rem = warmup % fe;
     flushed = (rem == 0 ? 0 : fe - rem) < saved_step - warmup;
