@@ -166,8 +166,8 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
   // counts were those of its own step, until the next flush.
   const int64_t saved_step = step_, warmup = config_.warmup_steps;
   const int64_t fe = config_.flush_every > 0 ? config_.flush_every : 1;
-  bool flushed =
-      false;  // the first flush step, warmup + to_first, is before saved_step (no overflow)
+  // Whether the first flush step, warmup + to_first, is before saved_step (no overflow).
+  bool flushed = false;
   if (warmup < saved_step) {
     const int64_t rem = warmup % fe;
     flushed = (rem == 0 ? 0 : fe - rem) < saved_step - warmup;
