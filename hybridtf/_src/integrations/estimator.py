@@ -66,6 +66,7 @@ class _Lookup:
     kind: str  # "layer" | "tables"
     graph: object
     problem: str | None = None  # why its ids cannot be copied into the real graph
+    aux: tuple = ()  # tensors computed with the ids (scratch graph), copied with them (CapturedTable.lookup)
     segment: object = dataclasses.field(default_factory=current_segment)  # micro-batch (micro_batch_gradients)
 
 
@@ -158,10 +159,10 @@ class _Record:
         self.tables[layer.name] = _TableInfo(view, variable)
         return view
 
-    def _lookup(self, table, ids, combiner):
+    def _lookup(self, table, ids, combiner, aux=()):
         if ops.get_default_graph() is not self.graph:
             return None  # e.g. Keras functional construction: plain lookup, not recorded
-        self.lookups.append(_Lookup(table.request(ids, combiner), "layer", self.graph))
+        self.lookups.append(_Lookup(table.request(ids, combiner), "layer", self.graph, aux=tuple(aux)))
         return None  # the plain lookup on the table's own variable
 
     @property
@@ -243,7 +244,7 @@ class _Real:
         return view
 
     # -- lookups -------------------------------------------------------------------------------
-    def _layer_lookup(self, table, ids, combiner):
+    def _layer_lookup(self, table, ids, combiner, aux=()):
         if ops.get_default_graph() is not self.graph:
             return None
         if self.layer_position >= len(self.layer_lookups):
@@ -259,10 +260,15 @@ class _Real:
             )
         self.layer_position += 1
         if lookup.problem is not None:  # ids computed in a way that cannot be copied: a chain of its own
-            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=_RuntimeOwner(self.runtime))])[
-                0
-            ]
-        return self._served(lookup)
+            owner = _RuntimeOwner(self.runtime)
+            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=owner)])[0], tuple(aux)
+        if len(lookup.aux) != len(aux):
+            raise CaptureError(
+                f"hybridtf.estimator: the lookup of table {table.table!r} differs between the record and the real "
+                "pass; the model_fn must build the same model every call."
+            )
+        copied = graph_util.copy_to_graph(list(lookup.aux), self.op_map, self.record.graph, self.graph, "hybridtf_ids")
+        return self._served(lookup), tuple(copied)
 
     def _real_owner(self, lookup: _Lookup):
         if lookup.kind == "layer":

@@ -158,22 +158,27 @@ class CapturedTable(TableView):
         owner._trainable_weights = kept
 
     @tf.autograph.experimental.do_not_convert
-    def lookup(self, ids, combiner: str = "none"):
+    def lookup(self, ids, combiner: str = "none", aux=None):
         """Looks ``ids`` up: through the active pass, or with plain TensorFlow ops.
 
         Args:
             ids: dense or ragged ids (one-hot), or a rank-2 RaggedTensor (bags).
             combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
+            aux: tensors computed along with the ids (a feature column's empty-example mask). When the
+                real pass computes the ids ahead of the forward pass, it takes these from the same copy,
+                so the forward pass's own computation of them is left unused.
 
         Returns:
-            The embeddings.
+            The embeddings; ``(embeddings, aux)`` when ``aux`` is given.
         """
         self.claim_weights()
         if self.lookup_fn is not None and not save_context.in_save_context():
-            out = self.lookup_fn(self, ids, combiner)
-            if out is not None:
-                return out
-        return self.plain_lookup(ids, combiner)
+            served = self.lookup_fn(self, ids, combiner, tuple(aux or ()))
+            if served is not None:
+                out, served_aux = served
+                return out if aux is None else (out, served_aux)
+        out = self.plain_lookup(ids, combiner)
+        return out if aux is None else (out, tuple(aux))
 
     def plain_lookup(self, ids, combiner: str = "none"):
         """The lookup with plain TensorFlow gathers on the rows (vocabulary checked)."""

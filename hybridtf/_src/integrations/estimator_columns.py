@@ -164,7 +164,8 @@ def _safe_lookup(table: CapturedTable, sparse_ids, sparse_weights, combiner, def
     if reason is not None:
         return plain(_unpacked(table, reason))
     bags, empty, lead = _bags(sparse_ids, default_id)
-    out = table.lookup(prepare_ids(bags, combiner, table.table), combiner)
+    # the mask comes from the copy that computes the ids ahead of the forward pass (when there is one)
+    out, (empty,) = table.lookup(prepare_ids(bags, combiner, table.table), combiner, aux=(empty,))
     if default_id is None:
         out = tf.where(empty[:, None], tf.zeros_like(out), out)
     if lead is not None:
