@@ -123,3 +123,98 @@ def test_a_saver_of_some_variables_saves_its_tables_per_table(tmp_path, keyed):
     )
     keys = {k for k, _ in tf.train.list_variables(str(tmp_path))}
     assert "emb_C3/embeddings" in keys and "global_step" not in keys and not any("packed" in k for k in keys)
+
+
+def _two_tables_model_fn(saver_kind, out=None):
+    """Two Keras tables of one dim (one packed variable) and a Saver over their layers' ``embeddings``."""
+
+    def model_fn(features, labels, mode):
+        init = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=1)
+        emb = tf.keras.layers.Embedding(30, 4, embeddings_initializer=init, name="emb")
+        emb2 = tf.keras.layers.Embedding(30, 4, embeddings_initializer=init, name="emb2")
+        x = tf.concat([emb(features["id"]), emb2(features["id2"])], 1)
+        logit = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(2), name="o")(x)
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        step = tf.compat.v1.train.get_global_step()
+        train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, global_step=step)
+        spec = tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+        if saver_kind == "scaffold_dict":  # every variable, the tables under keys of the model_fn's own
+            var_list = {v.op.name: v for v in tf.compat.v1.global_variables() if not v.op.name.endswith("embeddings")}
+            var_list.update({"my/emb": emb.embeddings, "my/emb2": emb2.embeddings})
+            return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=tf.compat.v1.train.Saver(var_list)))
+        side = tf.compat.v1.train.Saver([emb.embeddings] if saver_kind == "side_list" else {"pre/emb": emb.embeddings})
+        if saver_kind == "init_fn":  # pretrained rows of one table, loaded once at initialization
+            scaffold = tf.compat.v1.train.Scaffold(init_fn=lambda _, session: side.restore(session, out))
+            return spec._replace(scaffold=scaffold)
+
+        class SaveAtEnd(tf.compat.v1.train.SessionRunHook):
+            def end(self, session):
+                side.save(session, out)
+
+        return spec._replace(training_hooks=[SaveAtEnd()])
+
+    return model_fn
+
+
+def _two_tables_input():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 30, 128)
+    y = (rng.random((128, 1)) < 0.3).astype(np.float32)
+    return tf.data.Dataset.from_tensor_slices(({"id": ids, "id2": (ids * 7) % 30}, y)).batch(16).repeat()
+
+
+def test_a_saver_keyed_by_table_views_writes_and_restores_the_plain_keys(tmp_path):
+    fn = _two_tables_model_fn("scaffold_dict")
+    for label, model_fn in (("plain", fn), ("wrapped", htf_estimator.model_fn(fn))):
+        tf.estimator.Estimator(model_fn, str(tmp_path / label), config=_config()).train(_two_tables_input, steps=3)
+    plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
+    assert wrapped == plain and {"my/emb", "my/emb2"} <= set(wrapped)
+    # the plain checkpoint restores into the wrapped model_fn (its packed variable restored whole), and on
+    tf.estimator.Estimator(htf_estimator.model_fn(fn), str(tmp_path / "plain"), config=_config()).train(
+        _two_tables_input, steps=2
+    )
+    tf.estimator.Estimator(fn, str(tmp_path / "wrapped"), config=_config()).train(_two_tables_input, steps=2)
+    plain, wrapped = (tf.train.load_checkpoint(str(tmp_path / d)) for d in ("plain", "wrapped"))
+    for key in ("my/emb", "my/emb2", "o/kernel"):
+        np.testing.assert_allclose(plain.get_tensor(key), wrapped.get_tensor(key), rtol=1e-6, atol=1e-7)
+
+
+def _trained_tables(tmp_path, kind, out):
+    """Checkpoint values after 3 steps of the plain and the wrapped model_fn with a Saver of ``kind``."""
+    values = {}
+    for label in ("plain", "wrapped"):
+        fn = _two_tables_model_fn(kind, out(label))
+        fn = htf_estimator.model_fn(fn) if label == "wrapped" else fn
+        tf.estimator.Estimator(fn, str(tmp_path / label), config=_config()).train(_two_tables_input, steps=3)
+        values[label] = tf.train.load_checkpoint(str(tmp_path / label))
+    return values
+
+
+@pytest.mark.parametrize("kind", ["side_list", "side_dict"])
+def test_a_side_saver_of_one_table_writes_it_under_the_plain_key(tmp_path, kind):
+    _trained_tables(tmp_path, kind, lambda label: str(tmp_path / label / "tables" / "t"))
+    plain, wrapped = (
+        tf.train.load_checkpoint(str(tmp_path / label / "tables" / "t")) for label in ("plain", "wrapped")
+    )
+    keys = set(plain.get_variable_to_shape_map())
+    assert set(wrapped.get_variable_to_shape_map()) == keys == {"emb/embeddings" if kind == "side_list" else "pre/emb"}
+    for key in keys:
+        np.testing.assert_allclose(wrapped.get_tensor(key), plain.get_tensor(key), rtol=1e-6, atol=1e-7)
+
+
+def test_pretrained_rows_restored_in_init_fn_by_a_saver_of_a_view(tmp_path):
+    pretrained = np.arange(120, dtype=np.float32).reshape(30, 4) / 100.0
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        table = tf.compat.v1.get_variable("pre/emb", initializer=pretrained)
+        session.run(table.initializer)
+        tf.compat.v1.train.Saver({"pre/emb": table}).save(session, str(tmp_path / "pre" / "t"))
+    values = _trained_tables(tmp_path, "init_fn", lambda label: str(tmp_path / "pre" / "t"))
+    plain, wrapped = values["plain"].get_tensor("emb/embeddings"), values["wrapped"].get_tensor("emb/embeddings")
+    np.testing.assert_allclose(wrapped, plain, rtol=1e-6, atol=1e-7)
+    assert np.abs(plain - pretrained).max() < 0.2  # the pretrained rows, trained 3 steps
+    np.testing.assert_allclose(
+        values["wrapped"].get_tensor("emb2/embeddings"),
+        values["plain"].get_tensor("emb2/embeddings"),
+        rtol=1e-6,
+        atol=1e-7,
+    )

@@ -110,6 +110,50 @@ def _split_entry(key: str, var, packed: dict, members: dict, shards: dict, recor
     return var
 
 
+def _tiles(parts, rows) -> bool:
+    at = 0
+    for _, offset, num in sorted(parts, key=lambda p: p[1]):
+        if offset != at:
+            return False
+        at += num
+    return at == rows
+
+
+def view_entries(var_list):
+    """A ``tf.compat.v1.train.Saver``'s ``var_list`` with packed tables' views saved as the plain variables.
+
+    A view (``layer.embeddings`` in a wrapped model_fn) is saved under its dict key, or in a list under
+    the plain variable's name. The views of all the tables of one packed variable become one
+    ``PackedSaveable`` (it restores the whole variable, so a Scaffold's Saver can restore an
+    uninitialized one, as the plain Saver restores the tables' variables); a view of some of its tables
+    saves and restores only its rows (the variable initialized first: a Saver of pretrained tables
+    restored in ``Scaffold.init_fn``, or a side export).
+    """
+    from hybridtf._src.rewrite.packed_storage import TableView
+
+    as_dict = isinstance(var_list, dict)
+    items = list(var_list.items()) if as_dict else [(None, v) for v in tf.nest.flatten(var_list)]
+    if not any(isinstance(v, TableView) for _, v in items):
+        return var_list
+    groups: dict = {}  # id(packed variable) -> [(key, view)]
+    kept = []
+    for key, value in items:
+        if isinstance(value, TableView):
+            groups.setdefault(id(value.packed_variable), []).append((key or value.name.split(":")[0], value))
+        else:
+            kept.append((key, value))
+    for views in groups.values():
+        view = views[0][1]
+        parts = [(key, v.row_offset, int(v.shape[0])) for key, v in views]
+        shard = (view._layout, view._world) if view.sharded else None
+        rows = shard[0].num_rows if shard is not None else view.packed_variable.shape[0]
+        if _tiles(parts, rows):
+            kept.append((views[0][0], PackedSaveable(view.packed_variable, parts, shard)))
+        else:
+            kept.extend(views)  # each view's own entry (TableView._gather_saveables_for_checkpoint)
+    return dict(kept) if as_dict else [value for _, value in kept]
+
+
 def _own_saver(spec, savers: list):
     """The model_fn's own Saver: its Scaffold's, else the first of the graph's ``SAVERS`` collection (or None)."""
     scaffold = getattr(spec, "scaffold", None)

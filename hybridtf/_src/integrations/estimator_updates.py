@@ -31,6 +31,7 @@ from tensorflow.python.ops import cond_v2
 
 from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.integrations.estimator_saver import view_entries
 from hybridtf._src.rewrite.packed_storage import TableView
 
 _log = logging.getLogger("hybridtf")
@@ -429,13 +430,13 @@ def each_packed_variable_once(packed: dict, shared: set):
     """
     repeats = {id(v) for name, v in packed.items() if name in shared}
 
-    def once(var_list):
+    def once(var_list, views_as_variables=True):
         if var_list is None or isinstance(var_list, dict):
             return var_list
         seen, kept = set(), []
         for item in tf.nest.flatten(var_list):
             # a view: the variable holding its rows (the table's own in the record pass)
-            var = item.packed_variable if isinstance(item, TableView) else item
+            var = item.packed_variable if views_as_variables and isinstance(item, TableView) else item
             if id(var) in repeats:
                 if id(var) in seen:
                     continue
@@ -455,7 +456,9 @@ def each_packed_variable_once(packed: dict, shared: set):
         return apply(self, once(var_list))
 
     def saver_init_once(self, var_list=None, *args, **kwargs):
-        saver_init(self, once(var_list), *args, **kwargs)
+        if packed:  # the real pass: views saved as the plain model_fn's variables (estimator_saver.view_entries)
+            return saver_init(self, once(view_entries(var_list), views_as_variables=False), *args, **kwargs)
+        return saver_init(self, once(var_list), *args, **kwargs)
 
     optimizer.compute_gradients, average.apply, saver.__init__ = compute_gradients_once, apply_once, saver_init_once
     try:

@@ -16,6 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 from tensorflow.python.saved_model import save_context
+from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import watchdog
@@ -48,6 +49,20 @@ def shared_scope(names) -> str:
     while n < len(first) and first[n] == last[n]:
         n += 1
     return first[:n].rstrip("/_-.")
+
+
+class _ViewSaveable(saveable_object.SaveableObject):
+    """A TF1 Saver's entry for a ``TableView``: the table's rows under one key (default: the plain variable's)."""
+
+    def __init__(self, view, name=None):
+        name = name or view.name.split(":")[0]
+        spec = saveable_object.SaveSpec(view.read_value, "", name, dtype=view.dtype, device=view.packed_variable.device)
+        super().__init__(view, [spec], name)
+        self._view = view
+
+    def restore(self, restored_tensors, restored_shapes):
+        del restored_shapes
+        return self._view.assign(restored_tensors[0])
 
 
 class TableView(tf.__internal__.tracking.Trackable):
@@ -189,6 +204,12 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     def _restore_from_tensors(self, restored_tensors):
         return self.assign(restored_tensors["VARIABLE_VALUE"])
+
+    def _gather_saveables_for_checkpoint(self):
+        # A TF1 Saver (an Estimator model_fn's ``Saver({"emb": layer.embeddings})``) asks for this: a view saves
+        # as the variable it stands for, under the Saver's key alone (TensorFlow's default for a Trackable
+        # appends its tensor's name: "embVARIABLE_VALUE"). Object-based checkpoints use _serialize_to_tensors.
+        return {"VARIABLE_VALUE": lambda name=None: _ViewSaveable(self, name)}
 
     # SavedModel export. The view is written as a variable node of its own
     # (name, shape, dtype) with its value in the checkpoint, so that
