@@ -195,7 +195,7 @@ def test_deepctr_models_get_the_same_fusions(name):
                 layer._callable_losses.clear()
         return model
 
-    plain, fused = build(), htf.keras.optimize(build())
+    plain, fused = build(), htf.keras.optimize(build(), fuse_dense="always")  # DNN(256): wider than auto fuses
     assert fused.hybridtf_skipped == []
     np.testing.assert_allclose(_train(fused, batches), _train(plain, batches), rtol=1e-5, atol=0)
     graph = step_graph(fused, batches)

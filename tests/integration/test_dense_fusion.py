@@ -180,3 +180,23 @@ def test_a_second_order_gradient_through_a_fused_op_is_refused_with_the_fix():
         model.compile(optimizer=tf.keras.optimizers.Adam(0.01), loss="binary_crossentropy")
         losses.append([model.train_on_batch(x, y) for _ in range(4)])
     np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "units, fuse_dense, fused", [(64, True, True), (65, True, False), (256, True, False), (256, "always", True)]
+)
+def test_wide_first_layers_keep_tensorflows_matmul_unless_asked(data, units, fuse_dense, fused):
+    """The fused product is memory-bound in its output rows: by default only up to 64 units (measured)."""
+    fields, batches = data
+    build = lambda: ctr_models.wide_and_deep(fields, 3, hidden=(units, 8), seed=4)  # noqa: E731
+    plain, model = build(), build()
+    model(batches[0][0])
+    model = htf.keras.optimize(model, fuse_dense=fuse_dense)
+    losses = _train(model, OPTIMIZERS["adagrad"](), batches[:5])
+    np.testing.assert_allclose(losses, _train(plain, OPTIMIZERS["adagrad"](), batches[:5]), rtol=1e-5)
+    assert (model.hybridtf_fused_dense == ["deep_0"]) == fused and model.hybridtf_fused_concats
+
+
+def test_fuse_dense_takes_true_false_or_always():
+    with pytest.raises(ValueError, match="fuse_dense must be True, False or 'always'"):
+        htf.keras.optimize(fuse_dense="auto")

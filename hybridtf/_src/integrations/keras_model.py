@@ -386,7 +386,7 @@ def optimize(
     replicate_below_rows: int = 0,
     fuse_concat: bool = True,
     share_unique: bool = True,
-    fuse_dense: bool = True,
+    fuse_dense: bool | str = True,
     micro_batches: int | str = 1,
     interleave_from: str = "embedding",
     micro_batch_memory: float | None = None,
@@ -440,7 +440,8 @@ def optimize(
             (this and every other dataflow rewrite, see ``fuse_dense``).
         fuse_dense: a matrix product of such a fused concatenation (the
             MLP's first ``Dense``) is one StitchConcatMatMul through the
-            distinct rows (same math, another summation order). Also with
+            distinct rows (same math, another summation order), where it
+            pays: products of at most 64 units (``"always"``: any width). Also with
             ``fuse_concat``: a batched matmul of ``[B, m, 1]`` by
             ``[B, 1, n]`` (DCN's cross layer) is a broadcast multiply.
         share_unique: a packed table whose lookups all use ids that another
@@ -498,6 +499,8 @@ def optimize(
         interleave_scale=interleave_scale,
         interleave_exclude=interleave_exclude,
     )
+    if not (isinstance(fuse_dense, bool) or fuse_dense == "always"):
+        raise ValueError(f"hybridtf.keras.optimize: fuse_dense must be True, False or 'always', got {fuse_dense!r}.")
     if model is None:
         return functools.partial(optimize, **options)
     if not isinstance(model, tf.keras.Model) and callable(model):
@@ -538,7 +541,7 @@ def optimize(
         keras_notices.warn_nothing_found(model)
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
-        packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
+        packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=fuse_dense))
         return model
     state = steps.pack_storage(model, plan, captured, share_unique=share_unique)
     _rewrite_model(model, state, skipped, fused_updates=fused_updates, fuse_concat=fuse_concat, fuse_dense=fuse_dense)
@@ -585,7 +588,7 @@ def _rewrite_model(
     object.__setattr__(model, "_htf_weighted_layers", state.weighted_layers)
     object.__setattr__(model, "_htf_plain_weights", state.plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
-    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=bool(fuse_dense)))
+    object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=fuse_dense))
     object.__setattr__(model, "_htf_fused_concats", [])
     object.__setattr__(model, "_htf_fused_dense_names", [])
     object.__setattr__(model, "_htf_fused_fm_names", [])
