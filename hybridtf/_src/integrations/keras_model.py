@@ -92,10 +92,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
 
     def _htf_note_fusions(self, scope) -> None:
         if scope is not None:  # as last traced
-            self._htf_fused_concats[:] = scope.log.concats
-            self._htf_fused_dense_names[:] = scope.log.dense
-            self._htf_fused_fm_names[:] = scope.log.fm
-            self._htf_fused_dice_names[:] = scope.log.dice
+            object.__setattr__(self, "_htf_fusion_log", scope.log)
 
     def compile(self, *args, **kwargs):
         keras_notices.refuse_distribution_strategy(self, "compiled")
@@ -244,22 +241,22 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
         Named by the innermost layer whose call created the op (the op's name for
         the model's own ``call``); empty until a step or prediction is traced.
         """
-        return list(self._htf_fused_concats)
+        return fusions_traced(self, "concats")
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
         """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
-        return list(self._htf_fused_dense_names)
+        return fusions_traced(self, "dense")
 
     @property
     def hybridtf_fused_fm(self) -> list[str]:
         """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
-        return list(self._htf_fused_fm_names)
+        return fusions_traced(self, "fm")
 
     @property
     def hybridtf_fused_dice(self) -> list[str]:
         """Where a Dice activation with train-mode batch norm became one Dice op, as last traced (``dice_fusion``)."""
-        return list(self._htf_fused_dice_names)
+        return fusions_traced(self, "dice")
 
 
 def _sharded_save_error(size: int) -> NotImplementedError:
@@ -325,26 +322,27 @@ class _UnpackedModelMixin(PlainConstruction):
     @property
     def hybridtf_fused_concats(self) -> list[str]:
         """Where concatenations and sums of packed dynamic lookups became one StitchConcat, as last traced."""
-        return _dynamic_fusions(self, "concats")
+        return fusions_traced(self, "concats")
 
     @property
     def hybridtf_fused_dense(self) -> list[str]:
         """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
-        return _dynamic_fusions(self, "dense")
+        return fusions_traced(self, "dense")
 
     @property
     def hybridtf_fused_fm(self) -> list[str]:
         """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
-        return _dynamic_fusions(self, "fm")
+        return fusions_traced(self, "fm")
 
     @property
     def hybridtf_fused_dice(self) -> list[str]:
         """Where a Dice activation with train-mode batch norm became one Dice op, as last traced."""
-        return _dynamic_fusions(self, "dice")
+        return fusions_traced(self, "dice")
 
 
-def _dynamic_fusions(model, kind: str) -> list[str]:
-    log = getattr(model, "_htf_dynamic_fusions", None)
+def fusions_traced(model, kind: str) -> list[str]:
+    """``model``'s fusions of one kind (a ``FusionLog`` field) as its forward pass was last traced; [] before."""
+    log = getattr(model, "_htf_fusion_log", None)
     return list(getattr(log, kind)) if log is not None else []
 
 
@@ -589,10 +587,7 @@ def _rewrite_model(
     object.__setattr__(model, "_htf_plain_weights", state.plain_weights)
     object.__setattr__(model, "_htf_fused_updates", bool(fused_updates))
     object.__setattr__(model, "_htf_fusion", dict(enabled=bool(fuse_concat), fuse_dense=fuse_dense))
-    object.__setattr__(model, "_htf_fused_concats", [])
-    object.__setattr__(model, "_htf_fused_dense_names", [])
-    object.__setattr__(model, "_htf_fused_fm_names", [])
-    object.__setattr__(model, "_htf_fused_dice_names", [])
+    object.__setattr__(model, "_htf_fusion_log", None)
 
 
 __all__ = ["TableView", "has_packed_tables", "is_optimized", "optimize"]

@@ -377,7 +377,7 @@ class _DynamicModelMixin(PlainConstruction):
         if scope is None:
             return result
         result = scope.resolve(result)
-        object.__setattr__(self, "_htf_dynamic_fusions", scope.log)  # hybridtf_fused_*, as last traced
+        object.__setattr__(self, "_htf_fusion_log", scope.log)  # hybridtf_fused_*, as last traced
         return result
 
     @property
