@@ -139,8 +139,11 @@ class _Real:
                 f"hybridtf.estimator: the lookup of table {table.table!r} differs between the record and the real "
                 "pass; the model_fn must build the same model every call."
             )
-        copied = graph_util.copy_to_graph(list(lookup.aux), self.op_map, self.record.graph, self.graph, "hybridtf_ids")
-        return self._served(lookup), tuple(copied)
+        return self._served(lookup), tuple(self._copied(list(lookup.aux)))
+
+    def _copied(self, tensors: list) -> list:
+        """The record graph's ``tensors`` (ids and what is computed with them) copied into the real graph."""
+        return graph_util.copy_to_graph(tensors, self.op_map, self.record.graph, self.graph, "hybridtf_ids")
 
     def _real_owner(self, lookup: Lookup):
         if lookup.kind == "layer":
@@ -169,8 +172,7 @@ class _Real:
             requests = []
             for lk in group:
                 parts = tf.nest.flatten(lk.request.ids, expand_composites=True)
-                copied = graph_util.copy_to_graph(parts, self.op_map, self.record.graph, self.graph, "hybridtf_ids")
-                ids = tf.nest.pack_sequence_as(lk.request.ids, copied, expand_composites=True)
+                ids = tf.nest.pack_sequence_as(lk.request.ids, self._copied(parts), expand_composites=True)
                 requests.append(dataclasses.replace(lk.request, ids=ids, owner=self._real_owner(lk)))
             with tf.name_scope(self.graph.unique_name("hybridtf_packed_lookups") + "/"):
                 for lk, out in zip(group, lookup_all(requests)):
