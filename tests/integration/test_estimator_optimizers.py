@@ -269,3 +269,73 @@ def test_a_global_norm_clip_over_all_gradients_is_not_mistaken_for_a_transform_p
     assert spec.train_op is not None and len(report.plan.packed_tables) == 1
     # the packed gradient has summed distinct rows: once the clip acts the math differs, which is said
     assert "clips the gradients of packed tables ['e0', 'e1'" in caplog.text and "exclude=" in caplog.text
+
+
+def _one_optimizer_model_fn(make_optimizer, lookups_per_table=1):
+    def model_fn(features, labels, mode):
+        tables = [
+            tf.keras.layers.Embedding(VOCAB - i, 4, embeddings_initializer=_init(i), name=f"e{i}")
+            for i in range(FIELDS)
+        ]
+        # lookups_per_table=2 reads every table with two id tensors (two gathers, one gradient per lookup)
+        parts = [
+            t(features[f"C{(i + k) % FIELDS}"] % (VOCAB - i))
+            for k in range(lookups_per_table)
+            for i, t in enumerate(tables)
+        ]
+        logit = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))(
+            tf.concat(parts, axis=1)
+        )
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+        train_op = make_optimizer().minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+TF1_OPTIMIZERS = {
+    "adagrad": lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+    "adam": lambda: tf.compat.v1.train.AdamOptimizer(0.01),
+    "momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+    "ftrl": lambda: tf.compat.v1.train.FtrlOptimizer(0.1, l1_regularization_strength=0.01),
+}
+
+
+def _update_uniques(graph):
+    return [op.name for op in graph.get_operations() if op.type == "Unique" and "/update_" in op.name]
+
+
+@pytest.mark.parametrize("optimizer", sorted(TF1_OPTIMIZERS))
+def test_tf1_sparse_updates_of_packed_rows_skip_the_duplicate_summing_and_train_as_plain(tmp_path, optimizer):
+    # A packed chain's gradient has one row per distinct id: the TF1 optimizer's Unique + segment sum over
+    # repeated indices is left out, as it would change nothing; the plain model_fn keeps one per table.
+    fn = _one_optimizer_model_fn(TF1_OPTIMIZERS[optimizer])
+    plain_graph, _, _ = _graph_spec(fn)
+    wrapped_graph, _, _ = _graph_spec(htf_estimator.model_fn(fn))
+    assert len(_update_uniques(plain_graph)) == FIELDS
+    assert _update_uniques(wrapped_graph) == []
+    _, plain = _train(fn, tmp_path / "plain", 30)
+    _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 30)
+    _assert_losses_close(wrapped, plain)
+
+
+def test_packed_rows_of_two_lookups_of_a_table_are_still_summed_and_train_as_plain(tmp_path):
+    fn = _one_optimizer_model_fn(TF1_OPTIMIZERS["adagrad"], lookups_per_table=2)
+    _, plain = _train(fn, tmp_path / "plain", 30)
+    _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 30)
+    _assert_losses_close(wrapped, plain)
+
+
+def test_distinct_by_construction_is_only_a_unique_ops_distinct_ids():
+    from hybridtf._src.integrations.estimator_updates import distinct_by_construction
+    from hybridtf._src.run.unique_partition import unique_partition
+
+    with tf.Graph().as_default():
+        ids = tf.constant([3, 1, 3, 2], tf.int64)
+        unique = unique_partition(ids, num_partitions=1)
+        assert distinct_by_construction(unique.unique_ids)
+        assert distinct_by_construction(tf.identity(tf.identity(unique.unique_ids)))
+        assert not distinct_by_construction(ids)
+        assert not distinct_by_construction(tf.concat([unique.unique_ids, unique.unique_ids], 0))
+        assert not distinct_by_construction(unique.inverse)

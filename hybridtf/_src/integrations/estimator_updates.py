@@ -416,7 +416,9 @@ def check_loss_reads(plan, packed: dict, record_variables: dict, record_loss, lo
 def each_packed_variable_once(packed: dict, shared: set):
     """While a pass runs: a variable list given to a TF1 optimizer's ``compute_gradients`` (and so
     ``minimize``), to ``ExponentialMovingAverage.apply`` or to a ``tf.compat.v1.train.Saver`` lists the
-    variable holding a table's rows in place of its view, and each packed variable of ``shared`` once.
+    variable holding a table's rows in place of its view, and each packed variable of ``shared`` once;
+    a TF1 optimizer's sparse update of rows that are distinct by construction (a packed chain's) skips the
+    summing of repeated indices (``distinct_by_construction``).
 
     A model_fn that trains (or averages, or saves) ``layer_a.trainable_variables + layer_b.trainable_variables``
     lists the packed variable once per layer it holds; the optimizer would apply it that many times a step
@@ -460,11 +462,42 @@ def each_packed_variable_once(packed: dict, shared: set):
             return saver_init(self, once(view_entries(var_list), views_as_variables=False), *args, **kwargs)
         return saver_init(self, once(var_list), *args, **kwargs)
 
+    dedup = optimizer._resource_apply_sparse_duplicate_indices
+
+    def apply_sparse(self, grad, handle, indices):
+        # The packed chain's gradient rows are one per distinct id already: the summing of repeated
+        # indices (a Unique and a segment sum over every row, per variable) would change nothing.
+        if packed and distinct_by_construction(indices):
+            return self._resource_apply_sparse(grad, handle, indices)
+        return dedup(self, grad, handle, indices)
+
     optimizer.compute_gradients, average.apply, saver.__init__ = compute_gradients_once, apply_once, saver_init_once
+    optimizer._resource_apply_sparse_duplicate_indices = apply_sparse
     try:
         yield
     finally:
         optimizer.compute_gradients, average.apply, saver.__init__ = compute_gradients, apply, saver_init
+        optimizer._resource_apply_sparse_duplicate_indices = dedup
+
+
+# Op outputs whose values are distinct by construction: the distinct ids of a packed lookup chain.
+_DISTINCT_OUTPUTS = frozenset((("HybridTF>UniquePartition", 0), ("HybridTF>UniqueSubset", 0)))
+
+
+def distinct_by_construction(indices) -> bool:
+    """Whether graph tensor ``indices`` holds distinct values by construction: the distinct ids a
+    ``UniquePartition`` / ``UniqueSubset`` op returned (through identities), as the rows a packed
+    chain gathers are. Anything else (a concatenation of two lookups' rows, ids received from other
+    ranks) is not known to be distinct.
+
+    Example:
+        >>> distinct_by_construction(unique_partition(ids, ...).unique_ids)
+        True
+    """
+    tensor = indices
+    while isinstance(tensor, tf.Tensor) and tensor.op.type == "Identity":
+        tensor = tensor.op.inputs[0]
+    return isinstance(tensor, tf.Tensor) and (tensor.op.type, tensor.value_index) in _DISTINCT_OUTPUTS
 
 
 def _reaches(update: tf.Operation, wanted) -> tf.Operation | None:
