@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 
 from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.gradients import check_horovod_reduction
 from hybridtf._src.distribute.watchdog import collective_timeout, set_collective_timeout
 from hybridtf._src.distribute.world import World, current_world
 
@@ -92,10 +93,11 @@ def DistributedGradientTape(tape, *objs, **kwargs):
     """
     import horovod.tensorflow as hvd
 
-    if kwargs.get("op", hvd.Average) != hvd.Average:
-        raise ValueError("hybridtf.horovod.DistributedGradientTape supports op=hvd.Average only.")
-    if kwargs.get("scale_local_gradients", True) is not True:
-        raise ValueError("scale_local_gradients must stay True: it averages the shards' gradients over the ranks.")
+    check_horovod_reduction(
+        "hybridtf.horovod.DistributedGradientTape",
+        kwargs.get("op", hvd.Average),
+        kwargs.get("scale_local_gradients", True),
+    )
     distributed = hvd.DistributedGradientTape(tape, **kwargs)
     for var in local_variables(*objs):
         distributed.register_local_source(var)
@@ -160,8 +162,11 @@ def DistributedOptimizer(optimizer, **kwargs):
 
     from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
 
-    if kwargs.get("scale_local_gradients", True) is not True:
-        raise ValueError("scale_local_gradients must stay True: it averages the shards' gradients over the ranks.")
+    check_horovod_reduction(
+        "hybridtf.horovod.DistributedOptimizer",
+        kwargs.get("op", hvd.Average),
+        kwargs.get("scale_local_gradients", True),
+    )
     distributed = hvd.DistributedOptimizer(optimizer, **kwargs)
     if not hasattr(distributed, "compute_gradients") or not hasattr(distributed, "register_local_var"):
         return distributed

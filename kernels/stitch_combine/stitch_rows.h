@@ -35,27 +35,36 @@ inline void AddScalar(T* __restrict acc, T v, int64_t dim) {
 }
 
 // Writes one output row from positions [pb, pe) (one position for "none").
+// An unweighted bag starts from its first row (no zero fill), and a mean or
+// sqrtn over one id skips the division by 1 (exact either way).
 template <int D, typename T, typename Idx>
 inline void WriteRow(Combiner combiner, const T* rows, int64_t dim, const Idx* inverse,
                      const T* weights, int64_t pb, int64_t pe, T* out) {
+  const int64_t d = D ? D : dim;
   if (combiner == Combiner::kNone) {
     CopyRow<D>(out, rows + static_cast<int64_t>(inverse[pb]) * dim, dim);
     return;
   }
-  std::fill(out, out + dim, T(0));
   const T denom = Denominator(combiner, weights, pb, pe);
-  if (pe == pb || denom == T(0)) return;
-  for (int64_t i = pb; i < pe; ++i) {
-    const T* src = rows + static_cast<int64_t>(inverse[i]) * dim;
-    if (weights) {
+  if (pe == pb || denom == T(0)) {
+    std::fill(out, out + d, T(0));
+    return;
+  }
+  if (weights) {
+    std::fill(out, out + d, T(0));
+    for (int64_t i = pb; i < pe; ++i) {
+      const T* src = rows + static_cast<int64_t>(inverse[i]) * dim;
       const T w = weights[i];
-      for (int64_t c = 0; c < dim; ++c) out[c] += w * src[c];
-    } else {
-      AddRow<D>(out, src, dim);
+      for (int64_t c = 0; c < d; ++c) out[c] += w * src[c];
+    }
+  } else {
+    CopyRow<D>(out, rows + static_cast<int64_t>(inverse[pb]) * dim, dim);
+    for (int64_t i = pb + 1; i < pe; ++i) {
+      AddRow<D>(out, rows + static_cast<int64_t>(inverse[i]) * dim, dim);
     }
   }
-  if (combiner != Combiner::kSum) {
-    for (int64_t c = 0; c < dim; ++c) out[c] /= denom;
+  if (combiner != Combiner::kSum && denom != T(1)) {
+    for (int64_t c = 0; c < d; ++c) out[c] /= denom;
   }
 }
 

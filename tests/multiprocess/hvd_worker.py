@@ -220,6 +220,22 @@ def main():
         except tf.errors.InvalidArgumentError as err:
             result["invalid_error"] = err.message
 
+    if size > 1:  # reductions the shards cannot follow are refused, not trained with other math
+        result["reduction_errors"] = []
+        for kwargs in ({"op": hvd.Sum}, {"scale_local_gradients": False}):
+            model = build("wdl")
+            model(ev)
+            model = htf.keras.optimize(model)
+            try:
+                model.compile(
+                    hvdk.DistributedOptimizer(tf.keras.optimizers.Adagrad(0.05), **kwargs), "binary_crossentropy"
+                )
+                x, y = local_part(global_batches(steps=1)[0], rank, size)
+                model.train_on_batch(ctr_data.to_tensors(x), y)
+                result["reduction_errors"].append(None)
+            except ValueError as err:
+                result["reduction_errors"].append(str(err))
+
     with open(os.path.join(args.out, f"result_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -147,3 +147,10 @@ def test_estimator_under_horovod_equals_one_process(runs):
         assert r["checkpoint_shapes"] == single["checkpoint_shapes"]
         # hvd.DistributedOptimizer would average the shards' gradients: refused when the graph is built
         assert "instead of hvd.DistributedOptimizer" in (r["hvd_optimizer_error"] or ""), r["hvd_optimizer_error"]
+
+
+def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
+    for result in runs["ranks"]:
+        sum_error, unscaled_error = result["reduction_errors"]
+        assert "op=hvd.Sum" in sum_error and "op=hvd.Average" in sum_error
+        assert "scale_local_gradients=False" in unscaled_error and "scale_local_gradients=True" in unscaled_error

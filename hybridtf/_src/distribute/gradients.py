@@ -97,3 +97,54 @@ def _branches_average(op) -> bool:
     from tensorflow.python.ops import cond_v2
 
     return any(inner.type in _AVERAGING for branch in cond_v2.get_func_graphs(op) for inner in branch.get_operations())
+
+
+def check_horovod_reduction(what: str, op=None, scale_local_gradients=True) -> None:
+    """Refuses a Horovod reduction the shards cannot follow: anything but ``op=hvd.Average`` with
+    ``scale_local_gradients=True``.
+
+    Horovod scales the gradients of registered local variables (the shards) by ``1 / size`` whenever
+    ``scale_local_gradients`` is true, whatever ``op`` reduces the dense ones: with ``op=hvd.Sum`` (or
+    Adasum) the dense gradients would be summed and the tables' averaged, and with
+    ``scale_local_gradients=False`` the tables' summed and the dense ones averaged, unlike the plain model.
+
+    Args:
+        what: the caller, named in the error (``"hvd.DistributedOptimizer"``).
+        op: the reduction op (``hvd.Average``, ``hvd.Sum``, ``hvd.Adasum``), or None when unknown.
+        scale_local_gradients: Horovod's argument of that name.
+
+    Raises:
+        ValueError: naming the argument and the fix.
+    """
+    import horovod.tensorflow as hvd
+
+    problems = []
+    if op is not None and op != hvd.Average:
+        name = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum"}.get(op, repr(op))
+        problems.append(f"op={name}")
+    if scale_local_gradients is not True:
+        problems.append(f"scale_local_gradients={scale_local_gradients!r}")
+    if problems:
+        raise ValueError(
+            f"{what} with {' and '.join(problems)}: hybridtf's embedding shards are Horovod local variables, whose "
+            "gradients Horovod divides by the number of ranks whatever op reduces the dense gradients, so the tables "
+            "and the dense layers would be reduced differently and train unlike the plain model. Use op=hvd.Average "
+            "(the default) and scale_local_gradients=True; for a sum over the ranks, multiply the loss by hvd.size()."
+        )
+
+
+def horovod_reduction_of(distributed_optimizer):
+    """``(op, scale_local_gradients)`` of a ``hvd.DistributedOptimizer`` (Keras or TF1); op None when unknown.
+
+    Horovod keeps ``op`` only in the closure of the optimizer's allreduce function (wrapped in a
+    ``tf.function`` in eager mode).
+    """
+    fn = getattr(distributed_optimizer, "_allreduce_grads", None)
+    fn = getattr(fn, "python_function", fn)
+    code, closure = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    op = None
+    if code is not None and closure is not None:
+        cells = dict(zip(code.co_freevars, closure))
+        if "op" in cells:
+            op = cells["op"].cell_contents
+    return op, getattr(distributed_optimizer, "scale_local_gradients", True)

@@ -138,10 +138,13 @@ def _bags(sparse_ids: tf.SparseTensor, default_id):
     sparse_ids = tf.sparse.retain(sparse_ids, sparse_ids.values >= 0)
     filled, empty = tf.sparse.fill_empty_rows(sparse_ids, tf.cast(default_id or 0, sparse_ids.dtype))
     # fill_empty_rows writes its output in row order, each row in [0, nrows): nothing to validate (the
-    # validation's Asserts would also keep the ids from being computed ahead with the other tables')
-    bags = tf.RaggedTensor.from_value_rowids(
-        filled.values, filled.indices[:, 0], nrows=filled.dense_shape[0], validate=False
+    # validation's Asserts would also keep the ids from being computed ahead with the other tables').
+    # Built from the row lengths the chain reads (one bincount), not from the row ids (bincount, cumsum,
+    # then the lengths back as the splits' differences).
+    lengths = tf.raw_ops.DenseBincount(
+        input=filled.indices[:, 0], size=filled.dense_shape[0], weights=tf.zeros([0], tf.int64), binary_output=False
     )
+    bags = tf.RaggedTensor.from_row_lengths(filled.values, lengths, validate=False)
     return bags, empty, lead
 
 

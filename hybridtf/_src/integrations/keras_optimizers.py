@@ -571,6 +571,7 @@ def hybridize_optimizer(
     object.__setattr__(optimizer, "_htf_reg", reg)
     storage.fold_regularization = True  # the penalties' gradients come from this optimizer now
     if world.distributed and is_horovod_distributed(optimizer):
+        gradients.check_horovod_reduction("hvd.DistributedOptimizer", *gradients.horovod_reduction_of(optimizer))
         for v in storage.sharded_variables():
             optimizer.register_local_var(v)
     if pending is not None:
