@@ -72,3 +72,12 @@ def __getattr__(name):
 
 def __dir__():
     return sorted(set(globals()) | set(_SUBMODULES) | {"function", "micro_batch_gradients"})
+
+
+def _register_keras_objects():
+    from hybridtf._src.keras_objects import register_after_tensorflow
+
+    register_after_tensorflow()
+
+
+_register_keras_objects()  # saved models holding hybridtf's layers and optimizers load after `import hybridtf`

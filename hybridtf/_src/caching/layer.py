@@ -32,6 +32,7 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
+from keras.src.saving.legacy.saved_model import layer_serialization
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.buffer_guard import guard
@@ -449,6 +450,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             return tf.TensorShape([tf.TensorShape(input_shape)[0], self.output_dim])
         return tf.TensorShape(input_shape).concatenate([self.output_dim])
 
+    @property
+    def _trackable_saved_model_saver(self):
+        return _ServedFromFunctions(self)
+
     def get_config(self):
         config = super().get_config()
         c = self._table_config
@@ -470,3 +475,17 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             }
         )
         return config
+
+
+class _ServedFromFunctions(layer_serialization.LayerSavedModelSaver):
+    """A SavedModel of the layer without its config: ``load_model`` revives it from its saved functions.
+
+    The SavedModel holds the learned rows as a static lookup plus a gather (``_serving_snapshot``), not the
+    HybridHash store; rebuilt from its config the layer would make a store the SavedModel has no value for,
+    which fails the load. Revived from the functions, it serves the saved rows with or without hybridtf.
+    """
+
+    def _python_properties_internal(self):
+        metadata = super()._python_properties_internal()
+        metadata.pop("config", None)
+        return metadata
