@@ -30,7 +30,8 @@ x = tf.keras.layers.Concatenate()([
 model = tf.keras.Model({"user": user, "hist": hist}, tf.keras.layers.Dense(1)(x))
 model.compile(htf.keras.dynamic_optimizer(tf.keras.optimizers.Adam(0.01)), "mse")
 rng = np.random.default_rng(0)
-batch = {"user": rng.integers(-2**62, 2**62, (16, 1)), "hist": tf.ragged.constant([[i % 50, (3 * i) % 50] for i in range(16)], tf.int64)}
+hist_ids = tf.ragged.constant([[i % 50, (3 * i) % 50] for i in range(16)], tf.int64)
+batch = {"user": rng.integers(-2**62, 2**62, (16, 1)), "hist": hist_ids}
 for _ in range(3):
     model.train_on_batch(batch, np.ones((16, 1)))
 model.save(out + "/m.keras")
