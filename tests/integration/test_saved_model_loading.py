@@ -53,7 +53,8 @@ np.save(out + "/pred_" + sys.argv[3] + ".npy", model.predict(batch, verbose=0))
 
 def _python(code, *args):
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    cmd = [sys.executable, "-c", code, *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
