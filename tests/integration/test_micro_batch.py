@@ -197,6 +197,21 @@ def test_batch_dependent_layers_are_refused():
     assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
 
 
+@pytest.mark.parametrize("dynamic_fields", [1, 2])
+@pytest.mark.parametrize("micro_batches", [2, "auto"])
+def test_dynamic_tables_with_micro_batches_are_refused_naming_the_layer(dynamic_fields, micro_batches):
+    # a DynamicEmbedding next to a static table: the micro-batched step crashed or trained other math
+    inputs = {f"u{k}": tf.keras.Input((1,), dtype=tf.int64, name=f"u{k}") for k in range(dynamic_fields)}
+    inputs["c"] = tf.keras.Input((1,), dtype=tf.int64, name="c")
+    feats = [htf.layers.DynamicEmbedding(4, name=f"dyn{k}")(inputs[f"u{k}"]) for k in range(dynamic_fields)]
+    feats.append(tf.keras.layers.Embedding(20, 4, name="c_emb")(inputs["c"]))
+    flat = [tf.keras.layers.Flatten()(f) for f in feats]
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(flat)))
+    with pytest.raises(ValueError, match="'dyn0' is a DynamicEmbedding: micro-batches do not support"):
+        htf.keras.optimize(model, micro_batches=micro_batches)
+    assert htf.keras.is_optimized(htf.keras.optimize(model, interleave_groups=2))
+
+
 def test_a_batch_norm_unfrozen_after_optimize_is_refused_when_fit_starts(batches):
     """Frozen, it is accepted; unfrozen afterwards it would normalize each micro-batch with its own statistics."""
     model = wide_and_deep(batch_norm=True)

@@ -68,7 +68,8 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     Raises:
         MicroBatchError: a BatchNormalization layer (training uses batch
             statistics), an activity regularizer (a sum over the batch), a
-            model that overrides ``train_step``, or an unknown mode.
+            DynamicEmbedding, a model that overrides ``train_step``, or an
+            unknown mode.
     """
     if not isinstance(interleave_from, str) or not interleave_from:
         raise MicroBatchError(
@@ -94,9 +95,18 @@ def check_layers(model) -> None:
     may have been unfrozen since ``optimize``).
 
     Raises:
-        MicroBatchError: a trainable BatchNormalization or an activity regularizer.
+        MicroBatchError: a trainable BatchNormalization, an activity regularizer or a DynamicEmbedding.
     """
+    from hybridtf._src.caching.layer import DynamicEmbedding
+
     for layer in model._flatten_layers(include_self=False, recursive=True):
+        if isinstance(layer, DynamicEmbedding):
+            raise MicroBatchError(
+                f"layer {layer.name!r} is a DynamicEmbedding: micro-batches do not support dynamic tables (a "
+                "training step's lookup of a HybridHash store fills one distinct-rows buffer, whose gradient the "
+                "micro-batches' rows would not match). Use micro_batches=1; interleave_groups (K-interleaving) "
+                "works with dynamic tables."
+            )
         if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
