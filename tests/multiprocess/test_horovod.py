@@ -154,3 +154,10 @@ def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
         sum_error, unscaled_error = result["reduction_errors"]
         assert "op=hvd.Sum" in sum_error and "op=hvd.Average" in sum_error
         assert "scale_local_gradients=False" in unscaled_error and "scale_local_gradients=True" in unscaled_error
+
+
+def test_ranks_that_pack_other_tables_name_the_tables_each_rank_packs(runs):
+    for rank, result in enumerate(runs["ranks"]):
+        error = result["plan_error"]
+        assert "the Horovod ranks differ in the packed tables" in error and "each rank reports its own" in error
+        assert ("'emb_C3'" in error.split("the packed tables=")[1].split("; ")[0]) == (rank == 0)

@@ -47,7 +47,13 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
     if differ:
         raise ValueError(
             f"{what}: the Horovod ranks differ in {', '.join(differ)} (this rank, {world.rank}: "
-            + "; ".join(f"{name}={settings[name]!r}"[:200] for name in differ)
-            + "). Every rank must build the same model and call hybridtf.keras.optimize with the same arguments: "
-            "the packing decides which rows each rank holds and exchanges."
+            + "; ".join(_shown(name, settings[name]) for name in differ)
+            + "; each rank reports its own). Every rank must build the same model and call hybridtf.keras.optimize "
+            "with the same arguments: the packing decides which rows each rank holds and exchanges."
         )
+
+
+def _shown(name: str, value, limit: int = 1200) -> str:
+    """``name=value`` for a message, cut (marked) past ``limit`` characters."""
+    text = f"{name}={value!r}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -392,6 +392,8 @@ def check_ranks_agree(model, options: dict, plan: PackingPlan, dynamic_groups: l
     """Under Horovod: every rank optimizes with the same settings and plan (else ValueError naming them)."""
     settings = {k: options[k] for k in ("shard_strategy", "replicate_below_rows", "max_shards", "fused_updates")}
     settings.update({k: options[k] for k in ("fuse_concat", "share_unique", "fuse_dense", "micro_batches")})
+    # which tables are packed together first (readable in the message), then the plan's whole layout
+    settings["the packed tables"] = {pt.name: [m.name for m in pt.members] for pt in plan.packed_tables}
     settings["the packing plan"] = plan.packed_tables
     settings["the dynamic tables' packing"] = dynamic_groups
     check_same_settings(current_world(), settings, f"hybridtf.keras.optimize of model {model.name!r}")
