@@ -96,6 +96,7 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
   pos_offset_.assign(1, 0);
   bag_index_.assign(num, -1);
   bag_begin_.clear();
+  single_id_bags_.assign(num, 0);
   int64_t cursor = 0;
   for (int f = 0; f < num; ++f) {
     const int64_t size = field_sizes[f];
@@ -135,6 +136,7 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
       bag_index_[f] = static_cast<int64_t>(bag_begin_.size());
       int64_t at = pos;
       bag_begin_.push_back(at);
+      bool single = true;
       for (int64_t b = 0; b < rows; ++b) {
         const int64_t length = segment_lengths[cursor + b];
         if (length < 0) {
@@ -163,7 +165,9 @@ ImplStatus Layout::Build(const std::vector<Combiner>& combiners, const int64_t* 
         }
         at += length;
         bag_begin_.push_back(at);
+        single = single && length == 1;
       }
+      single_id_bags_[f] = single;
       cursor += rows;
       if (at - pos != size) {
         return ImplStatus::InvalidArgument("the bag lengths of field " + Str(f) + " sum to " +
@@ -198,7 +202,7 @@ int Layout::FieldOfRow(int64_t r) const {
 
 void Layout::Positions(int f, int64_t r, int64_t* begin, int64_t* end) const {
   const int64_t local = r - row_offset_[f];
-  if (combiners_[f] == Combiner::kNone) {
+  if (combiners_[f] == Combiner::kNone || single_id_bags_[f]) {
     *begin = pos_offset_[f] + local;
     *end = *begin + 1;
     return;
@@ -247,7 +251,7 @@ void Forward(const Layout& layout, const T* rows, int64_t dim, const Idx* invers
       ForRows(layout, begin, end, [&](int f, int64_t r) {
         int64_t pb = 0, pe = 0;
         layout.Positions(f, r, &pb, &pe);
-        WriteRow<D>(layout.combiner(f), rows, dim, inverse, weights, pb, pe,
+        WriteRow<D>(layout.row_combiner(f, weights != nullptr), rows, dim, inverse, weights, pb, pe,
                     outputs[f] + (r - layout.FirstRow(f)) * dim);
       });
     };
@@ -273,7 +277,7 @@ void Backward(const Layout& layout, const T* const* grads, int64_t dim, const Id
       const int64_t hi = num_unique * end_shard / shards;
       for (int f = 0; f < layout.num_fields(); ++f) {
         const T* g_field = grads[f];
-        const Combiner combiner = layout.combiner(f);
+        const Combiner combiner = layout.row_combiner(f, weights != nullptr);
         const int64_t rows = layout.output_rows(f);
         if (combiner == Combiner::kNone) {
           int64_t pb = 0, pe = 0;

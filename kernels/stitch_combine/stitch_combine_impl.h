@@ -67,6 +67,12 @@ class Layout {
 
   int num_fields() const { return static_cast<int>(combiners_.size()); }
   Combiner combiner(int f) const { return combiners_[f]; }
+  // The combiner to compute field f's rows with: "none" for a bag field whose
+  // bags all hold exactly one id and no weights (a copy of that id's row,
+  // which is what sum, mean and sqrtn give: x / 1 == x), else combiner(f).
+  Combiner row_combiner(int f, bool weighted) const {
+    return !weighted && single_id_bags_[f] ? Combiner::kNone : combiners_[f];
+  }
   int64_t output_rows(int f) const { return row_offset_[f + 1] - row_offset_[f]; }
   int64_t total_rows() const { return row_offset_.back(); }
   int64_t num_positions() const { return num_positions_; }
@@ -89,6 +95,7 @@ class Layout {
   // For bag fields: bag_begin_[bag_index_[f] + local_row] = first position.
   std::vector<int64_t> bag_index_;  // [F] offset into bag_begin_, -1 for "none"
   std::vector<int64_t> bag_begin_;
+  std::vector<char> single_id_bags_;  // [F] bag field whose bags all have length 1
   int64_t num_positions_ = 0;
 };
 

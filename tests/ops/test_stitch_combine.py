@@ -16,7 +16,7 @@ SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=list(H
 
 @st.composite
 def layouts(draw):
-    """Random fields (one-hot and bags, empty bags included), rows, inverse and optional weights."""
+    """Random fields (one-hot and bags, empty and all-single-id bags included), rows, inverse and optional weights."""
     num_fields = draw(st.integers(1, 6))
     dim = draw(st.sampled_from([1, 3, 8, 16]))
     num_unique = draw(st.integers(1, 40))
@@ -29,7 +29,10 @@ def layouts(draw):
             sizes.append(n)
             segments.append(n)
         else:
-            bag_lengths = draw(st.lists(st.integers(0, 6), min_size=0, max_size=12))
+            if draw(st.booleans()):  # every bag one id (the kernel's copy path when unweighted)
+                bag_lengths = [1] * draw(st.integers(0, 12))
+            else:
+                bag_lengths = draw(st.lists(st.integers(0, 6), min_size=0, max_size=12))
             lengths.extend(bag_lengths)
             sizes.append(sum(bag_lengths))
             segments.append(len(bag_lengths))
