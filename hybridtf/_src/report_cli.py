@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import importlib
 import importlib.util
+import inspect
 import json
 import pathlib
 import sys
@@ -94,6 +95,12 @@ def load_builder(source: ModelSource):
 def _user_model(builder, name: str):
     import tensorflow as tf
 
+    try:
+        inspect.signature(builder).bind()
+    except TypeError as err:  # a builder that needs arguments
+        raise UsageError(f"--model {name!r}: the builder must take no arguments ({err}).") from err
+    except ValueError:  # no signature to read (a builtin): just call it
+        pass
     model = builder()
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {name!r}: the builder returned {type(model).__name__}, not a tf.keras.Model.")
@@ -115,6 +122,10 @@ def _compile_args(model, optimizer: str, loss: str):
     if getattr(model, "_is_compiled", False) and model.optimizer is not None and model.loss is not None:
         opt = model.optimizer
         return (lambda: type(opt).from_config(opt.get_config())), model.loss
+    try:
+        tf.keras.optimizers.get(optimizer)
+    except ValueError as err:
+        raise UsageError(f"--optimizer {optimizer!r} is not a Keras optimizer name ({err}).") from err
     if any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers()):  # tables train through it
         return (lambda: dynamic_optimizer(tf.keras.optimizers.get(optimizer))), loss
     return (lambda: tf.keras.optimizers.get(optimizer)), loss
@@ -211,6 +222,12 @@ def main(argv=None) -> int:
         args_parser.error(f"--timing must be >= 0 steps, got {args.timing}.")
     if args.dynamic < 0:
         args_parser.error(f"--dynamic must be >= 0 steps, got {args.dynamic}.")
+    if args.ranks < 0:
+        args_parser.error(f"--ranks must be >= 0 (0: skip the traffic estimate), got {args.ranks}.")
+    if args.micro_batches < 1:
+        args_parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}.")
+    if args.model == "none" and not args.dynamic:
+        args_parser.error("--model none reports only the dynamic-tables section: add --dynamic STEPS.")
     if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
         from hybridtf._src.report_dynamic import dynamic_section
 

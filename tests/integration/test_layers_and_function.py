@@ -536,3 +536,22 @@ def test_custom_loop_refuses_a_packed_layer_frozen_after_optimize(keras_data, co
     with pytest.raises(ValueError, match=r"\[.emb_one_a.\] were packed while trainable and frozen afterwards"):
         step(*keras_data[0])
     wrapped.predict(keras_data[0][0], verbose=0)  # inference (no tape) still runs
+
+
+def test_a_clipping_optimizer_in_a_step_over_tables_is_warned_about_once(caplog):
+    tables = Tables([TableConfig("a", 10, 4), TableConfig("b", 12, 4)])
+    optimizer = tf.keras.optimizers.SGD(0.1, clipvalue=0.01)
+
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tables.lookup("a", ids) + tables.lookup("b", ids))
+        variables = tables.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        fn = htf.function(step)
+        fn(tf.constant([1, 2, 2]))
+        fn(tf.constant([1, 2, 2, 3]))  # a retrace: no second warning
+    warnings = [r.getMessage() for r in caplog.records if "clips gradients (clipvalue=0.01)" in r.getMessage()]
+    assert len(warnings) == 1 and "one summed row per distinct id" in warnings[0]

@@ -243,6 +243,16 @@ def test_plain_pyarrow_files_with_nullable_columns(tmp_path):
     assert features["dense"].numpy()[:, 0].tolist() == [0.5, 1.5, 2.5]
 
 
+def test_a_top_level_column_named_with_a_dot_reads_and_a_nested_one_is_named_missing(tmp_path):
+    path = str(tmp_path / "dotted.parquet")
+    table = pa.table({"y": [1, 0], "user.id": pa.array([7, 9], pa.int64()), "s": [{"a": 1}, {"a": 2}]})
+    pq.write_table(table, path)
+    features, _ = next(iter(hd.parquet_dataset(path, label="y", one_hot=["user.id"], batch_size=2)))
+    assert features["user.id"].numpy().tolist() == [7, 9]
+    with pytest.raises(ValueError, match="one_hot column 's.a' is not in"):
+        hd.parquet_dataset(path, label="y", one_hot=["s.a"], batch_size=2)
+
+
 @pytest.mark.parametrize("compression", ["lz4", "snappy", "zstd", "none"])
 def test_compressions_round_trip(tmp_path, compression):
     paths, expected = make_files(tmp_path, [30], row_group_rows=8, compression=compression)

@@ -37,6 +37,10 @@ USER_MODEL = textwrap.dedent(
 
     def not_a_model():
         return 42
+
+
+    def needs_an_argument(fields):
+        return build_model()
     """
 )
 
@@ -95,6 +99,7 @@ def test_report_on_a_user_builder_by_module_name(user_file, capsys, monkeypatch)
         ("{file}:missing", "has no function 'missing'"),
         ("{file}:not_a_model", "returned int, not a tf.keras.Model"),
         ("{dir}/nope.py:build", "no file"),
+        ("{file}:needs_an_argument", "the builder must take no arguments"),
     ],
 )
 def test_bad_model_argument_is_a_usage_error_naming_the_fix(user_file, capsys, model, message):
@@ -162,3 +167,25 @@ def test_report_on_an_uncompiled_model_with_dynamic_tables_on_two_ranks(tmp_path
     (store,) = [name for name, t in tables.items() if t["placement"] == "sharded by id (dynamic)"]
     assert sum(tables[store]["unique_ids_per_rank"]) > 0
     assert all(r["alltoall_bytes"] > 0 for r in d["communication"]["per_rank"])
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--optimizer", "bogus"], "--optimizer 'bogus' is not a Keras optimizer name"),
+        (["--micro-batches", "0"], "--micro-batches must be >= 1"),
+        (["--ranks", "-1"], "--ranks must be >= 0"),
+    ],
+)
+def test_bad_flags_are_usage_errors(user_file, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        htf_report.main(["--model", f"{user_file}:build_model", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_model_none_without_the_dynamic_section_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        htf_report.main(["--model", "none"])
+    assert exit_info.value.code == 2
+    assert "add --dynamic STEPS" in capsys.readouterr().err

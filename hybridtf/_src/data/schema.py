@@ -194,7 +194,7 @@ def open_parquet(path: str) -> ParquetFileMeta:
     physical, max_def = {}, {}
     for i in range(metadata.num_columns):
         col = metadata.schema.column(i)
-        if col.max_repetition_level == 0 and "." not in col.path:
+        if col.max_repetition_level == 0 and col.path == col.name:  # top level (a dotted name is fine)
             physical[col.path] = col.physical_type
             max_def[col.path] = col.max_definition_level
     row_groups = tuple(metadata.row_group(i).num_rows for i in range(metadata.num_row_groups))

@@ -266,6 +266,35 @@ def attach_optimizers(python_function, args, kwargs) -> None:
             models[id(obj._htf_runtime.storage)] = obj
     if len(models) == 1:
         hook_optimizers(next(iter(models.values())), objects)
+    elif not models:
+        _warn_unhooked_clipping(objects)
+
+
+def _warn_unhooked_clipping(objects) -> None:
+    """Warns (once per optimizer) when a step over ``Tables`` uses an optimizer that clips its gradients.
+
+    No model hooks it, so it clips each packed variable's gradient as given: one summed row per distinct
+    id, several tables in one variable, not the plain tables' per-lookup rows and per-table norms.
+    """
+    from hybridtf._src.capture.lookup_api import Tables
+
+    if not any(isinstance(obj, Tables) for obj in objects):
+        return
+    for opt in objects:
+        settings = {
+            k: getattr(opt, k, None) for k in ("clipnorm", "global_clipnorm", "clipvalue") if getattr(opt, k, None)
+        }
+        if not settings or getattr(opt, "_htf_clip_warned", False):
+            continue
+        object.__setattr__(opt, "_htf_clip_warned", True)
+        _log.warning(
+            "hybridtf.function: optimizer %s clips gradients (%s) in a step over hybridtf Tables. It clips each "
+            "packed variable's gradient as it is, one summed row per distinct id for several tables together, so "
+            "once it clips the tables train unlike plain tf.Variable tables. Clip the gradients in your step "
+            "before apply_gradients if that is what you want, or use an optimized Keras model (exact clipping).",
+            getattr(opt, "name", type(opt).__name__),
+            ", ".join(f"{k}={v}" for k, v in settings.items()),
+        )
 
 
 class _PackedStep:
