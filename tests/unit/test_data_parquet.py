@@ -249,7 +249,7 @@ def test_a_top_level_column_named_with_a_dot_reads_and_a_nested_one_is_named_mis
     pq.write_table(table, path)
     features, _ = next(iter(hd.parquet_dataset(path, label="y", one_hot=["user.id"], batch_size=2)))
     assert features["user.id"].numpy().tolist() == [7, 9]
-    with pytest.raises(ValueError, match="one_hot column 's.a' is not in"):
+    with pytest.raises(ValueError, match=r"one_hot column 's\.a' is not in"):
         hd.parquet_dataset(path, label="y", one_hot=["s.a"], batch_size=2)
 
 
