@@ -33,8 +33,9 @@ from hybridtf._src.run.loader import load_ops as _load_ops
 def load_ops() -> None:
     """Loads hybridtf's op library, so that SavedModels exported by a wrapped Estimator load.
 
-    Exports of a wrapped model_fn contain hybridtf's fused ops; call this
-    before ``tf.saved_model.load`` in a process that has not used hybridtf yet.
+    Exports of a wrapped model_fn with dynamic tables or functional ``Tables``
+    lookups contain hybridtf's ops (other exports are plain TensorFlow); call
+    this before ``tf.saved_model.load`` in a process that has not used hybridtf yet.
 
     Raises:
         hybridtf.errors.OpLibraryError: the library is missing or was built for another TensorFlow.

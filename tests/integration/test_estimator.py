@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -194,6 +195,14 @@ def test_export_saved_model_loads_with_same_predictions(wdl):
     batch["hist_values"] = tf.constant(x["hist_values"][: int(lengths.sum())])
     got = loaded.signatures["serving_default"](**batch)["p"].numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
+    # PREDICT runs the plain model_fn: the export holds no hybridtf op (it serves without hybridtf)
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((Path(path.decode() if isinstance(path, bytes) else path) / "saved_model.pb").read_bytes())
+    graph = saved.meta_graphs[0].graph_def
+    op_types = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    assert not [t for t in op_types if t.startswith("HybridTF")]
 
 
 def test_wrapped_checkpoint_restores_into_plain_estimator(wdl):

@@ -95,6 +95,28 @@ def record_pass_runs_lookups() -> bool:
 
 
 @contextlib.contextmanager
+def plain_ops():
+    """Inside: hybridtf's layers look up with plain TensorFlow ops, as in a SavedModel export.
+
+    A wrapped Estimator's PREDICT graph is built inside, so that ``export_saved_model`` writes a graph
+    without hybridtf's ops (TF1 exports have no save context for the layers to see).
+    """
+    previous = getattr(_state, "plain_ops", False)
+    _state.plain_ops = True
+    try:
+        yield
+    finally:
+        _state.plain_ops = previous
+
+
+def in_plain_ops() -> bool:
+    """Whether lookups should use plain TensorFlow ops: a SavedModel export, or inside ``plain_ops()``."""
+    from tensorflow.python.saved_model import save_context
+
+    return save_context.in_save_context() or bool(getattr(_state, "plain_ops", False))
+
+
+@contextlib.contextmanager
 def recording():
     """Collects the LookupRequests issued inside; yields the recorder."""
     rec = _Recording()

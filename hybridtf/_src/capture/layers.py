@@ -11,7 +11,6 @@ table of the model.
 from __future__ import annotations
 
 import tensorflow as tf
-from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
@@ -28,7 +27,7 @@ class _HybridEmbeddingBagMixin(_HybridEmbeddingMixin):
     def call(self, inputs):
         ids = prepare_ids(inputs, self.combiner, self.name, cast_floats=True)
         view = self.embeddings
-        if save_context.in_save_context():  # SavedModel export: plain TensorFlow ops
+        if context.in_plain_ops():  # SavedModel export: plain TensorFlow ops
             out = plain_lookup(view.packed_variable, view.row_offset, self.input_dim, self.name, ids, self.combiner)
             return to_compute_dtype(out, self.compute_dtype)
         request = LookupRequest(self._htf_table, ids, self.combiner, owner=self)
@@ -125,7 +124,7 @@ class EmbeddingBag(tf.keras.layers.Layer):
     @tf.autograph.experimental.do_not_convert
     def _own_lookup(self, inputs):
         ids = prepare_ids(inputs, self.combiner, self.name, cast_floats=True)
-        if save_context.in_save_context():  # SavedModel export: plain TensorFlow ops
+        if context.in_plain_ops():  # SavedModel export: plain TensorFlow ops
             out = plain_lookup(self.embeddings, 0, self.input_dim, self.name, ids, self.combiner)
         else:
             request = LookupRequest(self.name, ids, self.combiner, owner=self)

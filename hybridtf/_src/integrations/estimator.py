@@ -32,6 +32,7 @@ A model_fn without anything to pack is then called once more, unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -299,8 +300,13 @@ def build(
     )
     report.warn_unpacked()
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
-    if not report.packed:
-        spec = user_fn(**_own_params(kwargs))
+    # PREDICT (predict, export_saved_model) runs the plain model_fn with plain lookups: its tables are the
+    # plain variables the checkpoint holds (plain layout), so an export serves without hybridtf ops. Not for
+    # functional Tables lookups, which exist only packed; dynamic tables are served by their own ops.
+    plain_predict = mode == tf.estimator.ModeKeys.PREDICT and not any(lk.kind == "tables" for lk in record.lookups)
+    if not report.packed or plain_predict:
+        with context.plain_ops() if plain_predict else contextlib.nullcontext():
+            spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
