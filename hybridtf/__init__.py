@@ -13,6 +13,9 @@ not pull in TensorFlow):
     hybridtf.estimator: wrap a tf.estimator model_fn (packed lookups, plain checkpoints) and SessionRunHooks.
     hybridtf.data:   tensorflow-io Parquet input (dense, one-hot, multi-hot), text-to-Parquet converters.
     hybridtf.models: example CTR models (Wide & Deep, DeepFM, DLRM, DIN) and synthetic data to try them on.
+
+hybridtf's Keras layers and optimizers are registered with Keras as soon as TensorFlow is imported
+(before or after hybridtf), so saved models holding them load after ``import hybridtf``.
 """
 
 import importlib
