@@ -351,6 +351,7 @@ def report(
         A ``Report``: ``print`` it, or ``to_json()``.
 
     Raises:
+        TypeError: ``model`` or ``baseline`` is not a Keras model.
         ValueError: a model is not compiled.
 
     Example:
@@ -360,6 +361,13 @@ def report(
         ...     m.compile(optimizer="adagrad", loss="binary_crossentropy")
         >>> print(htf.report.report(model, (features, labels), baseline=plain))
     """
+    for what, m in (("model", model), ("baseline", baseline)):
+        if m is not None and not isinstance(m, tf.keras.Model):
+            raise TypeError(
+                f"hybridtf.report.report: {what} must be a tf.keras.Model, got {type(m).__name__}. For functional "
+                "Tables in a custom loop, count the ops of your step's concrete function instead: "
+                "hybridtf.report.count_graph_ops(step.get_concrete_function(batch))."
+            )
     if sample_batch is None:
         sample_batch = synthetic_batch(model)
     optimized = has_packed_tables(model)

@@ -203,3 +203,11 @@ def test_report_of_a_multi_input_multi_output_model(labels):
     y = {"list": [np.zeros((8, 1), "float32")] * 2, "dict": {"ctr": np.zeros((8, 1), "float32")} | {"cvr": 0 * x[0]}}
     report = htf_report.report(model, None if labels == "synthesized" else (x, y[labels]))
     assert report.optimized and report.ops["total"] > 0 and report.plan is not None
+
+
+def test_report_of_something_that_is_not_a_keras_model_names_the_alternative():
+    from hybridtf.embedding import TableConfig, Tables
+
+    for thing in (42, Tables([TableConfig("a", 10, 4)])):
+        with pytest.raises(TypeError, match="must be a tf.keras.Model.*count_graph_ops"):
+            htf_report.report(thing)
