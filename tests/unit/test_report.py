@@ -209,5 +209,5 @@ def test_report_of_something_that_is_not_a_keras_model_names_the_alternative():
     from hybridtf.embedding import TableConfig, Tables
 
     for thing in (42, Tables([TableConfig("a", 10, 4)])):
-        with pytest.raises(TypeError, match="must be a tf.keras.Model.*count_graph_ops"):
+        with pytest.raises(TypeError, match=r"must be a tf\.keras\.Model.*count_graph_ops"):
             htf_report.report(thing)
