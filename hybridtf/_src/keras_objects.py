@@ -5,7 +5,8 @@ Keras finds a saved layer or optimizer (``hybridtf>EmbeddingBag``, ``hybridtf>Dy
 the registration is the decorator run when its module is imported. ``import hybridtf`` keeps
 TensorFlow out (the planner and the NumPy ops need none), so it registers them through
 ``register_after_tensorflow``: at once when TensorFlow is already imported, or else right after
-TensorFlow's import finishes. This module itself imports no TensorFlow until ``register`` runs.
+the import of TensorFlow (or of the stand-alone ``keras`` package) finishes. This module itself
+imports no TensorFlow until ``register`` runs.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import importlib.abc
 import importlib.util
 import logging
 import sys
+import threading
 
 _MODULES = (
     "hybridtf._src.capture.layers",
@@ -42,26 +44,60 @@ def _register_quietly() -> None:
         )
 
 
+# The imports after which Keras can be used: TensorFlow's, and the stand-alone ``keras`` package's (which
+# imports TensorFlow while it is itself half initialized).
+_WATCHED = ("tensorflow", "keras")
+
+
 class _AfterTensorFlow(importlib.abc.MetaPathFinder):
-    """Finds ``tensorflow`` through the other finders and registers hybridtf's objects once it is executed."""
+    """Registers hybridtf's objects once the outermost import of TensorFlow or ``keras`` has finished.
+
+    It finds those modules through the other finders and wraps their loaders' ``exec_module``; the
+    registration runs when no watched module is executing any more (``import keras`` executes
+    TensorFlow inside it: registering in between would touch a half-initialized ``keras`` and break
+    ``tf.keras``). A spec found but never executed (``importlib.util.find_spec("tensorflow")``, an
+    availability check) leaves the finder in place; so does a failed import.
+    """
+
+    def __init__(self):
+        self._finding = threading.local()
+        self._lock = threading.Lock()
+        self._executing = 0
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "tensorflow":
+        if fullname not in _WATCHED or getattr(self._finding, "active", False):
             return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)  # one use; also keeps find_spec below from finding this finder
-        spec = importlib.util.find_spec(fullname)
+        self._finding.active = True  # the lookup below goes through sys.meta_path, this finder included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._finding.active = False
         loader = getattr(spec, "loader", None)
         if loader is None or not hasattr(loader, "exec_module"):
             return spec
         exec_module = loader.exec_module
 
         def exec_then_register(module):
-            exec_module(module)
-            _register_quietly()
+            with self._lock:
+                self._executing += 1
+            try:
+                exec_module(module)
+            finally:
+                with self._lock:
+                    self._executing -= 1
+                    outermost = self._executing == 0
+            if outermost and "tensorflow" in sys.modules:
+                self._done()
 
         loader.exec_module = exec_then_register
         return spec
+
+    def _done(self) -> None:
+        with self._lock:
+            if self not in sys.meta_path:
+                return
+            sys.meta_path.remove(self)
+        _register_quietly()
 
 
 def register_after_tensorflow() -> None:

@@ -195,7 +195,10 @@ def test_export_saved_model_loads_with_same_predictions(wdl):
     batch["hist_values"] = tf.constant(x["hist_values"][: int(lengths.sum())])
     got = loaded.signatures["serving_default"](**batch)["p"].numpy()
     np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7)
-    # PREDICT runs the plain model_fn: the export holds no hybridtf op (it serves without hybridtf)
+    # PREDICT runs the plain model_fn: its report says so, and the export holds no hybridtf op
+    # (it serves without hybridtf)
+    _, _, predict_report = _graph_spec(htf_estimator.model_fn(wdl_model_fn), tf.estimator.ModeKeys.PREDICT)
+    assert predict_report.packed is False and predict_report.plan is None
     from tensorflow.core.protobuf import saved_model_pb2
 
     saved = saved_model_pb2.SavedModel()

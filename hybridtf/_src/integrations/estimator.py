@@ -305,6 +305,8 @@ def build(
     # functional Tables lookups, which exist only packed; dynamic tables are served by their own ops.
     plain_predict = mode == tf.estimator.ModeKeys.PREDICT and not any(lk.kind == "tables" for lk in record.lookups)
     if not report.packed or plain_predict:
+        if plain_predict:  # the graph runs the plain model_fn: nothing in it is packed
+            report.packed, report.plan = False, None
         with context.plain_ops() if plain_predict else contextlib.nullcontext():
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
