@@ -281,9 +281,7 @@ def _warn_unhooked_clipping(objects) -> None:
     if not any(isinstance(obj, Tables) for obj in objects):
         return
     for opt in objects:
-        settings = {
-            k: getattr(opt, k, None) for k in ("clipnorm", "global_clipnorm", "clipvalue") if getattr(opt, k, None)
-        }
+        settings = {k: v for k in ("clipnorm", "global_clipnorm", "clipvalue") if (v := getattr(opt, k, None))}
         if not settings or getattr(opt, "_htf_clip_warned", False):
             continue
         object.__setattr__(opt, "_htf_clip_warned", True)
