@@ -136,5 +136,9 @@ if __name__ == "__main__":
         main()
     except BaseException as err:
         rank = os.environ.get("HOROVOD_RANK")
-        print(f"hybridtf-fault-test: rank {rank} ends at {time.time():.3f} with {type(err).__name__}", flush=True)
+        # the error's type and message in the same flushed line: horovodrun may terminate this rank before
+        # Python prints the traceback
+        print(
+            f"hybridtf-fault-test: rank {rank} ends at {time.time():.3f} with {type(err).__name__}: {err}", flush=True
+        )
         raise
