@@ -297,14 +297,18 @@ def test_an_unhooked_optimizer_in_a_custom_loop_of_an_optimized_model_is_a_clear
 
 
 @pytest.mark.slow  # ~20 s: a SavedModel export and a fresh TensorFlow process
-def test_saved_model_serves_without_hybridtf(tmp_path):
+@pytest.mark.parametrize("export", ["saved_model.save", "model.export"])
+def test_saved_model_serves_without_hybridtf(tmp_path, export):
     x, y = _data(steps=10)
     dyn, m1, _ = _pair("adagrad", hot_rows=8, warmup_steps=2, flush_every=3)
     _fit(m1, x, y)
     probe = np.concatenate([x[:6], np.array([[2**50, -1, 5]], np.int64)])  # the last row has unseen ids
     expected = m1.predict(probe, verbose=0)
     ids, rows = dyn.table.export()[:2]
-    tf.saved_model.save(m1, str(tmp_path / "sm"))
+    if export == "model.export":  # Keras's ExportArchive: its endpoint is traced before the save
+        m1.export(str(tmp_path / "sm"))
+    else:
+        tf.saved_model.save(m1, str(tmp_path / "sm"))
     np.save(tmp_path / "probe.npy", probe)
     code = (
         "import sys, numpy as np, tensorflow as tf\n"

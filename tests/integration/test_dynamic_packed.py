@@ -286,6 +286,15 @@ def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
     # served zero rows
     for training in (False, True):
         np.testing.assert_allclose(loaded(tf.constant(x[:64]), training=training), expected, rtol=1e-5, atol=1e-6)
+    # Keras's ExportArchive, twice: the second export holds the rows trained after the first
+    for export in ("e1", "e2"):
+        model.export(str(tmp_path / export))
+        served = tf.saved_model.load(str(tmp_path / export)).signatures["serving_default"]
+        exported = next(iter(served(tf.constant(x[:64])).values())).numpy()
+        np.testing.assert_allclose(exported, model.predict(x[:64], verbose=0), rtol=1e-5, atol=1e-6)
+        assert b"HybridTF" not in (tmp_path / export / "saved_model.pb").read_bytes()
+        _fit(model, x[:2 * BATCH], y[:2 * BATCH])
+    assert not np.allclose(exported, model.predict(x[:64], verbose=0))
 
 
 def test_a_keras_weights_file_of_a_model_whose_packed_tables_are_all_dynamic_resumes_exactly(tmp_path):

@@ -32,9 +32,9 @@ import zlib
 
 import numpy as np
 import tensorflow as tf
-from keras.src.saving.legacy.saved_model import layer_serialization
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.caching import serving
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.table import HybridHashTable, TableConfig, default_hot_rows
 from hybridtf._src.capture import context
@@ -219,38 +219,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def non_trainable_weights(self):
         return []
 
-    def _serving_snapshot(self):
-        """Plain-TF copies of the learned rows for a SavedModel (no hybridtf needed to load it).
-
-        A ``tf.lookup.StaticHashTable`` maps each stored id to its row in a
-        ``[n + 1, dim]`` variable whose last row, the default row of unseen
-        ids, is zeros (their initial rows need hybridtf's hash).
-        """
-        # One snapshot per save: the same SaveOptions object (one per tf.saved_model.save call) and
-        # table content (a restore resets the statistics, not the store's import count).
-        options = save_context.get_save_options() if save_context.in_save_context() else None
-        store = getattr(self.table, "store", self.table)  # a packed member's store
-        with tf.init_scope():
-            s = self.table.stats()
-            version = (store.imports, s["step"], s["inserts"], s["evictions"], s["lookups"], s["size"])
-            current = getattr(self, "_serving", None)
-            if current is not None and current.version == version and self._serving_options is options:
-                return current
-            world = self._shard_world
-            if world.distributed:  # every rank exports (a collective): the whole table
-                ids, rows = dynamic_exchange.full_export(self.table, world)[:2]
-            else:
-                ids, rows = self.table.export()[:2]
-            n = tf.shape(ids, out_type=tf.int64)[0]
-            init = tf.lookup.KeyValueTensorInitializer(ids, tf.range(n), tf.int64, tf.int64)
-            serving = tf.Module(name=f"{self.name}_serving")
-            serving.version = version
-            serving.index = tf.lookup.StaticHashTable(init, default_value=n)
-            serving.rows = tf.Variable(tf.concat([rows, tf.zeros([1, self.output_dim])], 0), trainable=False)
-        object.__setattr__(self, "_serving", serving)
-        object.__setattr__(self, "_serving_options", options)  # held: its id stays this save's
-        return serving
-
     def call(self, inputs, training=None):
         ids = inputs
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
@@ -269,8 +237,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         self._check_sharding()
         unique, inverse, counts = tf.unique_with_counts(flat, out_idx=tf.int32)
         if saving:  # SavedModel export: a static lookup + gather
-            serving = self._serving_snapshot()
-            embedded = tf.gather(tf.gather(serving.rows, serving.index.lookup(unique)), inverse)
+            embedded = tf.gather(serving.serve(self, unique), inverse)
             training = None
         elif training:
             graph = tf.compat.v1.get_default_graph()
@@ -412,10 +379,10 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return self.table.stats()
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):
-        serving = self._serving_snapshot() if save_type == "savedmodel" and self.table is not None else None
+        snapshot = serving.serving_snapshot(self) if save_type == "savedmodel" and self.table is not None else None
         children = dict(super()._trackable_children(save_type, **kwargs))
-        if serving is not None:  # the export holds plain-TF copies, never the HybridHash resource
-            children["serving"] = serving
+        if snapshot is not None:  # the export holds plain-TF copies, never the HybridHash resource
+            children["serving"] = snapshot
         elif save_type != "savedmodel" and self.table is not None:
             children["table"] = self.table
         return children
@@ -452,7 +419,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     @property
     def _trackable_saved_model_saver(self):
-        return _ServedFromFunctions(self)
+        return serving.ServedFromFunctions(self)
 
     def get_config(self):
         config = super().get_config()
@@ -477,15 +444,4 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return config
 
 
-class _ServedFromFunctions(layer_serialization.LayerSavedModelSaver):
-    """A SavedModel of the layer without its config: ``load_model`` revives it from its saved functions.
-
-    The SavedModel holds the learned rows as a static lookup plus a gather (``_serving_snapshot``), not the
-    HybridHash store; rebuilt from its config the layer would make a store the SavedModel has no value for,
-    which fails the load. Revived from the functions, it serves the saved rows with or without hybridtf.
-    """
-
-    def _python_properties_internal(self):
-        metadata = super()._python_properties_internal()
-        metadata.pop("config", None)
-        return metadata
+serving.install_export_archive_hook()
