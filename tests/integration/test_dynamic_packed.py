@@ -293,7 +293,7 @@ def test_saved_model_of_a_packed_model_serves_the_learned_rows(tmp_path):
         exported = next(iter(served(tf.constant(x[:64])).values())).numpy()
         np.testing.assert_allclose(exported, model.predict(x[:64], verbose=0), rtol=1e-5, atol=1e-6)
         assert b"HybridTF" not in (tmp_path / export / "saved_model.pb").read_bytes()
-        _fit(model, x[:2 * BATCH], y[:2 * BATCH])
+        _fit(model, x[: 2 * BATCH], y[: 2 * BATCH])
     assert not np.allclose(exported, model.predict(x[:64], verbose=0))
 
 
