@@ -33,8 +33,8 @@ from hybridtf._src.run.loader import load_ops as _load_ops
 def load_ops() -> None:
     """Loads hybridtf's op library, so that SavedModels exported by a wrapped Estimator load.
 
-    Exports of a wrapped model_fn with dynamic tables or functional ``Tables``
-    lookups contain hybridtf's ops (other exports are plain TensorFlow); call
+    Exports of a wrapped model_fn with static functional ``Tables`` lookups
+    contain hybridtf's ops (other exports, dynamic tables included, are plain TensorFlow); call
     this before ``tf.saved_model.load`` in a process that has not used hybridtf yet.
 
     Raises:

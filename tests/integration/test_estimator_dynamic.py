@@ -233,20 +233,50 @@ def test_v1_optimizer_settings_without_a_fused_update_are_refused(tmp_path):
         _train(_estimator(htf_estimator.model_fn(fn), tmp_path), 1)
 
 
-def test_exported_saved_model_serves_the_learned_rows(uninterrupted, tmp_path):
+@pytest.mark.parametrize("fn", ["layer", "tables"])
+def test_exported_saved_model_serves_the_learned_rows_without_hybridtf(uninterrupted, tmp_path, fn):
+    """PREDICT graphs read the checkpoint's ids and rows with plain TF ops: no hybridtf op, zeros for unseen ids."""
+    import subprocess
+    import sys
+
     model_dir, _, _, _ = uninterrupted
-    est = _estimator(htf_estimator.model_fn(dynamic_model_fn), model_dir, kind="adagrad")
+    est = _estimator(
+        htf_estimator.model_fn(dynamic_model_fn if fn == "layer" else tables_model_fn), model_dir, kind="adagrad"
+    )
 
     def serving_input_fn():
         a, b = (tf.compat.v1.placeholder(tf.int64, [None], name=n) for n in "ab")
         return tf.estimator.export.ServingInputReceiver({"a": a, "b": b}, {"a": a, "b": b})
 
-    export = est.export_saved_model(str(tmp_path), serving_input_fn)
-    x = np.concatenate([DATA[0][:6], [[2**62, 5]]])  # an id never seen: its initial row
-    first = {"a": x[:, 0], "b": x[:, 1]}
-    expected = np.concatenate([p["p"] for p in est.predict(lambda: tf.data.Dataset.from_tensors(first))])
-    served = tf.saved_model.load(export).signatures["serving_default"](a=tf.constant(x[:, 0]), b=tf.constant(x[:, 1]))
-    np.testing.assert_allclose(served["p"].numpy().ravel(), expected.ravel(), rtol=1e-6)
+    export = est.export_saved_model(str(tmp_path), serving_input_fn).decode()
+    assert b"HybridTF" not in open(f"{export}/saved_model.pb", "rb").read()
+    x = np.concatenate([DATA[0][:6], [[2**62, 5]]])  # an id never seen: the zero row
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import sys, numpy as np, tensorflow as tf\n"
+        f"x = np.load({str(tmp_path / 'x.npy')!r})\n"
+        f"f = tf.saved_model.load({export!r}).signatures['serving_default']\n"
+        "p = f(a=tf.constant(x[:, 0]), b=tf.constant(x[:, 1]))['p'].numpy()\n"
+        f"np.save({str(tmp_path / 'p.npy')!r}, p)\n"
+        "assert 'hybridtf' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=tmp_path)
+    served = np.load(tmp_path / "p.npy").ravel()
+    # the model the checkpoint holds, computed from its variables
+    ckpt = tf.train.latest_checkpoint(str(model_dir))
+    load = lambda name: tf.train.load_variable(ckpt, name)  # noqa: E731
+    ids, rows = load("hybridtf_dynamic/items/ids"), load("hybridtf_dynamic/items/rows")
+    lookup = {int(i): r for i, r in zip(ids, rows)}
+    emb = np.array([np.concatenate([lookup.get(int(i), np.zeros(D, np.float32)) for i in row]) for row in x])
+    h = np.maximum(emb @ load("dense/kernel") + load("dense/bias"), 0)
+    expected = 1 / (1 + np.exp(-(h @ load("dense_1/kernel") + load("dense_1/bias")))).ravel()
+    assert 2**62 not in lookup and 5 in lookup
+    np.testing.assert_allclose(served, expected, rtol=1e-5)
+    # Estimator.predict builds the same PREDICT graph: the same rows
+    predicted = np.concatenate(
+        [p["p"] for p in est.predict(lambda: tf.data.Dataset.from_tensors({"a": x[:, 0], "b": x[:, 1]}))]
+    )
+    np.testing.assert_allclose(predicted.ravel(), served, rtol=1e-6)
 
 
 def test_tf1_checkpoint_entry_of_another_table_is_refused(tmp_path):

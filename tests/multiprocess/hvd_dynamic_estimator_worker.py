@@ -56,6 +56,8 @@ def model_fn(features, labels, mode):
     h = tf.concat([table(features["ids"], training=train), features["x"]], axis=1)
     h = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))(h)
     pred = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))(h)
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"pred": pred})
     loss = tf.reduce_mean(tf.square(pred - labels))
     if not train:
         return tf.estimator.EstimatorSpec(mode, loss=loss)
@@ -111,6 +113,10 @@ def main():
     if size > 1:
         evaluation = hvd.allreduce(tf.constant(evaluation, tf.float64), op=hvd.Average, name="eval").numpy()
     result["eval_loss"] = float(evaluation)
+    # PREDICT: every rank serves the whole table from its checkpoint (plain TF ops, no collective)
+    ids, x, _ = global_data(1, 6)
+    first = {"ids": ids[:8], "x": x[:8]}
+    result["predictions"] = [float(p["pred"][0]) for p in est.predict(lambda: tf.data.Dataset.from_tensors(first))]
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(model_dir)))
     np.savez(out / f"table_{size}_{rank}.npz", **{f: reader.get_tensor(f"hybridtf_dynamic/items/{f}") for f in FIELDS})
     if size > 1:  # the Tables built before hvd.init() is refused by name (one process: nothing to refuse)

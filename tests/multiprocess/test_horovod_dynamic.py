@@ -43,6 +43,8 @@ def test_estimator_dynamic_tables_sharded_over_two_ranks_train_like_one_process(
         assert result["size"] == 2
         np.testing.assert_allclose(result["losses"], single["losses"], rtol=1e-5)
         np.testing.assert_allclose(result["eval_loss"], single["eval_loss"], rtol=1e-5)
+        np.testing.assert_allclose(result["predictions"], single["predictions"], rtol=1e-5)
+        assert len(result["predictions"]) == 8
         table = np.load(tmp_path / f"table_2_{rank}.npz")  # the whole table, gathered from both shards
         for field in ("ids", "counts", "step", "slot_init"):
             assert np.array_equal(table[field], one[field]), field

@@ -33,6 +33,7 @@ import zlib
 
 import tensorflow as tf
 
+from hybridtf._src.caching import serving
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
 from hybridtf._src.caching.table import HybridHashTable, default_hot_rows
@@ -129,8 +130,9 @@ class DynamicTable(tf.Module):
         self.config = config
         self.output_dim = config.dim
         hash_config = config.hash_config()
+        serving_rows = serving.serves_graph_rows()  # a wrapped Estimator's PREDICT graph: plain TF lookups
         with tf.init_scope():
-            table = HybridHashTable(hash_config)
+            table = serving.GraphServingRows(hash_config) if serving_rows else HybridHashTable(hash_config)
             rows = tf.Variable(
                 tf.zeros([0, config.dim]),
                 shape=tf.TensorShape([None, config.dim]),
@@ -144,7 +146,7 @@ class DynamicTable(tf.Module):
             received = tf.Variable(
                 tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name=f"{config.name}_received"
             )
-        world = current_world()
+        world = World() if serving_rows else current_world()
         if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
             table.shard_over(world)
             if not tf.executing_eagerly():
@@ -180,7 +182,7 @@ class DynamicTable(tf.Module):
     def _check_sharding(self) -> None:
         """A table built in one process must not train on its own in each rank of a later Horovod job."""
         world = current_world()
-        if world.distributed and not self.table.world.distributed:
+        if world.distributed and not self.table.world.distributed and not getattr(self.table, "serving_only", False):
             raise ValueError(
                 f"dynamic table {self.name!r} was built before hvd.init(), so it is not sharded over the "
                 f"{world.size} Horovod ranks and each rank would train its own copy. Call hvd.init() before creating "
@@ -198,7 +200,7 @@ class DynamicTable(tf.Module):
         ids = prepare_ids(ids, combiner, self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         unique, inverse, counts = tf.unique_with_counts(tf.cast(flat, tf.int64), out_idx=tf.int32)
-        if training:
+        if training and not getattr(self.table, "serving_only", False):
             graph = tf.compat.v1.get_default_graph()
             if not tf.executing_eagerly():
                 if self._training_graph is graph:

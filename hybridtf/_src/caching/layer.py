@@ -173,13 +173,17 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def build(self, input_shape=None):
         # Not auto-tracked: _trackable_children names it for checkpoints and leaves it out of SavedModels.
-        object.__setattr__(self, "table", HybridHashTable(self._table_config))
         world = current_world()
-        if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
-            self.table.shard_over(world)
-        # A checkpoint restored before the layer was built (a subclassed model's load_weights before its first
-        # call) left the table's entries pending under its name: restore them now, as Keras does for variables.
-        self._handle_deferred_dependencies("table", self.table)
+        if serving.serves_graph_rows():  # a wrapped Estimator's PREDICT graph: the checkpoint's rows, plain TF
+            object.__setattr__(self, "table", serving.GraphServingRows(self._table_config))
+            world = World()
+        else:
+            object.__setattr__(self, "table", HybridHashTable(self._table_config))
+            if world.distributed:  # this rank's shard of the table (ids owned by hash, dynamic_exchange.py)
+                self.table.shard_over(world)
+            # A checkpoint restored before the layer was built (a subclassed model's load_weights before its first
+            # call) left the table's entries pending under its name: restore them now, as Keras does for variables.
+            self._handle_deferred_dependencies("table", self.table)
         # Untracked (never checkpointed): the distinct rows of the current step and their ids.
         with tf.init_scope():
             buffer = tf.Variable(
@@ -239,7 +243,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if saving:  # SavedModel export: a static lookup + gather
             embedded = tf.gather(serving.serve(self, unique), inverse)
             training = None
-        elif training:
+        elif training and not getattr(self.table, "serving_only", False):
             graph = tf.compat.v1.get_default_graph()
             if not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
                 raise ValueError(

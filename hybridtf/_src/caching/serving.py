@@ -20,6 +20,15 @@ export loads and serves without hybridtf.
   traced ``tf.function``, which TensorFlow refuses.
 
 A snapshot is reused while the table is unchanged, within one save.
+
+A wrapped Estimator's PREDICT graph (``predict``, ``export_saved_model``) is
+built inside ``context.plain_ops()``; a TF1 graph has no save context and no
+table content at build time, so there a dynamic table is a ``GraphServingRows``:
+two variables named as the table's checkpoint entries
+(``hybridtf_dynamic/<table>/ids`` and ``.../rows``), which the Estimator's
+Saver restores from the training checkpoint and an export writes back under
+the same keys, and a ``StaticHashTable`` initialized from them with the other
+lookup tables (after the restore). Its graph holds no hybridtf op either.
 """
 
 from __future__ import annotations
@@ -28,7 +37,12 @@ import tensorflow as tf
 from keras.src.saving.legacy.saved_model import layer_serialization
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.capture import context
 from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute.world import World
+
+# Name-based (TF1 Saver) checkpoint keys of a dynamic table: <CHECKPOINT_PREFIX>/<table>/<field>.
+CHECKPOINT_PREFIX = "hybridtf_dynamic"
 
 # _serving_options of a snapshot taken for the save that follows (ExportArchive): any save adopts it.
 _NEXT_SAVE = object()
@@ -74,6 +88,57 @@ def serve(layer, unique):
     """The rows of distinct ids ``unique`` from the layer's export snapshot (zeros for unseen ids)."""
     snapshot = serving_snapshot(layer)
     return tf.gather(snapshot.rows, snapshot.index.lookup(unique))
+
+
+class GraphServingRows:
+    """A dynamic table in a TF1 PREDICT graph: its checkpointed ids and rows, looked up with plain TF ops.
+
+    Unseen ids get the zero row, as in a Keras export. It cannot train: a training lookup reads too.
+
+    Args:
+        config: the table's ``TableConfig`` (its name and dim are used).
+    """
+
+    serving_only = True
+    world = World()  # the checkpoint holds the whole table, also under Horovod
+
+    def __init__(self, config):
+        self.config = config
+        self.name = config.name
+        scope = f"{CHECKPOINT_PREFIX}/{config.name}/"
+        with tf.init_scope(), tf.name_scope(scope):
+            self.ids = tf.Variable(tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False, name="ids")
+            self.rows = tf.Variable(
+                tf.zeros([0, config.dim]), shape=tf.TensorShape([None, config.dim]), trainable=False, name="rows"
+            )
+            for var, field in ((self.ids, "ids"), (self.rows, "rows")):
+                if var.op.name != scope + field:  # restored by name: another op took it
+                    raise ValueError(
+                        f"dynamic table {self.name!r}: its serving variable is named {var.op.name!r}, not "
+                        f"{scope + field!r} (the checkpoint key it is restored from), because the graph already has "
+                        f"an op of that name. Give each dynamic table its own name."
+                    )
+            n = tf.shape(self.ids, out_type=tf.int64)[0]
+            init = tf.lookup.KeyValueTensorInitializer(self.ids.read_value(), tf.range(n), tf.int64, tf.int64)
+            self.index = tf.lookup.StaticHashTable(init, default_value=-1)
+
+    def check_ids(self, ids):
+        dtype = tf.as_dtype(ids.dtype)
+        if dtype not in (tf.int64, tf.int32):
+            raise TypeError(f"dynamic table {self.name!r}: ids must be int64 (or int32), got {dtype.name}.")
+        return tf.cast(ids, tf.int64) if dtype != tf.int64 else ids
+
+    def lookup(self, ids, counts=None, insert: bool = False, members=None):
+        """Rows ``[n, dim]`` of the 1-D ids: the checkpoint's row, or zeros for an id it does not hold."""
+        del counts, insert, members
+        index = self.index.lookup(self.check_ids(tf.convert_to_tensor(ids)))
+        rows = tf.concat([self.rows, tf.zeros([1, self.config.dim], self.rows.dtype)], 0)
+        return tf.gather(rows, tf.where(index < 0, tf.shape(self.rows, out_type=tf.int64)[0], index))
+
+
+def serves_graph_rows() -> bool:
+    """Whether a dynamic table built now is a ``GraphServingRows`` (a TF1 graph inside ``context.plain_ops()``)."""
+    return not tf.executing_eagerly() and not save_context.in_save_context() and context.in_plain_ops()
 
 
 class ServedFromFunctions(layer_serialization.LayerSavedModelSaver):

@@ -147,7 +147,9 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
     if not owners:
         return owners
     world = current_world()
-    unsharded = [o.table.name for o in owners if not o.table.world.distributed]
+    unsharded = [
+        o.table.name for o in owners if not o.table.world.distributed and not getattr(o.table, "serving_only", False)
+    ]
     if world.size > 1 and unsharded:
         raise CaptureError(
             f"hybridtf.estimator: dynamic table(s) {unsharded} under Horovod with {world.size} ranks: "
@@ -164,6 +166,8 @@ def finish_graph(graph: tf.Graph, mode, report) -> list:
             if getattr(owner, "_received_ids", None) is not None:
                 buffers.append(owner._received_ids)
             _move_to_local(graph, buffers)
+            if getattr(table, "serving_only", False):  # PREDICT: plain variables, restored by name (serving.py)
+                continue
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVEABLE_OBJECTS, TableSaveable(table))
             with tf.name_scope(f"hybridtf_cache/{name}"):
                 tf.compat.v1.add_to_collection(CACHE_MAINTENANCE, table.flush())

@@ -23,10 +23,11 @@ import re
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_utils
 
+from hybridtf._src.caching.serving import CHECKPOINT_PREFIX
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import estimator_warm_start
 
-PREFIX = "hybridtf_dynamic"
+PREFIX = CHECKPOINT_PREFIX
 FIELDS = ("ids", "rows", "slots", "counts", "slot_init", "step")
 _DTYPES = (tf.int64, tf.float32, tf.float32, tf.int64, tf.float32, tf.int64)
 
