@@ -331,6 +331,30 @@ def test_saved_model_serves_without_hybridtf(tmp_path, export):
     np.testing.assert_allclose(out[6:], head(unseen).numpy(), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("export", ["saved_model.save", "model.export"])
+def test_a_table_without_rows_exports_zero_rows(tmp_path, export):
+    """TensorFlow refuses a static lookup table of no keys: a never-trained table still exports (zero rows)."""
+    dyn, model, _ = _pair("adagrad", hot_rows=8)
+    x = _data(steps=1)[0][:8]
+    model.predict(x, verbose=0)  # built, nothing inserted
+    assert dyn.stats()["size"] == 0
+    if export == "model.export":
+        model.export(str(tmp_path / "sm"))
+    else:
+        tf.saved_model.save(model, str(tmp_path / "sm"))
+    served = tf.saved_model.load(str(tmp_path / "sm")).signatures["serving_default"]
+    out = next(iter(served(tf.constant(x)).values())).numpy()
+    head = tf.keras.Sequential(model.layers[-2:])
+    np.testing.assert_allclose(out, head(np.zeros((8, FIELDS * D), np.float32)).numpy(), rtol=1e-6)
+    # and once it has rows, the next export serves them
+    _fit(model, *_data(steps=2))
+    tf.saved_model.save(model, str(tmp_path / "sm2"))
+    served = tf.saved_model.load(str(tmp_path / "sm2")).signatures["serving_default"]
+    np.testing.assert_allclose(
+        next(iter(served(tf.constant(x)).values())).numpy(), model.predict(x, verbose=0), rtol=1e-6
+    )
+
+
 def test_a_layer_called_twice_in_a_training_step_is_refused():
     dyn = htf.layers.DynamicEmbedding(D, name="shared", hot_rows=4)
     a = tf.keras.Input((1,), dtype=tf.int64)

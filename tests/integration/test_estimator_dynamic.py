@@ -279,6 +279,31 @@ def test_exported_saved_model_serves_the_learned_rows_without_hybridtf(uninterru
     np.testing.assert_allclose(predicted.ravel(), served, rtol=1e-6)
 
 
+def test_predict_without_a_checkpoint_serves_zero_rows(tmp_path):
+    """No checkpoint (Estimator initializes the variables): the table has no rows, every id gets the zero row."""
+    est = _estimator(htf_estimator.model_fn(dynamic_model_fn), tmp_path, kind="adagrad")
+    x = DATA[0][:4]
+    predicted = np.concatenate(
+        [p["p"] for p in est.predict(lambda: tf.data.Dataset.from_tensors({"a": x[:, 0], "b": x[:, 1]}))]
+    )
+    # the head's initial weights, as the plain model_fn (same seeds) predicts from zero rows
+    zeros = tf.keras.initializers.Zeros()
+
+    def zero_rows_fn(features, labels, mode, params):
+        emb = tf.keras.layers.Embedding(V, D, embeddings_initializer=zeros, name="items")(_ids(features))
+        return _head(mode, labels, emb, None)
+
+    expected = np.concatenate(
+        [
+            p["p"]
+            for p in _estimator(zero_rows_fn, tmp_path / "plain", kind="adagrad").predict(
+                lambda: tf.data.Dataset.from_tensors({"a": x[:, 0], "b": x[:, 1]})
+            )
+        ]
+    )
+    np.testing.assert_allclose(predicted, expected, rtol=1e-6)
+
+
 def test_tf1_checkpoint_entry_of_another_table_is_refused(tmp_path):
     from hybridtf._src.integrations.estimator_dynamic import TableSaveable
 

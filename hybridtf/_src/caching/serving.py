@@ -2,10 +2,10 @@
 
 A SavedModel never holds the HybridHash store. Each export of a layer gets a
 snapshot of its table: a ``tf.lookup.StaticHashTable`` id -> row index and a
-``[n + 1, dim]`` row variable whose last row, the row of ids unseen in
-training, is zeros (their initial rows would need hybridtf's hash). The
-layer's call, traced in the save context, serves through the snapshot, so the
-export loads and serves without hybridtf.
+``[n, dim]`` row variable; ids unseen in training get the zero row (their
+initial rows would need hybridtf's hash), also every id of a table that has no
+rows yet. The layer's call, traced in the save context, serves through the
+snapshot, so the export loads and serves without hybridtf.
 
 * ``tf.saved_model.save`` / ``model.save(dir)``: the layer lists the snapshot
   as a child of its SavedModel object graph (``DynamicEmbedding._trackable_children``)
@@ -73,21 +73,39 @@ def serving_snapshot(layer, for_next_save: bool = False) -> tf.Module:
             ids, rows = dynamic_exchange.full_export(layer.table, world)[:2]
         else:
             ids, rows = layer.table.export()[:2]
-        n = tf.shape(ids, out_type=tf.int64)[0]
-        init = tf.lookup.KeyValueTensorInitializer(ids, tf.range(n), tf.int64, tf.int64)
         serving = tf.Module(name=f"{layer.name}_serving")
         serving.version = version
-        serving.index = tf.lookup.StaticHashTable(init, default_value=n)
-        serving.rows = tf.Variable(tf.concat([rows, tf.zeros([1, layer.output_dim])], 0), trainable=False)
+        serving.index = _index_of_rows(ids)
+        serving.rows = tf.Variable(rows, trainable=False)
     object.__setattr__(layer, "_serving", serving)
     object.__setattr__(layer, "_serving_options", _NEXT_SAVE if for_next_save else options)
     return serving
 
 
+def _index_of_rows(ids) -> tf.lookup.StaticHashTable:
+    """id -> its row index in ``ids``; any other id -> ``n`` (the zero row after the n rows).
+
+    TensorFlow refuses a static table initialized with no keys: a table without rows (never trained,
+    no checkpoint) maps the key 0 to ``n`` = 0, the zero row every other id gets too.
+    """
+    n = tf.shape(ids, out_type=tf.int64)[0]
+    pad = tf.maximum(1 - n, 0)  # 1 when there are no rows
+    keys = tf.concat([ids, tf.zeros([pad], tf.int64)], 0)
+    init = tf.lookup.KeyValueTensorInitializer(keys, tf.concat([tf.range(n), tf.fill([pad], n)], 0))
+    return tf.lookup.StaticHashTable(init, default_value=-1)
+
+
+def _gather_or_zeros(rows, index):
+    """Rows ``index`` of ``rows`` [n, dim], zeros where index is -1 or n."""
+    n = tf.shape(rows, out_type=tf.int64)[0]
+    padded = tf.concat([rows, tf.zeros([1, rows.shape[-1]], rows.dtype)], 0)
+    return tf.gather(padded, tf.where(index < 0, n, index))
+
+
 def serve(layer, unique):
     """The rows of distinct ids ``unique`` from the layer's export snapshot (zeros for unseen ids)."""
     snapshot = serving_snapshot(layer)
-    return tf.gather(snapshot.rows, snapshot.index.lookup(unique))
+    return _gather_or_zeros(snapshot.rows, snapshot.index.lookup(unique))
 
 
 class GraphServingRows:
@@ -118,9 +136,7 @@ class GraphServingRows:
                         f"{scope + field!r} (the checkpoint key it is restored from), because the graph already has "
                         f"an op of that name. Give each dynamic table its own name."
                     )
-            n = tf.shape(self.ids, out_type=tf.int64)[0]
-            init = tf.lookup.KeyValueTensorInitializer(self.ids.read_value(), tf.range(n), tf.int64, tf.int64)
-            self.index = tf.lookup.StaticHashTable(init, default_value=-1)
+            self.index = _index_of_rows(self.ids.read_value())
 
     def check_ids(self, ids):
         dtype = tf.as_dtype(ids.dtype)
@@ -131,9 +147,7 @@ class GraphServingRows:
     def lookup(self, ids, counts=None, insert: bool = False, members=None):
         """Rows ``[n, dim]`` of the 1-D ids: the checkpoint's row, or zeros for an id it does not hold."""
         del counts, insert, members
-        index = self.index.lookup(self.check_ids(tf.convert_to_tensor(ids)))
-        rows = tf.concat([self.rows, tf.zeros([1, self.config.dim], self.rows.dtype)], 0)
-        return tf.gather(rows, tf.where(index < 0, tf.shape(self.rows, out_type=tf.int64)[0], index))
+        return _gather_or_zeros(self.rows, self.index.lookup(self.check_ids(tf.convert_to_tensor(ids))))
 
 
 def serves_graph_rows() -> bool:
