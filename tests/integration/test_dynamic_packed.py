@@ -353,3 +353,24 @@ def test_a_refused_member_restore_leaves_the_table_as_it_was(tmp_path):
     for b, a in zip(before, after):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(model.predict(x[:64], verbose=0), predictions)
+
+
+@pytest.mark.parametrize("kind", ["adagrad", "adam"])
+def test_a_packed_layer_called_for_two_features_trains_like_a_shared_embedding(kind):
+    """Unpacked, a layer's training lookup is one call per step (refused otherwise); packed, each call is a field
+    of the group's one lookup, and the gradients of both calls reach the shared rows as a shared Embedding's do."""
+    x, y = _data(steps=20, fields=3)
+
+    def build(shared, other):
+        ids = tf.keras.Input((3,), dtype=tf.int64)
+        outs = [tf.keras.layers.Flatten()(layer(ids[:, f : f + 1])) for f, layer in enumerate((shared, shared, other))]
+        return tf.keras.Model(ids, _dense_head(tf.keras.layers.Concatenate()(outs)))
+
+    shared = htf.layers.DynamicEmbedding(D, seed=7, name="shared", hot_rows=8, warmup_steps=2, flush_every=3)
+    other = htf.layers.DynamicEmbedding(D, seed=8, name="other", hot_rows=8, warmup_steps=2, flush_every=3)
+    model = htf.keras.optimize(build(shared, other))
+    model.compile(optimizer=_optimizer(kind), loss="mse")
+    rows = [tf.keras.initializers.Constant(t.initial_rows(np.arange(V)).numpy()) for t in (shared, other)]
+    plain = build(*(tf.keras.layers.Embedding(V, D, embeddings_initializer=r) for r in rows))
+    plain.compile(optimizer=_optimizer(kind), loss="mse")
+    np.testing.assert_allclose(_fit(model, x, y), _fit(plain, x, y), rtol=1e-5)
