@@ -448,4 +448,4 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         return config
 
 
-serving.install_export_archive_hook()
+serving.install_export_archive_hook(DynamicEmbedding)

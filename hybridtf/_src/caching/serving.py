@@ -169,16 +169,17 @@ class ServedFromFunctions(layer_serialization.LayerSavedModelSaver):
         return metadata
 
 
-def _dynamic_layers(root):
-    from hybridtf._src.caching.layer import DynamicEmbedding
-
+def _dynamic_layers(root, layer_class):
     for trackable in tf.train.TrackableView(root).descendants():
-        if isinstance(trackable, DynamicEmbedding) and trackable.built and trackable.table is not None:
+        if isinstance(trackable, layer_class) and trackable.built and trackable.table is not None:
             yield trackable
 
 
-def install_export_archive_hook() -> None:
-    """Lets Keras's ``ExportArchive`` (``model.export``) save DynamicEmbedding layers (see the module doc)."""
+def install_export_archive_hook(layer_class) -> None:
+    """Lets Keras's ``ExportArchive`` (``model.export``) save ``layer_class`` (DynamicEmbedding) layers.
+
+    See the module doc. ``layer_class`` is passed in by ``layer.py``, which imports this module.
+    """
     try:
         from keras.src.export import export_lib
     except ImportError:  # another Keras layout: model.export then fails as without the hook
@@ -192,7 +193,7 @@ def install_export_archive_hook() -> None:
         collect(self)
         snapshots = []
         for root in getattr(self, "_tracked", ()):
-            for layer in _dynamic_layers(root):
+            for layer in _dynamic_layers(root, layer_class):
                 snapshot = serving_snapshot(layer, for_next_save=True)
                 if all(snapshot is not s for s in snapshots):
                     snapshots.append(snapshot)
