@@ -231,7 +231,9 @@ def build_optimizer(model, filepath=None, user_class=type) -> None:
     if layout is not None and layout[1] > 0:
         base, per_variable = layout
         trained, rest = divmod(saved - base, per_variable)
-        if rest == 0 and 0 <= trained < len(plain):  # this optimizer's state over only some of the variables
+        # A dynamic table's distinct-rows buffer has no slots in the optimizer (its table holds them).
+        slotted = sum(1 for v in plain if getattr(v, "_htf_dynamic_embedding", None) is None)
+        if rest == 0 and 0 <= trained < slotted:  # this optimizer's state over only some of the variables
             return
     with tf.init_scope():
         optimizer.build(model.trainable_variables)
