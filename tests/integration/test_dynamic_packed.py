@@ -378,3 +378,32 @@ def test_a_packed_layer_called_for_two_features_trains_like_a_shared_embedding(k
     plain = build(*(tf.keras.layers.Embedding(V, D, embeddings_initializer=r) for r in rows))
     plain.compile(optimizer=_optimizer(kind), loss="mse")
     np.testing.assert_allclose(_fit(model, x, y), _fit(plain, x, y), rtol=1e-5)
+
+
+@pytest.mark.parametrize("tables", ["dynamic", "static_and_dynamic"])
+def test_an_optimized_model_with_packed_dynamic_tables_trains_in_a_hybridtf_function_loop(tables, caplog):
+    """htf.function's record pass (a scratch graph that never runs) gives the group's buffer no gradient: that is
+    not a table left untrained (it warned, and crashed naming the group). The real pass trains as tf.function."""
+    fields = FIELDS if tables == "dynamic" else 3
+    x, y = _data(steps=8, fields=fields)
+
+    def run(optimized: bool, decorate):
+        plain = _dynamic_model(**TABLE) if tables == "dynamic" else _mixed_model()
+        model = htf.keras.optimize(plain) if optimized else plain
+        optimizer = htf.keras.dynamic_optimizer(_optimizer("adagrad"))
+
+        @decorate
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(model(xb, training=True) - yb))
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return np.array([float(step(x[i : i + BATCH], y[i : i + BATCH])) for i in range(0, len(x), BATCH)])
+
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        packed = run(True, htf.function)
+    assert "got no gradient" not in caplog.text
+    np.testing.assert_allclose(packed, run(True, tf.function), rtol=1e-6)
+    np.testing.assert_allclose(packed, run(False, tf.function), rtol=1e-5)

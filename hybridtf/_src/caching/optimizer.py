@@ -20,6 +20,7 @@ import logging
 import tensorflow as tf
 
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
+from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
@@ -75,7 +76,7 @@ class _DynamicOptimizerMixin:
                         # The step's rows are consumed: the buffer is empty again, so a broadcast of the model's
                         # variables (Horovod's BroadcastGlobalVariablesCallback) sees one shape on every rank.
                         updates.append(v.assign(tf.zeros([0, v.shape[-1]], v.dtype), read_value=False))
-                else:
+                elif not context.is_recording():  # a record pass (htf.function's scratch graph) never runs
                     _note_no_gradient(_layer_of(v))
         with tf.control_dependencies(updates):
             if rest:

@@ -229,6 +229,10 @@ class DynamicGroup:
             ]
 
     @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
     def _exchange_name(self) -> str:
         return f"hybridtf_dynamic_{self.plan.name}"
 
