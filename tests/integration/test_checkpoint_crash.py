@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from hybridtf._src.integrations import atomic_checkpoint
+from hybridtf._src.integrations.keras_model import has_packed_tables
 from tests.integration import kill_checkpoint
 
 
@@ -126,3 +127,48 @@ def test_sigkill_during_per_step_checkpointing(path, kills, tmp_path):
     result = kill_checkpoint.run(path, kills, seed=7, directory=str(tmp_path), max_delay=1.0)
     assert result["loaded_and_matched"] == kills
     assert len(set(result["steps"])) >= 1
+
+
+def _dynamic_only_model():
+    """A model whose only packed tables are dynamic: ``optimize`` packs no static table (its own model class)."""
+    ids = tf.keras.Input((2,), dtype=tf.int64)
+    outs = [
+        tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(4, seed=f, name=f"dyn{f}")(ids[:, f : f + 1]))
+        for f in range(2)
+    ]
+    model = htf.keras.optimize(tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(outs))))
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="mse")
+    assert not has_packed_tables(model) and htf.keras.is_optimized(model)
+    return model
+
+
+@pytest.mark.parametrize("name", ["w", "m.weights.h5", "m.keras"])
+def test_a_killed_save_of_a_model_with_only_dynamic_tables_leaves_the_last_one_readable(tmp_path, name, monkeypatch):
+    from keras.src.engine import training
+
+    x = np.arange(64, dtype=np.int64).reshape(32, 2)
+    y = np.ones((32, 1), np.float32)
+    model = _dynamic_only_model()
+    model.train_on_batch(x, y)
+    want = model.predict(x, verbose=0)
+    path = str(tmp_path / name)
+    save = model.save if name.endswith(".keras") else model.save_weights
+    save(path)
+    model.train_on_batch(x, y)
+
+    def killed(self, filepath, *args, **kwargs):  # the process dies half-way through writing
+        target = os.fspath(filepath)
+        with open(target if target.endswith((".keras", ".h5")) else target + ".index", "wb") as f:
+            f.write(b"half a file")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training.Model, "save" if name.endswith(".keras") else "save_weights", killed)
+    with pytest.raises(KeyboardInterrupt):
+        save(path)
+    monkeypatch.undo()
+    if name.endswith(".keras"):
+        loaded = tf.keras.models.load_model(path)
+    else:
+        loaded = _dynamic_only_model()
+        loaded.load_weights(path)
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), want, rtol=1e-6)

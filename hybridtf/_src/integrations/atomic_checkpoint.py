@@ -186,3 +186,21 @@ def atomic_file(path):
         os.replace(tmp, path)
     finally:
         _remove(tmp)
+
+
+@contextlib.contextmanager
+def crash_safe_path(filepath, overwrite: bool = True):
+    """The path a Keras save should write ``filepath`` at so that a kill never leaves the newest complete save
+    unreadable: a temporary file for ``.keras`` / ``.weights.h5`` (``atomic_file``), the prefix itself under
+    ``protected`` for the TensorFlow format. Without ``overwrite`` (Keras asks first) or for a non-path (an h5py
+    file object), ``filepath`` as is."""
+    if not overwrite or not isinstance(filepath, (str, os.PathLike)):
+        yield filepath
+        return
+    path = os.fspath(filepath)
+    if path.endswith((".keras", ".weights.h5")):
+        with atomic_file(path) as tmp:
+            yield tmp
+    else:
+        with protected(path):
+            yield path

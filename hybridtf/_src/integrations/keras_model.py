@@ -27,7 +27,7 @@ from tensorflow.python.eager import record
 from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
-from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
+from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import (
     atomic_checkpoint,
@@ -39,6 +39,7 @@ from hybridtf._src.integrations import (
 )
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
+from hybridtf._src.integrations.keras_unpacked import UnpackedModelMixin, fusions_traced, sharded_save_error
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
@@ -178,7 +179,7 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
         base = super().save_weights
 
         def write():
-            with _crash_safe(filepath, overwrite) as path:
+            with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 base(path, overwrite=overwrite, save_format=save_format, options=options)
 
         dynamic = dynamic_exchange.sharded_tables(self)  # DynamicEmbedding tables sharded by id
@@ -213,9 +214,9 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
         keras_notices.refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
         if storage.sharded or dynamic_exchange.sharded_tables(self):
-            raise _sharded_save_error(storage.world.size)
+            raise sharded_save_error(storage.world.size)
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
-            with _crash_safe(filepath, overwrite) as path:
+            with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
         return super().save(filepath, overwrite=overwrite, save_format=save_format, **kwargs)
 
@@ -257,108 +258,6 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
     def hybridtf_fused_dice(self) -> list[str]:
         """Where a Dice activation with train-mode batch norm became one Dice op, as last traced (``dice_fusion``)."""
         return fusions_traced(self, "dice")
-
-
-def _sharded_save_error(size: int) -> NotImplementedError:
-    return NotImplementedError(
-        f"model.save of a model whose tables are sharded over {size} Horovod ranks: its traced functions "
-        "exchange rows between ranks. Call model.save_weights(path) on every rank, then load the weights into "
-        "the model in one process (hybridtf.keras.optimize without Horovod, or the plain model) and save or "
-        "export that."
-    )
-
-
-class _UnpackedModelMixin(PlainConstruction):
-    """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
-
-    def compile(self, *args, **kwargs):
-        keras_notices.refuse_distribution_strategy(self, "compiled")
-        super().compile(*args, **kwargs)
-        hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
-
-    def save(self, filepath, *args, **kwargs):
-        dynamic = dynamic_exchange.sharded_tables(self)
-        if dynamic:
-            raise _sharded_save_error(dynamic[0].world.size)
-        return super().save(filepath, *args, **kwargs)
-
-    def save_weights(self, filepath, *args, **kwargs):
-        """With DynamicEmbedding tables sharded by id over Horovod ranks: every rank calls it, rank 0 writes."""
-        dynamic = dynamic_exchange.sharded_tables(self)
-        if not dynamic:
-            return super().save_weights(filepath, *args, **kwargs)
-        world = dynamic[0].world
-        with dynamic_exchange.gathered_exports(dynamic):  # every rank gathers the whole tables
-            if world.rank == 0:
-                super().save_weights(filepath, *args, **kwargs)
-        # A barrier: the file is complete before any rank goes on (and maybe reads it).
-        world.hvd.allreduce(tf.constant(0), op=world.hvd.Sum, name="hybridtf_saved_weights")
-        return None
-
-    def load_weights(self, filepath, *args, **kwargs):
-        if str(filepath).endswith((".keras", ".weights.h5")):
-            keras_slots.build_optimizer(
-                self, user_class=user_class
-            )  # its dynamic stores' optimizer state too, as an optimized model's
-        return super().load_weights(filepath, *args, **kwargs)
-
-    @property
-    def hybridtf_plan(self) -> PackingPlan:
-        """The packing plan (no packed tables)."""
-        return self._htf_plan
-
-    @property
-    def hybridtf_skipped(self) -> list[SkippedLayer]:
-        """Embedding layers left unpacked, with the reason."""
-        return list(self._htf_skipped)
-
-    @property
-    def hybridtf_shared_uniques(self) -> dict[str, str]:
-        """Nothing is packed, so no table shares unique ids."""
-        return {}
-
-    # Without static packed tables, only packed DynamicEmbedding stores' lookups can be fused (their
-    # StitchCombine outputs, as last traced: ``packed_dynamic._DynamicModelMixin``); else nothing.
-    @property
-    def hybridtf_fused_concats(self) -> list[str]:
-        """Where concatenations and sums of packed dynamic lookups became one StitchConcat, as last traced."""
-        return fusions_traced(self, "concats")
-
-    @property
-    def hybridtf_fused_dense(self) -> list[str]:
-        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
-        return fusions_traced(self, "dense")
-
-    @property
-    def hybridtf_fused_fm(self) -> list[str]:
-        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
-        return fusions_traced(self, "fm")
-
-    @property
-    def hybridtf_fused_dice(self) -> list[str]:
-        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced."""
-        return fusions_traced(self, "dice")
-
-
-def fusions_traced(model, kind: str) -> list[str]:
-    """``model``'s fusions of one kind (a ``FusionLog`` field) as its forward pass was last traced; [] before."""
-    log = getattr(model, "_htf_fusion_log", None)
-    return list(getattr(log, kind)) if log is not None else []
-
-
-@contextlib.contextmanager
-def _crash_safe(filepath, overwrite):
-    """The path to write ``filepath`` at so that a kill never leaves the newest complete save unreadable."""
-    if not overwrite or not isinstance(filepath, (str, os.PathLike)):  # Keras asks before overwriting: as is
-        yield filepath
-        return
-    path = os.fspath(filepath)
-    if path.endswith((".keras", ".weights.h5")):
-        with atomic_checkpoint.atomic_file(path) as tmp:
-            yield tmp
-    else:
-        with atomic_checkpoint.protected(path):
-            yield path
 
 
 def is_optimized(model) -> bool:
@@ -511,7 +410,7 @@ def optimize(
         return build_and_optimize
     if not isinstance(model, tf.keras.Model):
         raise TypeError(f"optimize() takes a tf.keras.Model or a function returning one, got {type(model).__name__}.")
-    if is_optimized(model) or isinstance(model, _UnpackedModelMixin):
+    if is_optimized(model) or isinstance(model, UnpackedModelMixin):
         return model
     if not model.built:
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
@@ -562,7 +461,7 @@ def optimize(
 def _leave_unpacked(model: tf.keras.Model, plan: PackingPlan, skipped: list[SkippedLayer]) -> None:
     """Nothing to pack: the model stays as it is, with ``hybridtf_plan`` / ``hybridtf_skipped``."""
     model.__dict__.pop("call", None)
-    model.__class__ = runtime_subclass(_UnpackedModelMixin, type(model))
+    model.__class__ = runtime_subclass(UnpackedModelMixin, type(model))
     object.__setattr__(model, "_htf_plan", plan)
     object.__setattr__(model, "_htf_skipped", skipped)
     if dynamic_exchange.sharded_tables(model):  # its steps exchange ids and rows: no rank waits forever

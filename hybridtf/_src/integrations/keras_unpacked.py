@@ -1,0 +1,124 @@
+"""The model ``optimize`` returns when it packs none of the model's static tables.
+
+It runs as plain Keras (its packed DynamicEmbedding stores, if any, have their
+own model mixin, ``rewrite/packed_dynamic.py``) and keeps the promises of an
+optimized model's class (``keras_model.py``): ``hybridtf_plan`` /
+``hybridtf_skipped`` / the fusion lists, ``compile`` hooking the optimizer for
+its dynamic tables, Keras files loading the optimizer state, saves under
+Horovod with tables sharded by id, and crash-safe saves
+(``atomic_checkpoint.crash_safe_path``: a kill during ``save_weights`` or a
+``.keras`` save leaves the newest complete save readable, as ``ModelCheckpoint``'s).
+"""
+
+from __future__ import annotations
+
+import os
+
+import tensorflow as tf
+
+from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
+from hybridtf._src.capture.keras_capture import SkippedLayer
+from hybridtf._src.capture.subclassing import PlainConstruction
+from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.integrations import atomic_checkpoint, keras_notices, keras_slots
+from hybridtf._src.integrations.keras_optimizers import user_class
+from hybridtf._src.plan.packing import PackingPlan
+
+
+def sharded_save_error(size: int) -> NotImplementedError:
+    return NotImplementedError(
+        f"model.save of a model whose tables are sharded over {size} Horovod ranks: its traced functions "
+        "exchange rows between ranks. Call model.save_weights(path) on every rank, then load the weights into "
+        "the model in one process (hybridtf.keras.optimize without Horovod, or the plain model) and save or "
+        "export that."
+    )
+
+
+def fusions_traced(model, kind: str) -> list[str]:
+    """``model``'s fusions of one kind (a ``FusionLog`` field) as its forward pass was last traced; [] before."""
+    log = getattr(model, "_htf_fusion_log", None)
+    return list(getattr(log, kind)) if log is not None else []
+
+
+class UnpackedModelMixin(PlainConstruction):
+    """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
+
+    def compile(self, *args, **kwargs):
+        keras_notices.refuse_distribution_strategy(self, "compiled")
+        super().compile(*args, **kwargs)
+        hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
+
+    def save(self, filepath, overwrite=True, save_format=None, **kwargs):
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if dynamic:
+            raise sharded_save_error(dynamic[0].world.size)
+        if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
+            with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
+                return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
+        return super().save(filepath, overwrite=overwrite, save_format=save_format, **kwargs)
+
+    def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
+        """Crash-safe; with DynamicEmbedding tables sharded by id over Horovod ranks every rank calls it, rank 0
+        writes."""
+
+        def write():
+            with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
+                super(UnpackedModelMixin, self).save_weights(
+                    path, overwrite=overwrite, save_format=save_format, options=options
+                )
+
+        dynamic = dynamic_exchange.sharded_tables(self)
+        if not dynamic:
+            return write()
+        world = dynamic[0].world
+        with dynamic_exchange.gathered_exports(dynamic):  # every rank gathers the whole tables
+            if world.rank == 0:
+                write()
+        # A barrier: the file is complete before any rank goes on (and maybe reads it).
+        world.hvd.allreduce(tf.constant(0), op=world.hvd.Sum, name="hybridtf_saved_weights")
+        return None
+
+    def load_weights(self, filepath, *args, **kwargs):
+        if str(filepath).endswith((".keras", ".weights.h5")):
+            # its dynamic stores' optimizer state too, as an optimized model's
+            keras_slots.build_optimizer(self, user_class=user_class)
+        elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
+            filepath = atomic_checkpoint.resolve(os.fspath(filepath))  # the newest complete checkpoint
+        return super().load_weights(filepath, *args, **kwargs)
+
+    @property
+    def hybridtf_plan(self) -> PackingPlan:
+        """The packing plan (no packed tables)."""
+        return self._htf_plan
+
+    @property
+    def hybridtf_skipped(self) -> list[SkippedLayer]:
+        """Embedding layers left unpacked, with the reason."""
+        return list(self._htf_skipped)
+
+    @property
+    def hybridtf_shared_uniques(self) -> dict[str, str]:
+        """Nothing is packed, so no table shares unique ids."""
+        return {}
+
+    # Without static packed tables, only packed DynamicEmbedding stores' lookups can be fused (their
+    # StitchCombine outputs, as last traced: ``packed_dynamic._DynamicModelMixin``); else nothing.
+    @property
+    def hybridtf_fused_concats(self) -> list[str]:
+        """Where concatenations and sums of packed dynamic lookups became one StitchConcat, as last traced."""
+        return fusions_traced(self, "concats")
+
+    @property
+    def hybridtf_fused_dense(self) -> list[str]:
+        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
+        return fusions_traced(self, "dense")
+
+    @property
+    def hybridtf_fused_fm(self) -> list[str]:
+        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
+        return fusions_traced(self, "fm")
+
+    @property
+    def hybridtf_fused_dice(self) -> list[str]:
+        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced."""
+        return fusions_traced(self, "dice")
