@@ -494,3 +494,21 @@ def test_a_custom_loop_without_training_true_is_named(caplog):
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
     assert dyn.stats()["size"] == 0
     assert any("'user' got no gradient" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
+def test_a_keras_file_without_the_dynamic_table_is_refused_by_name(tmp_path, suffix):
+    """A file of the model with a static Embedding where a DynamicEmbedding now is: refused, not an empty table."""
+    static = _model(tf.keras.layers.Embedding(V, D, name="items"))
+    static.compile(optimizer="adagrad", loss="mse")
+    path = str(tmp_path / f"m{suffix}")
+    static.save(path) if suffix == ".keras" else static.save_weights(path)
+    _, model, _ = _pair("adagrad", hot_rows=8)
+    with pytest.raises(ValueError, match=r"DynamicEmbedding 'items': the file holds no state for this layer"):
+        model.load_weights(path)
+    # a file saved before the table was built still loads (nothing learned yet)
+    unbuilt = htf.layers.DynamicEmbedding(D, name="lazy")
+    unbuilt.save_own_variables(store := {})
+    fresh = htf.layers.DynamicEmbedding(D, name="lazy")
+    fresh.load_own_variables(store)
+    assert fresh.table is None

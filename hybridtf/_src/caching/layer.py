@@ -393,7 +393,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     # --- .keras files (Keras' own saving): the table's checkpoint entries as arrays -------------------
     def save_own_variables(self, store):
-        if self.table is None:  # never built: nothing learned
+        if self.table is None:  # never built: nothing learned (marked, so that a load knows the file had the layer)
+            store["hybridhash_unbuilt"] = np.zeros([0], np.uint8)
             return
         entries = self.table._serialize_to_tensors()
         for key in _KERAS_ENTRIES:
@@ -402,8 +403,15 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def load_own_variables(self, store):
         keys = set(store.keys())
-        if not keys:  # the file holds no table (saved before it was built): the table stays as it is
+        if keys == {"hybridhash_unbuilt"}:  # saved before it was built: the table stays as it is
             return
+        if not keys:
+            raise ValueError(
+                f"DynamicEmbedding {self.name!r}: the file holds no state for this layer, so its table would stay "
+                "empty. It was saved from a model in which this layer is not a DynamicEmbedding (e.g. a "
+                "tf.keras.layers.Embedding), or from another model. Load a file saved from this model (same "
+                "layers, names and layer types)."
+            )
         missing = [f"hybridhash_{k}" for k in (*_KERAS_ENTRIES, "table_name") if f"hybridhash_{k}" not in keys]
         if missing:
             raise ValueError(
