@@ -104,9 +104,11 @@ def test_keras_file_is_written_whole_or_not_at_all(tmp_path):
                 f.write(b"half a file")
             raise KeyboardInterrupt
     assert _listing(tmp_path) == ["m.weights.h5"]
+    (tmp_path / "m.htf-tmp-0123abcd.weights.h5").write_bytes(b"what a kill -9 left")
     fresh = _model()
     fresh.load_weights(str(tmp_path / "m.weights.h5"))
     np.testing.assert_allclose(fresh(kill_checkpoint.EVAL_X, training=False).numpy(), want, rtol=1e-6)
+    assert _listing(tmp_path) == ["m.weights.h5"]  # load_weights removed the killed save's temporary
 
 
 def test_wrapped_model_fn_saves_with_the_crash_safe_saver():

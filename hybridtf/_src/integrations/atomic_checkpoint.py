@@ -163,6 +163,27 @@ def protected(prefix: str, latest_filename: str | None = None):
     clean(prefix, latest_filename)  # backups of earlier killed saves, no longer named by the state file
 
 
+def _stem_and_extension(name: str) -> tuple[str, str]:
+    for ext in (".weights.h5", ".keras", ".h5"):
+        if name.endswith(ext):
+            return name[: -len(ext)], ext
+    return os.path.splitext(name)
+
+
+def clean_file(path) -> None:
+    """Removes the temporaries that killed ``atomic_file`` saves of ``path`` left."""
+    path = os.fspath(path)
+    if "://" in path:
+        return
+    directory, name = os.path.split(path)
+    stem = _stem_and_extension(name)[0]
+    if not os.path.isdir(directory or "."):
+        return
+    for stale in os.listdir(directory or "."):
+        if stale.startswith(stem + _TMP_FILE):
+            _remove(os.path.join(directory, stale))
+
+
 @contextlib.contextmanager
 def atomic_file(path):
     """Yields a temporary path with ``path``'s extension; renames it over ``path`` once written."""
@@ -171,15 +192,8 @@ def atomic_file(path):
         yield path
         return
     directory, name = os.path.split(path)
-    for ext in (".weights.h5", ".keras", ".h5"):
-        if name.endswith(ext):
-            stem = name[: -len(ext)]
-            break
-    else:
-        stem, ext = os.path.splitext(name)
-    for stale in os.listdir(directory or "."):
-        if stale.startswith(stem + _TMP_FILE):
-            _remove(os.path.join(directory, stale))
+    stem, ext = _stem_and_extension(name)
+    clean_file(path)
     tmp = os.path.join(directory, f"{stem}{_TMP_FILE}-{uuid.uuid4().hex[:8]}{ext}")
     try:
         yield tmp

@@ -82,6 +82,7 @@ class UnpackedModelMixin(PlainConstruction):
         if str(filepath).endswith((".keras", ".weights.h5")):
             # its dynamic stores' optimizer state too, as an optimized model's
             keras_slots.build_optimizer(self, user_class=user_class)
+            atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(os.fspath(filepath))  # the newest complete checkpoint
         return super().load_weights(filepath, *args, **kwargs)
