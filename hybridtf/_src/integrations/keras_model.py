@@ -39,7 +39,7 @@ from hybridtf._src.integrations import (
 )
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
-from hybridtf._src.integrations.keras_unpacked import UnpackedModelMixin, fusions_traced, sharded_save_error
+from hybridtf._src.integrations.keras_unpacked import FusionListsMixin, UnpackedModelMixin, sharded_save_error
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
@@ -49,7 +49,7 @@ from hybridtf._src.rewrite.runtime import lookup_all
 _log = logging.getLogger("hybridtf")
 
 
-class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
+class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
     """Per-instance overrides of an optimized Keras model (``get_weights`` / ``set_weights`` / ``count_params`` in the
     plain model's order and shapes, each table separately: ``PlainWeightsMixin``)."""
 
@@ -235,30 +235,6 @@ class _HybridModelMixin(steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
     def hybridtf_shared_uniques(self) -> dict[str, str]:
         """Packed tables that reuse another packed table's unique ids (table -> source), as last traced."""
         return dict(self._htf_runtime.shared_uniques)
-
-    @property
-    def hybridtf_fused_concats(self) -> list[str]:
-        """Where concatenations and sums of packed lookups became one StitchConcat, as last traced.
-
-        Named by the innermost layer whose call created the op (the op's name for
-        the model's own ``call``); empty until a step or prediction is traced.
-        """
-        return fusions_traced(self, "concats")
-
-    @property
-    def hybridtf_fused_dense(self) -> list[str]:
-        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
-        return fusions_traced(self, "dense")
-
-    @property
-    def hybridtf_fused_fm(self) -> list[str]:
-        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
-        return fusions_traced(self, "fm")
-
-    @property
-    def hybridtf_fused_dice(self) -> list[str]:
-        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced (``dice_fusion``)."""
-        return fusions_traced(self, "dice")
 
 
 def is_optimized(model) -> bool:

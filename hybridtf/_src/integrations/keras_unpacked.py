@@ -40,7 +40,37 @@ def fusions_traced(model, kind: str) -> list[str]:
     return list(getattr(log, kind)) if log is not None else []
 
 
-class UnpackedModelMixin(PlainConstruction):
+class FusionListsMixin:
+    """The model's fusions as its forward pass was last traced (``_htf_fusion_log``). Without static packed
+    tables only packed DynamicEmbedding stores' lookups can be fused (their StitchCombine outputs:
+    ``packed_dynamic._DynamicModelMixin``); else the lists are empty."""
+
+    @property
+    def hybridtf_fused_concats(self) -> list[str]:
+        """Where concatenations and sums of packed lookups became one StitchConcat, as last traced.
+
+        Named by the innermost layer whose call created the op (the op's name for
+        the model's own ``call``); empty until a step or prediction is traced.
+        """
+        return fusions_traced(self, "concats")
+
+    @property
+    def hybridtf_fused_dense(self) -> list[str]:
+        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
+        return fusions_traced(self, "dense")
+
+    @property
+    def hybridtf_fused_fm(self) -> list[str]:
+        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
+        return fusions_traced(self, "fm")
+
+    @property
+    def hybridtf_fused_dice(self) -> list[str]:
+        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced (``dice_fusion``)."""
+        return fusions_traced(self, "dice")
+
+
+class UnpackedModelMixin(FusionListsMixin, PlainConstruction):
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
 
     def compile(self, *args, **kwargs):
@@ -101,25 +131,3 @@ class UnpackedModelMixin(PlainConstruction):
     def hybridtf_shared_uniques(self) -> dict[str, str]:
         """Nothing is packed, so no table shares unique ids."""
         return {}
-
-    # Without static packed tables, only packed DynamicEmbedding stores' lookups can be fused (their
-    # StitchCombine outputs, as last traced: ``packed_dynamic._DynamicModelMixin``); else nothing.
-    @property
-    def hybridtf_fused_concats(self) -> list[str]:
-        """Where concatenations and sums of packed dynamic lookups became one StitchConcat, as last traced."""
-        return fusions_traced(self, "concats")
-
-    @property
-    def hybridtf_fused_dense(self) -> list[str]:
-        """Where a matrix product of a fused concatenation became one StitchConcatMatMul, as last traced."""
-        return fusions_traced(self, "dense")
-
-    @property
-    def hybridtf_fused_fm(self) -> list[str]:
-        """Where a factorization machine's cross term over packed fields became one StitchFM, as last traced."""
-        return fusions_traced(self, "fm")
-
-    @property
-    def hybridtf_fused_dice(self) -> list[str]:
-        """Where a Dice activation with train-mode batch norm became one Dice op, as last traced."""
-        return fusions_traced(self, "dice")
