@@ -77,6 +77,8 @@ def model_fn(features, labels, mode):
     hidden = tf.keras.layers.Dense(16, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))
     pred = tf.sigmoid(out(hidden(tf.concat(deep, axis=1))) + tf.add_n(wide))
+    if mode == tf.estimator.ModeKeys.PREDICT:
+        return tf.estimator.EstimatorSpec(mode, predictions={"pred": pred})
     loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, pred))
     if mode == tf.estimator.ModeKeys.EVAL:
         return tf.estimator.EstimatorSpec(mode, loss=loss)
@@ -145,6 +147,11 @@ def main():
     )
     evaluation = est.evaluate(lambda: input_fn(global_data(2, seed=4), rank, size), steps=2)
     result = {"rank": rank, "size": size, "losses": losses.losses, "eval_loss": float(evaluation["loss"])}
+    # PREDICT runs the plain model_fn on the rank's checkpoint (whole tables): no collective, every rank alone
+    data = global_data(1, seed=6)
+    result["predictions"] = [
+        float(p["pred"][0]) for p in est.predict(lambda: input_fn(data, 0, 1).take(1).map(lambda f, _: f))
+    ]
     result["shards"] = losses.shards
     result["packed"] = losses.packed
     ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))

@@ -145,6 +145,8 @@ def test_estimator_under_horovod_equals_one_process(runs):
     np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=RTOL)
     for r in ranks:
         assert r["checkpoint_shapes"] == single["checkpoint_shapes"]
+        assert len(r["predictions"]) == len(single["predictions"]) > 0
+        np.testing.assert_allclose(r["predictions"], single["predictions"], rtol=RTOL)
         # hvd.DistributedOptimizer would average the shards' gradients: refused when the graph is built
         assert "instead of hvd.DistributedOptimizer" in (r["hvd_optimizer_error"] or ""), r["hvd_optimizer_error"]
 
