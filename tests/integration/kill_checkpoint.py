@@ -23,6 +23,7 @@ recorded for its step and that no ``*_temp`` directory is left; then it starts t
     PYTHONPATH=. python tests/integration/kill_checkpoint.py --path estimator --kills 50
 
 It prints one JSON line: kills, kills that landed inside a save, checkpoints loaded and matched.
+``--dynamic`` gives the Keras model DynamicEmbedding fields (one packed store, no static table).
 ``--plain`` runs the plain Keras model (no hybridtf) for reference: a kill that leaves its newest
 checkpoint unreadable or wrong is reported under ``failed`` (the next child starts afresh).
 ``tests/integration/test_checkpoint_crash.py`` runs a few kills of each path.
@@ -60,7 +61,9 @@ def _data(seed: int, n: int = BATCH):
 EVAL_X, _ = _data(seed=12345)
 
 
-def _keras_model(plain: bool = False):
+def _keras_model(plain: bool = False, dynamic: bool = False):
+    """The W&D-style model; ``dynamic``: its fields are DynamicEmbedding layers (``optimize`` packs them into one
+    store and no static table: the model class of an optimize without static packing)."""
     import tensorflow as tf
 
     import hybridtf as htf
@@ -68,17 +71,23 @@ def _keras_model(plain: bool = False):
     inputs = {f"C{i}": tf.keras.Input((), dtype=tf.int64, name=f"C{i}") for i in range(FIELDS)}
     inputs["dense_in"] = tf.keras.Input((N_DENSE,), name="dense_in")
     init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=1)
-    deep = [
-        tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=init, name=f"emb_C{i}")(inputs[f"C{i}"])
-        for i in range(FIELDS)
-    ]
+
+    def embedding(i):
+        if dynamic:
+            return htf.layers.DynamicEmbedding(DIM, seed=i, warmup_steps=2, flush_every=3, name=f"emb_C{i}")
+        return tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=init, name=f"emb_C{i}")
+
+    deep = [embedding(i)(inputs[f"C{i}"]) for i in range(FIELDS)]
     h = tf.keras.layers.Concatenate()([*deep, inputs["dense_in"]])
     h = tf.keras.layers.Dense(16, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(2))(h)
     out = tf.keras.layers.Dense(1, activation="sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
     model = tf.keras.Model(inputs, out)
     if not plain:
         model = htf.keras.optimize(model)
-    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    optimizer = tf.keras.optimizers.Adagrad(0.05)
+    model.compile(
+        optimizer=htf.keras.dynamic_optimizer(optimizer) if dynamic else optimizer, loss="binary_crossentropy"
+    )
     return model
 
 
@@ -136,7 +145,7 @@ def _say(text):
 # --------------------------------------------------------------------------- child
 
 
-def child(path: str, directory: str, plain: bool = False) -> None:
+def child(path: str, directory: str, plain: bool = False, dynamic: bool = False) -> None:
     import tensorflow as tf
 
     preds_dir = os.path.join(directory, "preds")
@@ -162,7 +171,7 @@ def child(path: str, directory: str, plain: bool = False) -> None:
         est.train(input_fn, steps=10**9, saving_listeners=[Recorder()])
         return
 
-    model = _keras_model(plain)
+    model = _keras_model(plain, dynamic)
     prefix = os.path.join(directory, "ckpt", "w")
     if tf.io.gfile.exists(os.path.join(directory, "ckpt", "checkpoint")):
         model.load_weights(prefix)  # resumes from the newest complete checkpoint
@@ -206,7 +215,7 @@ def _temp_dirs(directory):
     return found
 
 
-def check(path: str, directory: str, plain: bool = False) -> int:
+def check(path: str, directory: str, plain: bool = False, dynamic: bool = False) -> int:
     """Loads the newest complete checkpoint; asserts its predictions equal the recorded ones. Returns its step."""
     import tensorflow as tf
 
@@ -218,7 +227,7 @@ def check(path: str, directory: str, plain: bool = False) -> int:
         ds = lambda: tf.data.Dataset.from_tensor_slices(EVAL_X).batch(BATCH)  # noqa: E731
         got = np.stack([p["p"] for p in est.predict(ds, yield_single_examples=True)])
     else:
-        model = _keras_model(plain)
+        model = _keras_model(plain, dynamic)
         model.optimizer.build(model.trainable_variables)  # its slots are restored (and read) too
         model.load_weights(os.path.join(directory, "ckpt", "w"))
         step = int(model.optimizer.iterations.numpy())
@@ -231,7 +240,13 @@ def check(path: str, directory: str, plain: bool = False) -> int:
 
 
 def run(
-    path: str, kills: int, seed: int = 0, directory: str | None = None, max_delay: float = 1.5, plain: bool = False
+    path: str,
+    kills: int,
+    seed: int = 0,
+    directory: str | None = None,
+    max_delay: float = 1.5,
+    plain: bool = False,
+    dynamic: bool = False,
 ) -> dict:
     """Kills the child ``kills`` times at random moments; checks the newest checkpoint after each kill.
 
@@ -245,6 +260,7 @@ def run(
     in_save, steps, failed = 0, [], []
     for k in range(kills):
         command = [sys.executable, os.path.abspath(__file__), "--child", "--path", path, "--dir", directory]
+        command += ["--dynamic"] if dynamic else []
         proc = subprocess.Popen(
             [*command, "--plain"] if plain else command,
             stdout=subprocess.PIPE,
@@ -265,7 +281,7 @@ def run(
         proc.stdout.close()
         in_save += last.startswith("S ")
         try:
-            steps.append(check(path, directory, plain))
+            steps.append(check(path, directory, plain, dynamic))
         except Exception as e:  # counted for the plain reference, raised otherwise
             if not plain:
                 raise
@@ -276,7 +292,7 @@ def run(
         print(f"kill {k + 1}/{kills}: {last}, newest checkpoint step {steps[-1]} ok", file=sys.stderr, flush=True)
     return {
         "path": path,
-        "model": "plain" if plain else "hybridtf",
+        "model": ("plain" if plain else "hybridtf") + (" dynamic" if dynamic else ""),
         "kills": len(steps) + len(failed),
         "kills_inside_a_save": in_save,
         "loaded_and_matched": len(steps),
@@ -304,13 +320,16 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dir", default=None)
     parser.add_argument("--plain", action="store_true", help="reference: the plain Keras model, without hybridtf")
+    parser.add_argument("--dynamic", action="store_true", help="DynamicEmbedding fields (Keras paths)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.path, args.dir, args.plain)
+        child(args.path, args.dir, args.plain, args.dynamic)
         return
     start = time.monotonic()
-    result = run(args.path, args.kills, args.seed, args.dir, plain=args.plain)
+    if args.dynamic and args.path == "estimator":
+        parser.error("--dynamic is for the Keras paths (save_weights, modelcheckpoint)")
+    result = run(args.path, args.kills, args.seed, args.dir, plain=args.plain, dynamic=args.dynamic)
     result["seconds"] = round(time.monotonic() - start, 1)
     del result["steps"]
     print(json.dumps(result))

@@ -124,9 +124,12 @@ def test_wrapped_model_fn_saves_with_the_crash_safe_saver():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("path", "kills"), [("save_weights", 4), ("modelcheckpoint", 2), ("estimator", 2)])
-def test_sigkill_during_per_step_checkpointing(path, kills, tmp_path):
-    result = kill_checkpoint.run(path, kills, seed=7, directory=str(tmp_path), max_delay=1.0)
+@pytest.mark.parametrize(
+    ("path", "kills", "dynamic"),
+    [("save_weights", 4, False), ("modelcheckpoint", 2, False), ("estimator", 2, False), ("save_weights", 2, True)],
+)
+def test_sigkill_during_per_step_checkpointing(path, kills, dynamic, tmp_path):
+    result = kill_checkpoint.run(path, kills, seed=7, directory=str(tmp_path), max_delay=1.0, dynamic=dynamic)
     assert result["loaded_and_matched"] == kills
     assert len(set(result["steps"])) >= 1
 
