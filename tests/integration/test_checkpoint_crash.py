@@ -177,3 +177,15 @@ def test_a_killed_save_of_a_model_with_only_dynamic_tables_leaves_the_last_one_r
         loaded = _dynamic_only_model()
         loaded.load_weights(path)
     np.testing.assert_allclose(loaded.predict(x, verbose=0), want, rtol=1e-6)
+
+
+def test_estimator_predict_removes_what_killed_saves_left(tmp_path):
+    """PREDICT runs the plain model_fn; its Saver is crash-safe too: its restore removes ``*_temp`` directories."""
+    model_dir = str(tmp_path / "est")
+    est = kill_checkpoint._estimator(model_dir)
+    x, y = kill_checkpoint._data(0)
+    est.train(lambda: tf.data.Dataset.from_tensor_slices((x, y)).batch(kill_checkpoint.BATCH), steps=1)
+    os.makedirs(os.path.join(model_dir, "model.ckpt-7_temp", "part-00000-of-00001"))  # a killed save's shards
+    ds = lambda: tf.data.Dataset.from_tensor_slices(kill_checkpoint.EVAL_X).batch(kill_checkpoint.BATCH)  # noqa: E731
+    assert len(list(est.predict(ds))) == kill_checkpoint.BATCH
+    assert not [d for d in os.listdir(model_dir) if d.endswith("_temp")]

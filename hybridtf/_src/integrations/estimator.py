@@ -55,7 +55,7 @@ from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
 from hybridtf._src.integrations.estimator_record import Lookup, Record
-from hybridtf._src.integrations.estimator_saver import recorded_keys, with_saver
+from hybridtf._src.integrations.estimator_saver import crash_safe_default_saver, recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.rewrite import interleave
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
@@ -302,7 +302,8 @@ def build(
     scratch_ops = graph_util.step_ops(_step_fetches(record.spec))
     # PREDICT (predict, export_saved_model) runs the plain model_fn with plain lookups: its tables are the
     # plain variables the checkpoint holds (plain layout), so an export serves without hybridtf ops. Not for
-    # functional Tables lookups, which exist only packed; dynamic tables are served by their own ops.
+    # functional Tables lookups, which exist only packed; dynamic tables are read from the checkpoint's ids
+    # and rows (caching/serving.GraphServingRows).
     plain_predict = mode == tf.estimator.ModeKeys.PREDICT and not any(lk.kind == "tables" for lk in record.lookups)
     if not report.packed or plain_predict:
         if plain_predict:  # the graph runs the plain model_fn: nothing in it is packed
@@ -310,6 +311,7 @@ def build(
         with context.plain_ops() if plain_predict else contextlib.nullcontext():
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
+        spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
         attach_report(real_graph, report)

@@ -234,6 +234,27 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
         return super().restore(sess, save_path)
 
 
+def crash_safe_default_saver(spec, config):
+    """``spec`` with a ``CrashSafeSaver`` over the graph's default entries when the model_fn brings no Saver.
+
+    For graphs with nothing packed (PREDICT runs the plain model_fn): they save and restore as
+    TensorFlow's default Saver would, and their restore removes what killed saves left.
+    """
+    scaffold = spec.scaffold
+    if scaffold.saver is not None or tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+        return spec
+    saver = CrashSafeSaver(
+        sharded=True,
+        max_to_keep=getattr(config, "keep_checkpoint_max", 5) if config is not None else 5,
+        keep_checkpoint_every_n_hours=getattr(config, "keep_checkpoint_every_n_hours", 10000.0)
+        if config is not None
+        else 10000.0,
+        save_relative_paths=True,
+        allow_empty=True,
+    )
+    return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold))
+
+
 def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None, recorded=None):
     """``spec`` with a Scaffold whose Saver writes the plain layout.
 
