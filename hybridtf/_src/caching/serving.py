@@ -37,6 +37,7 @@ import tensorflow as tf
 from keras.src.saving.legacy.saved_model import layer_serialization
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.caching.table import HybridHashTable
 from hybridtf._src.capture import context
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World
@@ -83,7 +84,7 @@ def serving_snapshot(layer, for_next_save: bool = False) -> tf.Module:
 
 
 def _index_of_rows(ids) -> tf.lookup.StaticHashTable:
-    """id -> its row index in ``ids``; any other id -> ``n`` (the zero row after the n rows).
+    """id -> its row index in ``ids``; any other id -> -1 (``_gather_or_zeros`` serves it the zero row).
 
     TensorFlow refuses a static table initialized with no keys: a table without rows (never trained,
     no checkpoint) maps the key 0 to ``n`` = 0, the zero row every other id gets too.
@@ -138,11 +139,7 @@ class GraphServingRows:
                     )
             self.index = _index_of_rows(self.ids.read_value())
 
-    def check_ids(self, ids):
-        dtype = tf.as_dtype(ids.dtype)
-        if dtype not in (tf.int64, tf.int32):
-            raise TypeError(f"dynamic table {self.name!r}: ids must be int64 (or int32), got {dtype.name}.")
-        return tf.cast(ids, tf.int64) if dtype != tf.int64 else ids
+    check_ids = HybridHashTable.check_ids  # the same dtype check and message (it reads self.name only)
 
     def lookup(self, ids, counts=None, insert: bool = False, members=None):
         """Rows ``[n, dim]`` of the 1-D ids: the checkpoint's row, or zeros for an id it does not hold."""

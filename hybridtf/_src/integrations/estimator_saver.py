@@ -234,6 +234,16 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
         return super().restore(sess, save_path)
 
 
+def _config_saver(config, **kwargs) -> CrashSafeSaver:
+    """A sharded ``CrashSafeSaver`` keeping checkpoints as the Estimator's ``RunConfig`` says (its defaults without
+    one), as the Estimator's own default Saver does."""
+    keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
+    keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
+    return CrashSafeSaver(
+        sharded=True, max_to_keep=keep_max, keep_checkpoint_every_n_hours=keep_hours, save_relative_paths=True, **kwargs
+    )
+
+
 def crash_safe_default_saver(spec, config):
     """``spec`` with a ``CrashSafeSaver`` over the graph's default entries when the model_fn brings no Saver.
 
@@ -243,15 +253,7 @@ def crash_safe_default_saver(spec, config):
     scaffold = spec.scaffold
     if scaffold.saver is not None or tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
         return spec
-    saver = CrashSafeSaver(
-        sharded=True,
-        max_to_keep=getattr(config, "keep_checkpoint_max", 5) if config is not None else 5,
-        keep_checkpoint_every_n_hours=getattr(config, "keep_checkpoint_every_n_hours", 10000.0)
-        if config is not None
-        else 10000.0,
-        save_relative_paths=True,
-        allow_empty=True,
-    )
+    saver = _config_saver(config, allow_empty=True)
     return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold))
 
 
@@ -276,15 +278,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
             return spec, None
         savers[:] = [saver if s is own else s for s in savers]
     else:
-        keep_max = getattr(config, "keep_checkpoint_max", 5) if config is not None else 5
-        keep_hours = getattr(config, "keep_checkpoint_every_n_hours", 10000.0) if config is not None else 10000.0
-        saver = CrashSafeSaver(
-            var_list=saver_var_list(packed, members, shards),
-            sharded=True,
-            max_to_keep=keep_max,
-            keep_checkpoint_every_n_hours=keep_hours,
-            save_relative_paths=True,
-        )
+        saver = _config_saver(config, var_list=saver_var_list(packed, members, shards))
     new_scaffold = tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold)
     return spec._replace(scaffold=new_scaffold), saver
 
