@@ -45,12 +45,19 @@ def _register_quietly() -> None:
 
 
 # The imports after which Keras can be used: TensorFlow's, and the stand-alone ``keras`` package's (which
-# imports TensorFlow while it is itself half initialized).
+# imports TensorFlow while it is itself half initialized). hybridtf's own modules are watched too: one that
+# imports TensorFlow at its top (``htf.ops`` as the first use) is half initialized when TensorFlow's import
+# ends, and the registration imports modules that import from it.
 _WATCHED = ("tensorflow", "keras")
 
 
+def _watched(fullname: str) -> bool:
+    return fullname in _WATCHED or fullname.startswith("hybridtf.")
+
+
 class _AfterTensorFlow(importlib.abc.MetaPathFinder):
-    """Registers hybridtf's objects once the outermost import of TensorFlow or ``keras`` has finished.
+    """Registers hybridtf's objects once the outermost import of TensorFlow, ``keras`` or a hybridtf module that
+    imports TensorFlow has finished.
 
     It finds those modules through the other finders and wraps their loaders' ``exec_module``; the
     registration runs when no watched module is executing any more (``import keras`` executes
@@ -65,7 +72,7 @@ class _AfterTensorFlow(importlib.abc.MetaPathFinder):
         self._executing = 0
 
     def find_spec(self, fullname, path, target=None):
-        if fullname not in _WATCHED or getattr(self._finding, "active", False):
+        if not _watched(fullname) or getattr(self._finding, "active", False):
             return None
         self._finding.active = True  # the lookup below goes through sys.meta_path, this finder included
         try:

@@ -34,7 +34,7 @@ def _init_rows():
     return tables.lookup("items", tf.range(V, dtype=tf.int64), training=False).numpy()
 
 
-def _loop(dynamic, kind, decorate):
+def _loop(dynamic, kind, decorate, micro_batches=1):
     ctx_init = np.linspace(-0.1, 0.1, 10 * D, dtype=np.float32).reshape(10, D)
     items = DynamicTableConfig("items", D, **DYN) if dynamic else TableConfig("items", V, D, initializer=_init_rows())
     tables = Tables([items, TableConfig("ctx", 10, D, initializer=ctx_init)])
@@ -44,13 +44,21 @@ def _loop(dynamic, kind, decorate):
     if dynamic:
         opt = htf.keras.dynamic_optimizer(opt)
 
+    def loss_fn(batch):
+        ids, ctx, y = batch
+        e = tf.reshape(tables.lookup("items", ids, training=True), [-1, 2 * D])
+        h = tf.concat([e, tables.lookup("ctx", ctx)], axis=1)
+        return tf.reduce_mean(tf.square(dense(h) - y))
+
     def step(ids, ctx, y):
-        with tf.GradientTape() as tape:
-            e = tf.reshape(tables.lookup("items", ids, training=True), [-1, 2 * D])
-            h = tf.concat([e, tables.lookup("ctx", ctx)], axis=1)
-            loss = tf.reduce_mean(tf.square(dense(h) - y))
         variables = [*tables.trainable_variables, *dense.trainable_variables]
-        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        if micro_batches > 1:
+            loss, grads = htf.micro_batch_gradients(loss_fn, (ids, ctx, y), variables, micro_batches=micro_batches)
+        else:
+            with tf.GradientTape() as tape:
+                loss = loss_fn((ids, ctx, y))
+            grads = tape.gradient(loss, variables)
+        opt.apply_gradients(zip(grads, variables))
         return loss
 
     step = decorate(step)
@@ -75,6 +83,22 @@ def test_custom_loop_with_dynamic_table_equals_fixed_table(kind, decorate):
     s = tables.dynamic_tables["items"].stats()
     assert s["size"] == len(np.unique(data[0])) and s["step"] == STEPS and s["hot_used"] == 16
     assert s["flushes"] == len([i for i in range(STEPS) if i >= 5 and i % 7 == 0]) and 0 < s["hits"] < s["lookups"]
+
+
+@pytest.mark.parametrize(
+    "kind, decorate", [("adagrad", htf.function), ("adam", tf.autograph.experimental.do_not_convert)]
+)
+def test_micro_batch_gradients_over_a_dynamic_table_equal_the_whole_batch(kind, decorate):
+    """Each micro-batch's lookup appends its rows to the table's buffer; the update sums them per distinct id."""
+    data = _data(steps=12)
+    tables, step = _loop(True, kind, decorate, micro_batches=3)
+    whole_tables, whole = _loop(True, kind, decorate)
+    np.testing.assert_allclose(_run(step, data, steps=12), _run(whole, data, steps=12), rtol=1e-5)
+    got, want = (t.dynamic_tables["items"].table.export() for t in (tables, whole_tables))
+    order_got, order_want = np.argsort(got[0].numpy()), np.argsort(want[0].numpy())
+    np.testing.assert_array_equal(got[0].numpy()[order_got], want[0].numpy()[order_want])
+    np.testing.assert_allclose(got[1].numpy()[order_got], want[1].numpy()[order_want], rtol=1e-5, atol=1e-7)
+    assert tables.dynamic_tables["items"].stats()["step"] == 12
 
 
 def test_checkpoint_round_trip_and_resumed_training_are_bit_identical(tmp_path):

@@ -407,3 +407,14 @@ def test_an_optimized_model_with_packed_dynamic_tables_trains_in_a_hybridtf_func
     assert "got no gradient" not in caplog.text
     np.testing.assert_allclose(packed, run(True, tf.function), rtol=1e-6)
     np.testing.assert_allclose(packed, run(False, tf.function), rtol=1e-5)
+
+
+def test_dynamic_plan_is_an_empty_list_when_no_store_is_packed():
+    """Like hybridtf_plan / hybridtf_skipped, the attribute exists on every optimized model."""
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+
+    def build(embedding):
+        return tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(embedding(ids))))
+
+    for model in (build(tf.keras.layers.Embedding(9, 2)), build(htf.layers.DynamicEmbedding(2))):
+        assert htf.keras.optimize(model).hybridtf_dynamic_plan == []

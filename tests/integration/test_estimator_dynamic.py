@@ -413,3 +413,27 @@ def test_adam_with_only_dynamic_tables_equals_plain(tmp_path):
     plain = _train(_estimator(table_only_model_fn, tmp_path / "plain", plain=True), 12)
     np.testing.assert_allclose(dyn, plain, rtol=1e-5)
     assert tf.train.load_variable(str(tmp_path / "dyn"), "global_step") == 12
+
+
+def micro_batched_model_fn(features, labels, mode, params):
+    """The dynamic model_fn's math, its gradients from htf.micro_batch_gradients over 4 micro-batches."""
+    layer = htf.layers.DynamicEmbedding(D, name="items", **TABLE)
+    hidden = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))
+
+    def loss_fn(batch):
+        ids, y = batch
+        pred = tf.sigmoid(out(hidden(tf.keras.layers.Flatten()(layer(ids, training=True)))))
+        return tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, pred))
+
+    loss, grads, variables = htf.micro_batch_gradients(loss_fn, (_ids(features), labels), micro_batches=4)
+    tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+    opt = htf.keras.dynamic_optimizer(_v1("adagrad"))
+    train_op = opt.apply_gradients(zip(grads, variables), global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+def test_micro_batch_gradients_over_a_dynamic_table_equal_the_whole_batch(uninterrupted, tmp_path):
+    """Each micro-batch's lookup appends to the layer's buffer (TF1 graph: explicit dependencies), one update."""
+    est = _estimator(htf_estimator.model_fn(micro_batched_model_fn), tmp_path, kind="adagrad")
+    np.testing.assert_allclose(_train(est, 20), uninterrupted[1][:20], rtol=1e-5)

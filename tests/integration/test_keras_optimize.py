@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import re
 import weakref
 
 import numpy as np
@@ -370,6 +371,41 @@ def test_a_table_tied_to_another_layer_stays_unpacked_and_trains_as_the_plain_mo
         x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
         np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
     np.testing.assert_allclose(optimized.get_layer("tok").get_weights()[0], plain.get_layer("tok").get_weights()[0])
+
+
+def _functional_reader_model(op):
+    """A functional model that applies a TensorFlow op to the table variable itself (a ``TFOpLambda`` node)."""
+    tf.keras.utils.set_random_seed(5)
+    a, b = tf.keras.Input((1,), dtype="int64", name="a"), tf.keras.Input((1,), dtype="int64", name="b")
+    emb = tf.keras.layers.Embedding(50, 4, name="tok")
+    other = tf.keras.layers.Embedding(30, 4, name="other")
+    feats = [emb(a), other(b)]
+    if op == "lookup":
+        feats.append(tf.nn.embedding_lookup(emb.embeddings, b))
+    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(f) for f in feats])
+    h = tf.keras.layers.Dense(4, name="proj")(x)
+    out = tf.matmul(h, emb.embeddings, transpose_b=True) if op == "matmul" else tf.keras.layers.Dense(50)(h)
+    model = tf.keras.Model([a, b], out)
+    model.compile(tf.keras.optimizers.Adam(0.01), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+@pytest.mark.parametrize("op", ["lookup", "matmul"])
+def test_a_table_a_functional_model_applies_an_op_to_stays_unpacked_and_exact(op):
+    """tf.nn.embedding_lookup / tf.matmul on ``layer.embeddings`` in a functional model read the unpacked variable."""
+    plain, optimized = _functional_reader_model(op), htf.keras.optimize(_functional_reader_model(op))
+    [skipped] = optimized.hybridtf_skipped
+    reader = r"tf\.compat\.v1\.nn\.embedding_lookup" if op == "lookup" else r"tf\.linalg\.matmul"
+    assert skipped.name == "tok" and re.search(rf"applies '{reader}(_\d+)?' to its table variable", skipped.reason)
+    assert [m.name for pt in optimized.hybridtf_plan.packed_tables for m in pt.members] == ["other"]
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        x = [rng.integers(0, 30, (16, 1)), rng.integers(0, 30, (16, 1))]
+        y = rng.integers(0, 50, (16,))
+        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-5)
+    np.testing.assert_allclose(
+        optimized.get_layer("tok").get_weights()[0], plain.get_layer("tok").get_weights()[0], rtol=1e-5, atol=1e-7
+    )
 
 
 def test_indexing_a_packed_layers_weights_names_the_table_and_the_fix():

@@ -5,8 +5,8 @@ losses of ``optimize(model)`` and ``optimize(model, micro_batches=N,
 interleave_from=...)`` agree within 1e-5 relative (fp32), for Adagrad and Adam,
 2 and 4 micro-batches, from the embedding layer and from the MLP. Also: sample
 weights and a sum-reduced loss, a batch that does not divide evenly, one fused
-update per packed table per step, and the refusals (BatchNormalization,
-activity regularizers).
+update per packed table per step, dynamic tables (packed and not, flushes
+during the run), and the refusals (BatchNormalization, activity regularizers).
 """
 
 from __future__ import annotations
@@ -197,19 +197,94 @@ def test_batch_dependent_layers_are_refused():
     assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
 
 
-@pytest.mark.parametrize("dynamic_fields", [1, 2])
-@pytest.mark.parametrize("micro_batches", [2, "auto"])
-def test_dynamic_tables_with_micro_batches_are_refused_naming_the_layer(dynamic_fields, micro_batches):
-    # a DynamicEmbedding next to a static table: the micro-batched step crashed or trained other math
-    inputs = {f"u{k}": tf.keras.Input((1,), dtype=tf.int64, name=f"u{k}") for k in range(dynamic_fields)}
-    inputs["c"] = tf.keras.Input((1,), dtype=tf.int64, name="c")
-    feats = [htf.layers.DynamicEmbedding(4, name=f"dyn{k}")(inputs[f"u{k}"]) for k in range(dynamic_fields)]
-    feats.append(tf.keras.layers.Embedding(20, 4, name="c_emb")(inputs["c"]))
-    flat = [tf.keras.layers.Flatten()(f) for f in feats]
-    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(flat)))
-    with pytest.raises(ValueError, match="'dyn0' is a DynamicEmbedding: micro-batches do not support"):
-        htf.keras.optimize(model, micro_batches=micro_batches)
-    assert htf.keras.is_optimized(htf.keras.optimize(model, interleave_groups=2))
+def _dynamic_model(seed=7):
+    """Two packed DynamicEmbedding fields (one a bag of two ids), one with a capacity (never packed: its own
+    store), a static table, and flushes of the hot tier during the run."""
+    ids = {f: tf.keras.Input((1,), dtype=tf.int64, name=f) for f in ("f0", "f1", "f3")}
+    bag = tf.keras.Input((2,), dtype=tf.int64, name="f2")
+    table = dict(hot_rows=6, warmup_steps=2, flush_every=3)
+    feats = [
+        htf.layers.DynamicEmbedding(DIM, seed=seed, name="dyn_a", **table)(ids["f0"]),
+        htf.layers.DynamicEmbedding(DIM, combiner="mean", seed=seed + 1, name="dyn_bag", **table)(bag),
+        htf.layers.DynamicEmbedding(DIM, capacity=1000, seed=seed + 2, name="dyn_cap", **table)(ids["f1"]),
+        tf.keras.layers.Embedding(120, DIM, embeddings_initializer=_init(seed + 3), name="static")(ids["f3"]),
+    ]
+    x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(f) for f in feats])
+    x = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed))(x)
+    out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 1))(x)
+    return tf.keras.Model({**ids, "f2": bag}, out)
+
+
+def _dynamic_batches(steps=12, batch=37, seed=4):
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(steps):
+        draw = lambda shape, n: np.minimum(rng.zipf(1.3, shape) - 1, n - 1).astype(np.int64)  # noqa: E731
+        x = {"f0": draw((batch, 1), 60), "f1": draw((batch, 1), 90) * 7919, "f2": draw((batch, 2), 50)}
+        x["f3"] = draw((batch, 1), 120)
+        y = (rng.random((batch, 1)) < 0.3).astype(np.float32)
+        out.append(({k: tf.constant(v) for k, v in x.items()}, tf.constant(y)))
+    return out
+
+
+def _dynamic_losses(optimizer, batches, **options):
+    model = htf.keras.optimize(_dynamic_model(), **options)
+    model.compile(optimizer=OPTIMIZERS[optimizer](), loss="binary_crossentropy")
+    return np.array([model.train_on_batch(x, y) for x, y in batches]), model
+
+
+def _tables(model):
+    out = {}
+    for name in ("dyn_a", "dyn_bag", "dyn_cap"):
+        ids, rows = (t.numpy() for t in model.get_layer(name).table.export()[:2])
+        order = np.argsort(ids)
+        out[name] = ids[order], rows[order]
+    return out
+
+
+@pytest.mark.parametrize(
+    "optimizer, n, mode",
+    [
+        ("adagrad", 3, "embedding"),
+        ("adam", 2, "embedding"),
+        pytest.param("adagrad", 4, "mlp", marks=pytest.mark.slow),
+        pytest.param("adam", 3, "mlp_fused", marks=pytest.mark.slow),
+    ],
+)
+def test_dynamic_tables_micro_batched_train_like_the_whole_batch(optimizer, n, mode):
+    """Each micro-batch's lookup appends to the store's distinct-rows buffer; one update per store and step."""
+    batches = _dynamic_batches()
+    whole, whole_model = _dynamic_losses(optimizer, batches)
+    micro, micro_model = _dynamic_losses(optimizer, batches, micro_batches=n, interleave_from=mode)
+    assert [p.members for p in micro_model.hybridtf_dynamic_plan] == [("dyn_a", "dyn_bag")]
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+    want, got = _tables(whole_model), _tables(micro_model)
+    for name in want:
+        np.testing.assert_array_equal(got[name][0], want[name][0])
+        np.testing.assert_allclose(got[name][1], want[name][1], rtol=1e-5, atol=1e-7)
+    stats = micro_model.get_layer("dyn_a").stats()
+    assert stats["size"] == whole_model.get_layer("dyn_a").stats()["size"] and stats["step"] == len(batches)
+
+
+def test_unpacked_dynamic_layers_micro_batched_train_like_the_whole_batch():
+    """Unwrapped layers too (a plain Keras model wrapped with exclude= every table: each layer its own store)."""
+    batches = _dynamic_batches(steps=6)
+    exclude = ["dyn_a", "dyn_bag", "dyn_cap", "static"]
+    whole, _ = _dynamic_losses("adagrad", batches, exclude=exclude)
+    micro, model = _dynamic_losses("adagrad", batches, exclude=exclude, micro_batches=3)
+    assert not model.hybridtf_dynamic_plan
+    np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_one_fused_update_per_dynamic_store_and_step():
+    from tests.integration.step_ops import step_op_types
+
+    batches = _dynamic_batches(steps=1)
+    _, model = _dynamic_losses("adagrad", batches, micro_batches=3)
+    types = step_op_types(model, batches)
+    assert types.count("HybridTF>HybridHashApplyAdagradRecords") == 1  # the packed store
+    assert types.count("HybridTF>HybridHashApplyAdagrad") == 1  # dyn_cap's own store
+    assert types.count("HybridTF>HybridHashLookupRecords") == 3  # a lookup per micro-batch
 
 
 def test_a_batch_norm_unfrozen_after_optimize_is_refused_when_fit_starts(batches):

@@ -75,6 +75,8 @@ def saved(tmp_path_factory):
         "import hybridtf, keras, tensorflow as tf",
         # an availability check finds TensorFlow's spec without importing it
         "import hybridtf, importlib.util; importlib.util.find_spec('tensorflow'); import tensorflow as tf",
+        # a hybridtf module that imports TensorFlow at its top is the first use (half initialized meanwhile)
+        "import hybridtf; hybridtf.ops.unique_partition([5, 3], num_partitions=2); import tensorflow as tf",
     ],
 )
 def test_a_saved_model_with_hybridtf_layers_loads_in_a_new_process_after_import_hybridtf(saved, path, imports):

@@ -12,4 +12,5 @@
 * ``v1_optimizer``: the same optimizer hook for ``tf.compat.v1.train``
   optimizers (Estimator model_fns).
 * ``stats``: the reported metrics (hit ratios, sizes, inserts, evictions).
+* ``fills``: the tables' step buffers over the micro-batches of one step.
 """

@@ -33,9 +33,9 @@ import zlib
 
 import tensorflow as tf
 
-from hybridtf._src.caching import serving
+from hybridtf._src.caching import fills, serving
 from hybridtf._src.caching.buffer_guard import guard
-from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args
+from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args, training_gather
 from hybridtf._src.caching.table import HybridHashTable, default_hot_rows
 from hybridtf._src.caching.table import TableConfig as HashConfig
 from hybridtf._src.capture.ids import prepare_ids
@@ -202,22 +202,19 @@ class DynamicTable(tf.Module):
         unique, inverse, counts = tf.unique_with_counts(tf.cast(flat, tf.int64), out_idx=tf.int32)
         if training and not getattr(self.table, "serving_only", False):
             graph = tf.compat.v1.get_default_graph()
-            if not tf.executing_eagerly():
-                if self._training_graph is graph:
-                    raise ValueError(
-                        f"dynamic table {self.name!r} is looked up twice in one training step; its distinct-rows "
-                        "buffer holds one lookup's rows. Look all its ids up in one call (tf.concat them and split "
-                        "the output), or declare one dynamic table per feature."
-                    )
-                self._training_graph = graph
-            else:
+            if fills.active():  # a micro-batched step: one fill per micro-batch, appended (fills.py)
+                pass
+            elif tf.executing_eagerly():
                 self._note_eager_fill()
-            received, name = getattr(self, "_received_ids", None), self._exchange_name
-            rows, assigns = dynamic_exchange.training_rows(self.table, unique, counts, world, name, received)
-            assigns.insert(0, self._ids_buffer.assign(unique))
-            assigns.append(self._rows_buffer.assign(rows))
-            with tf.control_dependencies(assigns):
-                embedded = tf.gather(self._rows_buffer, inverse)
+            elif self._training_graph is graph:
+                raise ValueError(
+                    f"dynamic table {self.name!r} is looked up twice in one training step; its distinct-rows "
+                    "buffer holds one lookup's rows. Look all its ids up in one call (tf.concat them and split "
+                    "the output), or declare one dynamic table per feature."
+                )
+            else:
+                self._training_graph = graph
+            embedded = training_gather(self, unique, inverse, counts)
         elif world.distributed:  # every rank looks up (a collective), nothing inserted
             rows = dynamic_exchange.sharded_lookup(self.table, unique, None, world, self._exchange_name, False).rows
             embedded = tf.gather(rows, inverse)

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
-from hybridtf._src.caching import serving
+from hybridtf._src.caching import fills, serving
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.table import HybridHashTable, TableConfig, default_hot_rows
 from hybridtf._src.capture import context
@@ -84,6 +84,21 @@ def _in_legacy_hdf5(max_depth: int = 12) -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def training_gather(owner, unique, inverse, counts):
+    """A training lookup of a DynamicEmbedding or ``Tables`` dynamic table: ``owner``'s distinct ids
+    ``unique`` are found or inserted (their ``counts`` feed Algorithm 1), written into its buffers
+    (assigned, or appended in a micro-batched step: ``fills.py``) and gathered by ``inverse`` from the
+    rows buffer, whose gradient the table's update consumes."""
+    world = owner._shard_world
+    if fills.active() and world.distributed:
+        raise ValueError(fills.SHARDED_MESSAGE.format(name=owner.name))
+    received = getattr(owner, "_received_ids", None)
+    rows, assigns = dynamic_exchange.training_rows(owner.table, unique, counts, world, owner._exchange_name, received)
+    offset, filled = fills.fill(owner, [(owner._ids_buffer, unique), (owner._rows_buffer, rows)])
+    with tf.control_dependencies(assigns + filled):
+        return tf.gather(owner._rows_buffer, inverse if offset is None else inverse + offset)
 
 
 @tf.keras.utils.register_keras_serializable(package="hybridtf")
@@ -245,22 +260,17 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             training = None
         elif training and not getattr(self.table, "serving_only", False):
             graph = tf.compat.v1.get_default_graph()
-            if not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
+            accumulating = fills.active()  # a micro-batched step: one fill per micro-batch, appended
+            if not accumulating and not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
                 raise ValueError(
                     f"DynamicEmbedding {self.name!r} is called twice in one training step; its distinct-rows buffer "
                     "holds one call's rows. Look all ids of the shared table up in one call (e.g. tf.concat the "
                     "features' ids and split the output), or use one layer per feature."
                 )
             object.__setattr__(self, "_training_graph", graph)
-            if tf.executing_eagerly():
+            if tf.executing_eagerly() and not accumulating:
                 self._note_eager_fill()
-            world = self._shard_world
-            received, name = getattr(self, "_received_ids", None), self._exchange_name
-            rows, assigns = dynamic_exchange.training_rows(self.table, unique, counts, world, name, received)
-            assigns.insert(0, self._ids_buffer.assign(unique))
-            assigns.append(self._rows_buffer.assign(rows))
-            with tf.control_dependencies(assigns):
-                embedded = tf.gather(self._rows_buffer, inverse)
+            embedded = training_gather(self, unique, inverse, counts)
         elif self._shard_world.distributed:  # every rank looks up (a collective), nothing inserted
             world = self._shard_world
             rows = dynamic_exchange.sharded_lookup(self.table, unique, None, world, self._exchange_name, False).rows
@@ -336,6 +346,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
+        if fills.repeated(self):  # filled once per micro-batch: one row per distinct id
+            ids, grad, _, _ = fills.distinct(ids, grad)
         world = getattr(self.table, "world", None)  # also DynamicTable's (Tables API): never sharded
         if (
             world is not None and world.distributed

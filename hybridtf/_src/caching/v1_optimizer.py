@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hybridtf._src.caching import fills
 from hybridtf._src.distribute import dynamic_exchange
 
 _V1 = tf.compat.v1.train
@@ -67,6 +68,8 @@ def v1_table_update(optimizer, kind: str, owner, grad):
     if isinstance(grad, tf.IndexedSlices):
         grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(ids)[0])
     grad = tf.cast(grad, tf.float32)
+    if fills.repeated(owner):  # filled once per micro-batch (micro_batch_gradients): one row per distinct id
+        ids, grad, _, _ = fills.distinct(ids, grad)
     table = owner.table
     world = getattr(table, "world", None)
     if world is not None and world.distributed:  # sharded by id: the owners sum every rank's rows

@@ -133,28 +133,53 @@ def _variable_holders(model: tf.keras.Model) -> dict:
     return holders
 
 
-def _shared_reason(layer, holders: dict) -> str | None:
-    """Why ``layer``'s table cannot be packed because another layer holds its variable (tied weights), or None."""
-    others = [name for name in holders.get(id(getattr(layer, "embeddings", None)), ()) if name != layer.name]
-    if not others:
-        return None
-    return (
-        f"its table variable is also a weight of {', '.join(repr(n) for n in others)} (tied weights, e.g. an output "
-        "projection that reads the whole table), which would keep training the unpacked variable: it stays "
-        "unpacked (exact); to pack it, read the table only through this layer's lookups"
-    )
+def _variable_readers(model: tf.keras.Model) -> dict:
+    """``id(variable) -> names of the layers a functional model applies to it``: the variable is an argument
+    of one of their calls, e.g. the ``TFOpLambda`` that ``tf.matmul(h, emb.embeddings)`` or
+    ``tf.nn.embedding_lookup(emb.embeddings, ids)`` on Keras tensors adds to the model."""
+    readers: dict = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for node in getattr(layer, "_inbound_nodes", ()):
+            args = (getattr(node, "call_args", ()), getattr(node, "call_kwargs", {}))
+            for v in tf.nest.flatten(args):
+                if isinstance(v, tf.Variable):
+                    names = readers.setdefault(id(v), [])
+                    if layer.name not in names:
+                        names.append(layer.name)
+    return readers
+
+
+def _shared_reason(layer, holders: dict, readers: dict) -> str | None:
+    """Why ``layer``'s table cannot be packed because something else reads its variable (tied weights), or None."""
+    table = id(getattr(layer, "embeddings", None))
+    others = [name for name in holders.get(table, ()) if name != layer.name]
+    if others:
+        return (
+            f"its table variable is also a weight of {', '.join(repr(n) for n in others)} (tied weights, e.g. an "
+            "output projection that reads the whole table), which would keep training the unpacked variable: it "
+            "stays unpacked (exact); to pack it, read the table only through this layer's lookups"
+        )
+    ops = [name for name in readers.get(table, ()) if name != layer.name]
+    if ops:
+        return (
+            f"the model applies {', '.join(repr(n) for n in ops)} to its table variable (e.g. tf.matmul or "
+            "tf.nn.embedding_lookup on layer.embeddings: tied weights, a lookup outside the layer), which would read "
+            "the unpacked variable: it stays unpacked (exact); to pack it, read the table only through this layer's "
+            "lookups"
+        )
+    return None
 
 
 def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
     """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
     captured, skipped, seen, names = [], [], set(), set()
     layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
-    holders = _variable_holders(model)
+    holders, readers = _variable_holders(model), _variable_readers(model)
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if not is_embedding_layer(layer) or id(layer) in seen:
             continue
         seen.add(id(layer))
-        reason = unsupported_reason(layer) or _shared_reason(layer, holders)
+        reason = unsupported_reason(layer) or _shared_reason(layer, holders, readers)
         name = layer.name
         if reason is None and name in names:  # e.g. towers built by one function, in sub-models
             name = _unique_table_name(model, layer, names | layer_names)

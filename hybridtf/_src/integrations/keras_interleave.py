@@ -95,6 +95,53 @@ class _InterleaveModelMixin(PlainConstruction):
         return self._htf_interleaving
 
 
+class _UnpackedMicroBatchMixin(PlainConstruction):
+    """A model ``optimize`` packed no static table of (dynamic stores only, or nothing), micro-batched."""
+
+    def train_step(self, data):
+        micro = self._htf_micro
+        return micro_batch.micro_batched_train_step(self, data, micro.num_micro_batches, micro.interleave_from)
+
+    def make_train_function(self, force=False):
+        micro_batch.check_layers(self)  # a layer unfrozen since optimize (fit calls this before tracing)
+        return super().make_train_function(force)
+
+    @property
+    def hybridtf_interleaving(self) -> InterleavingPlan:
+        """The interleaving plan: micro-batching only (there are no packed static chains to group)."""
+        return self._htf_interleaving
+
+
+def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "embedding") -> None:
+    """Micro-batches for a model with no packed static table: each micro-batch runs the whole forward.
+
+    Its dynamic tables (packed stores or layers' own) fill their step buffers once per micro-batch
+    (``caching/fills.py``). ``"auto"`` and the modes that run packed chains once on the whole batch
+    need packed static tables and are refused.
+    """
+    if micro_batches == 1:
+        return
+    if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
+        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
+    if micro_batches == "auto":
+        raise MicroBatchError(
+            "micro_batches='auto' sizes micro-batches from a warm-up that measures the packed static tables' chains, "
+            "and optimize packed no static table of this model (model.hybridtf_skipped says why). Pass a number of "
+            "micro-batches."
+        )
+    if interleave_from != "embedding":
+        raise MicroBatchError(
+            f"interleave_from={interleave_from!r} runs the packed static tables' lookups once on the whole batch, "
+            "and optimize packed no static table of this model: its lookups run in each micro-batch's forward. Use "
+            "interleave_from='embedding'."
+        )
+    micro_batch.check_model(model, micro_batches, interleave_from)
+    micro = MicroBatching(micro_batches, interleave_from)
+    model.__class__ = runtime_subclass(_UnpackedMicroBatchMixin, type(model))
+    object.__setattr__(model, "_htf_micro", micro)
+    object.__setattr__(model, "_htf_interleaving", interleave.static_plan(packing, None, micro=micro))
+
+
 def _same_on_every_rank(model, measured: warmup.StepMeasurement, batch: int) -> int:
     """Rank 0's measurements for every rank of a Horovod job: every rank must build the same plan."""
     world = model._htf_runtime.storage.world

@@ -33,6 +33,7 @@ from hybridtf._src.integrations import (
     atomic_checkpoint,
     horovod_hooks,
     keras_callbacks,
+    keras_interleave,
     keras_notices,
     keras_record,
     keras_slots,
@@ -416,6 +417,7 @@ def optimize(
     if not plan.packed_tables:
         _leave_unpacked(model, plan, skipped)
         packed_dynamic.attach(model, dynamic, fusion=dict(enabled=bool(fuse_concat), fuse_dense=fuse_dense))
+        keras_interleave.attach_unpacked(model, plan, micro_batches=micro_batches, interleave_from=interleave_from)
         return model
     state = steps.pack_storage(model, plan, captured, share_unique=share_unique)
     _rewrite_model(model, state, skipped, fused_updates=fused_updates, fuse_concat=fuse_concat, fuse_dense=fuse_dense)

@@ -41,9 +41,16 @@ def fusions_traced(model, kind: str) -> list[str]:
 
 
 class FusionListsMixin:
-    """The model's fusions as its forward pass was last traced (``_htf_fusion_log``). Without static packed
-    tables only packed DynamicEmbedding stores' lookups can be fused (their StitchCombine outputs:
-    ``packed_dynamic._DynamicModelMixin``); else the lists are empty."""
+    """The model's fusions as its forward pass was last traced (``_htf_fusion_log``), and its packed
+    HybridHash stores. Without static packed tables only packed DynamicEmbedding stores' lookups can be
+    fused (their StitchCombine outputs: ``packed_dynamic._DynamicModelMixin``); else the lists are empty."""
+
+    @property
+    def hybridtf_dynamic_plan(self) -> list:
+        """The packed HybridHash stores (``DynamicGroupPlan``, one per group of DynamicEmbedding layers; empty
+        when ``optimize`` packed none: ``hybridtf_skipped`` says why)."""
+        packing = getattr(self, "_htf_dynamic", None)
+        return packing.plan if packing is not None else []
 
     @property
     def hybridtf_fused_concats(self) -> list[str]:

@@ -49,6 +49,7 @@ import tensorflow as tf
 from keras.src.engine import data_adapter
 from keras.src.utils import losses_utils
 
+from hybridtf._src.caching import fills
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite import micro_batch_split
@@ -68,8 +69,8 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     Raises:
         MicroBatchError: a BatchNormalization layer (training uses batch
             statistics), an activity regularizer (a sum over the batch), a
-            DynamicEmbedding, a model that overrides ``train_step``, or an
-            unknown mode.
+            DynamicEmbedding under Horovod, a model that overrides
+            ``train_step``, or an unknown mode.
     """
     if not isinstance(interleave_from, str) or not interleave_from:
         raise MicroBatchError(
@@ -95,18 +96,16 @@ def check_layers(model) -> None:
     may have been unfrozen since ``optimize``).
 
     Raises:
-        MicroBatchError: a trainable BatchNormalization, an activity regularizer or a DynamicEmbedding.
+        MicroBatchError: a trainable BatchNormalization, an activity regularizer or, under Horovod, a
+            DynamicEmbedding (sharded dynamic tables).
     """
+    from hybridtf._src.caching.fills import SHARDED_MESSAGE
     from hybridtf._src.caching.layer import DynamicEmbedding
+    from hybridtf._src.distribute.world import current_world
 
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if isinstance(layer, DynamicEmbedding):
-            raise MicroBatchError(
-                f"layer {layer.name!r} is a DynamicEmbedding: micro-batches do not support dynamic tables (a "
-                "training step's lookup of a HybridHash store fills one distinct-rows buffer, whose gradient the "
-                "micro-batches' rows would not match). Use micro_batches=1; interleave_groups (K-interleaving) "
-                "works with dynamic tables."
-            )
+        if isinstance(layer, DynamicEmbedding) and current_world().distributed:
+            raise MicroBatchError(SHARDED_MESSAGE.format(name=layer.name))
         if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
@@ -217,6 +216,11 @@ def micro_batched_train_step(model, data, num_micro_batches: int, interleave_fro
     Returns:
         The metrics dict, computed once on the whole batch's predictions.
     """
+    with fills.accumulating():  # dynamic tables: one buffer fill per micro-batch, one update (caching/fills.py)
+        return _micro_batched_step(model, data, num_micro_batches, interleave_from)
+
+
+def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: str):
     x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
     n = num_micro_batches
     batch = _batch_size(x)
@@ -255,9 +259,13 @@ def _leaf(output):
 
 def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     requests = model._htf_whole_batch_requests(x)
-    table_vars = [v for v in variables if id(v) in model._htf_table_variable_ids]
-    dense_vars = [v for v in variables if id(v) not in model._htf_table_variable_ids]
-    with tf.GradientTape() as lookup_tape:
+    # the packed static variables and the packed dynamic stores' step buffers: looked up once, here
+    tables = model._htf_table_variable_ids | {id(g.rows_buffer) for g in model._htf_dynamic.groups}
+    table_vars = [v for v in variables if id(v) in tables]
+    dense_vars = [v for v in variables if id(v) not in tables]
+    from hybridtf._src.rewrite.packed_dynamic import training_lookups
+
+    with tf.GradientTape() as lookup_tape, training_lookups():  # dynamic stores: find-or-insert, fill the buffer
         outputs = lookup_all(requests)
     # Lookups that come from a StitchCombine get one per micro-batch (the fusions still apply; the
     # gradient is taken at the chain's gathered rows); others are sliced (gradient at the outputs).

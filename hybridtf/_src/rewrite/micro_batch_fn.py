@@ -25,7 +25,9 @@ dimension) is cut into ``N`` near-equal micro-batches, as in the Keras step:
 
 Each micro-batch's gradients are summed: dense gradients by addition, sparse
 ones (``IndexedSlices``) by concatenation with duplicate rows summed, so a
-table still gets one update with distinct rows per step. Exactness: with
+table still gets one update with distinct rows per step. A dynamic table's
+lookups append their distinct rows to its buffer, and its update sums them
+per distinct id (``caching/fills.py``; not under Horovod). Exactness: with
 ``reduction="mean"`` (``loss_fn`` returns the mean over its micro-batch)
 micro-batch ``i`` of ``n_i`` rows is weighted ``n_i / B``, which gives the
 whole-batch mean's gradient; with ``"sum"`` every micro-batch is weighted 1.
@@ -42,6 +44,7 @@ import threading
 
 import tensorflow as tf
 
+from hybridtf._src.caching import fills
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite.micro_batch import _Accumulator, _sum_grads, split
 
@@ -197,10 +200,11 @@ def micro_batch_gradients(
         weights = [
             tf.cast(bounds[i + 1] - bounds[i], tf.float32) / tf.cast(tf.maximum(batch, 1), tf.float32) for i in range(n)
         ]
-    if interleave_from == "mlp":
-        loss, grads, variables = _from_features(loss_fn, features_fn, inputs, variables, bounds, weights)
-    else:
-        loss, grads, variables = _per_micro_batch(loss_fn, inputs, variables, bounds, weights)
+    with fills.accumulating():  # dynamic tables: one buffer fill per micro-batch (caching/fills.py)
+        if interleave_from == "mlp":
+            loss, grads, variables = _from_features(loss_fn, features_fn, inputs, variables, bounds, weights)
+        else:
+            loss, grads, variables = _per_micro_batch(loss_fn, inputs, variables, bounds, weights)
     return (loss, grads) if given else (loss, grads, variables)
 
 

@@ -53,12 +53,15 @@ layers built before ``hvd.init()`` (not sharded: their call raises).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
 
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.caching import fills
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding
 from hybridtf._src.caching.member_unique import unique_member_fields
@@ -119,10 +122,27 @@ class DynamicPacking:
         return json.dumps([p.to_dict() for p in self.plan], indent=1)
 
 
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def training_lookups():
+    """Stores looked up inside are looked up for training (micro-batches from the MLP run the lookups of the
+    step outside the model's call, whose training flag they would otherwise read)."""
+    previous = getattr(_state, "training", False)
+    _state.training = True
+    try:
+        yield
+    finally:
+        _state.training = previous
+
+
 def _training_flag() -> bool:
     """The training flag of the Keras call being traced (the model's), as a Python bool."""
     from keras.src.engine import base_layer_utils
 
+    if getattr(_state, "training", False):
+        return True
     training = base_layer_utils.call_context().training
     if training is None:
         training = tf.keras.backend.learning_phase()
@@ -188,6 +208,9 @@ class DynamicGroup:
             unique_ids, unique_members, inverse, counts = unique_member_fields(parts.fields, parts.field_members)
             if training:
                 owned = []
+                accumulating = fills.active()  # a micro-batched step: one fill per micro-batch, appended
+                if accumulating and self.world.distributed:
+                    raise ValueError(fills.SHARDED_MESSAGE.format(name=self.plan.name))
                 if self.world.distributed:  # the pairs' owners find-or-insert them (one alltoall each way)
                     routed = dynamic_exchange.sharded_packed_lookup(
                         self.table, unique_ids, unique_members, counts, self.world, self._exchange_name, True
@@ -200,15 +223,21 @@ class DynamicGroup:
                     ]
                 else:
                     rows, records = self.table.lookup_records(unique_ids, counts, members=unique_members)
-                deps = [
-                    self.rows_buffer.assign(rows),
-                    self.ids_buffer.assign(unique_ids),
-                    self.members_buffer.assign(unique_members),
-                    self.records_buffer.assign(records),
-                    *owned,
-                ]
-                with tf.control_dependencies(deps):
-                    rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)
+                offset, filled = fills.fill(
+                    self,
+                    [
+                        (self.ids_buffer, unique_ids),
+                        (self.rows_buffer, rows),
+                        (self.members_buffer, unique_members),
+                        (self.records_buffer, records),
+                    ],
+                )
+                with tf.control_dependencies(filled + owned):
+                    if accumulating:  # this micro-batch's rows: an IndexedSlices gradient at their offsets
+                        start = tf.constant(0, tf.int32) if offset is None else offset
+                        rows = tf.gather(self.rows_buffer, start + tf.range(tf.shape(unique_ids)[0]))
+                    else:
+                        rows = self.rows_buffer.read_value()  # its gradient: one dense row per distinct (member, id)
             elif self.world.distributed:  # every rank looks up (a collective), nothing inserted
                 rows = dynamic_exchange.sharded_packed_lookup(
                     self.table, unique_ids, unique_members, None, self.world, self._exchange_name, False
@@ -247,6 +276,8 @@ class DynamicGroup:
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
+        if fills.repeated(self):  # filled once per micro-batch: one row per distinct (member, id) pair
+            ids, grad, members, records = fills.distinct(ids, grad, members, records)
         if self.world.distributed:  # the owners sum every rank's rows and update the pairs they own, once
             owned = self.owned_ids.read_value()
             grad = dynamic_exchange.owner_packed_gradients(
@@ -383,11 +414,6 @@ class _DynamicModelMixin(PlainConstruction):
         result = scope.resolve(result)
         object.__setattr__(self, "_htf_fusion_log", scope.log)  # hybridtf_fused_*, as last traced
         return result
-
-    @property
-    def hybridtf_dynamic_plan(self) -> list[DynamicGroupPlan]:
-        """The packed HybridHash stores (one per group of DynamicEmbedding layers)."""
-        return self._htf_dynamic.plan
 
 
 def _group_key(layer) -> tuple:
