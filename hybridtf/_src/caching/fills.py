@@ -103,7 +103,8 @@ def fill(owner, assignments) -> tuple:
         offset = tf.shape(olds[0], out_type=tf.int32)[0]
         ops = [variable.assign(tf.concat([old, value], 0)) for (variable, value), old in zip(assignments, olds)]
     graph = _graph()
-    _fills[owner] = (scope, None if graph is None else weakref.ref(graph), count + 1, ops)
+    # outside a scope no fill follows: the ops are not kept (they would keep their graph alive)
+    _fills[owner] = (scope, None if graph is None else weakref.ref(graph), count + 1, ops if scope else [])
     return offset, ops
 
 
