@@ -355,16 +355,33 @@ def test_a_table_without_rows_exports_zero_rows(tmp_path, export):
     )
 
 
-def test_a_layer_called_twice_in_a_training_step_is_refused():
-    dyn = htf.layers.DynamicEmbedding(D, name="shared", hot_rows=4)
-    a = tf.keras.Input((1,), dtype=tf.int64)
-    b = tf.keras.Input((1,), dtype=tf.int64)
-    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(dyn(a)), tf.keras.layers.Flatten()(dyn(b))])
-    model = tf.keras.Model([a, b], tf.keras.layers.Dense(1)(h))
-    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
-    ids = np.zeros((4, 1), np.int64)
-    with pytest.raises(ValueError, match=r"'shared' is called twice in one training step"):
-        model.fit([ids, ids], np.zeros((4, 1), np.float32), verbose=0)
+def _shared_model(embedding):
+    """One table for two features (DIN-style): the first field's id, and a bag of the other two fields' ids."""
+    ids = tf.keras.Input((FIELDS,), dtype=tf.int64)
+    item = tf.keras.layers.Flatten()(embedding(ids[:, :1]))
+    history = tf.keras.layers.GlobalAveragePooling1D()(embedding(ids[:, 1:]))
+    h = tf.keras.layers.Concatenate()([item, history])
+    h = tf.keras.layers.Dense(8, activation="relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(h)
+    return tf.keras.Model(ids, tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h))
+
+
+@pytest.mark.parametrize("kind, wrap", [("adagrad", False), ("adam", True)])
+def test_a_layer_called_twice_in_a_training_step_trains_like_a_shared_embedding(kind, wrap):
+    """The second call appends its distinct rows to the step buffer; the update sums them per id (fills.py)."""
+    x, y = _data(40)
+    dyn = htf.layers.DynamicEmbedding(D, name="shared", hot_rows=16, warmup_steps=10, flush_every=7)
+    model = _shared_model(dyn)
+    if wrap:  # the only DynamicEmbedding: optimize leaves it unpacked
+        model = htf.keras.optimize(model)
+    const = tf.keras.initializers.Constant(dyn.initial_rows(np.arange(V)).numpy())
+    plain = _shared_model(tf.keras.layers.Embedding(V, D, embeddings_initializer=const, name="plain"))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer(kind)), loss="mse")
+    plain.compile(optimizer=_optimizer(kind), loss="mse")
+    np.testing.assert_allclose(_fit(model, x, y), _fit(plain, x, y), rtol=1e-5)
+    ids, rows = dyn.table.export()[:2]
+    want = plain.get_layer("plain").embeddings.numpy()[ids.numpy()]
+    np.testing.assert_allclose(rows.numpy(), want, rtol=1e-5, atol=1e-7)
+    assert dyn.stats()["size"] == len(np.unique(x)) and dyn.stats()["step"] == 40
 
 
 def test_each_export_after_a_restore_serves_the_restored_rows(tmp_path):

@@ -418,3 +418,19 @@ def test_dynamic_plan_is_an_empty_list_when_no_store_is_packed():
 
     for model in (build(tf.keras.layers.Embedding(9, 2)), build(htf.layers.DynamicEmbedding(2))):
         assert htf.keras.optimize(model).hybridtf_dynamic_plan == []
+
+
+def test_a_packed_store_looked_up_by_two_model_calls_in_a_step_is_refused_with_the_fix():
+    """A custom step calling the optimized model twice: the packed store's buffer serves one call (else refused)."""
+    model = htf.keras.optimize(_dynamic_model())
+    opt = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1))
+    x, y = _data(steps=1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y) + tf.square(model(x + 1, training=True)))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+
+    with pytest.raises(ValueError, match=r"looked up by two calls of the model in one training step.*exclude="):
+        step(tf.constant(x), tf.constant(y))

@@ -177,3 +177,27 @@ def test_ids_through_an_op_with_side_effects_warn_and_train_as_the_plain_model(c
             np.testing.assert_allclose(optimized.train_on_batch(words, y), plain.train_on_batch(words, y), rtol=1e-5)
     [record] = _noted(caplog, "which has side effects")
     assert "emb_word" in record.getMessage() and "EagerPyFunc" in record.getMessage()
+
+
+def test_lookups_of_ids_computed_inside_keep_their_static_shape():
+    """StringLookup sets its output's shape in Python (set_shape), which copying its ops into the step loses:
+    an op after the lookup that needs the rank (a softmax over the sequence axis) failed on an unknown shape."""
+
+    def build():
+        tf.keras.utils.set_random_seed(6)
+        words = tf.keras.Input((6,), dtype=tf.string, name="words")
+        ids = tf.keras.layers.StringLookup(vocabulary=WORDS, name="lookup")(words)
+        emb = tf.keras.layers.Embedding(len(WORDS) + 1, 4, name="emb")(ids)  # [batch, 6, 4]
+        attended = tf.nn.softmax(emb, axis=1)
+        return tf.keras.Model(words, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(attended)))
+
+    plain, packed = build(), htf.keras.optimize(build())
+    assert [m.name for pt in packed.hybridtf_plan.packed_tables for m in pt.members] == ["emb"]
+    rng = np.random.default_rng(1)
+    x = tf.constant(rng.choice([*WORDS, "oov"], (BATCH, 6)))
+    y = tf.constant(rng.normal(size=(BATCH, 1)).astype(np.float32))
+    np.testing.assert_allclose(packed.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-6)
+    for model in (plain, packed):
+        model.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+    for _ in range(3):
+        np.testing.assert_allclose(packed.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-5)

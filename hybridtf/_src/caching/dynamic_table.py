@@ -201,19 +201,9 @@ class DynamicTable(tf.Module):
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         unique, inverse, counts = tf.unique_with_counts(tf.cast(flat, tf.int64), out_idx=tf.int32)
         if training and not getattr(self.table, "serving_only", False):
-            graph = tf.compat.v1.get_default_graph()
-            if fills.active():  # a micro-batched step: one fill per micro-batch, appended (fills.py)
-                pass
-            elif tf.executing_eagerly():
+            self._training_graph = tf.compat.v1.get_default_graph()  # trained in this graph
+            if tf.executing_eagerly() and not fills.appends(self):
                 self._note_eager_fill()
-            elif self._training_graph is graph:
-                raise ValueError(
-                    f"dynamic table {self.name!r} is looked up twice in one training step; its distinct-rows "
-                    "buffer holds one lookup's rows. Look all its ids up in one call (tf.concat them and split "
-                    "the output), or declare one dynamic table per feature."
-                )
-            else:
-                self._training_graph = graph
             embedded = training_gather(self, unique, inverse, counts)
         elif world.distributed:  # every rank looks up (a collective), nothing inserted
             rows = dynamic_exchange.sharded_lookup(self.table, unique, None, world, self._exchange_name, False).rows

@@ -1,31 +1,37 @@
-"""Dynamic tables' distinct-rows buffers over the micro-batches of one training step.
+"""Dynamic tables' distinct-rows buffers when a step looks a table up more than once.
 
-A training lookup of a dynamic table (a ``DynamicEmbedding`` layer, or the packed store of an
-optimized model's group) writes the distinct ids of its batch and their rows into buffer
-variables; the output gathers from the rows buffer, so its gradient is the distinct rows'
-gradient, which the table's fused update consumes. A plain step fills the buffers once.
+A training lookup of a dynamic table (a ``DynamicEmbedding`` layer, a ``Tables`` dynamic table,
+or the packed store of an optimized model's group) writes the distinct ids of its batch and their
+rows into buffer variables; the output gathers from the rows buffer, so its gradient is the
+distinct rows' gradient, which the table's fused update consumes.
 
-A micro-batched step (``rewrite/micro_batch.py``) looks a table up once per micro-batch and
-updates it once. Inside ``accumulating()`` (the step's scope) the first fill of a buffer
-assigns it and every later fill in the same graph APPENDS to it: micro-batch ``i``'s output
-gathers its own rows at their offset, so each micro-batch's gradient is an ``IndexedSlices`` at
-those offsets and the micro-batches' gradients concatenate. Rows already in the buffer never
-change, so a later read still finds them where an earlier micro-batch put them. The update then
-sees the same id once per micro-batch that had it: ``distinct`` sums the gradient per distinct
-id (per (member, id) pair in a packed store) in order of first occurrence, which is the order
-of the whole batch's unique ids, and the one fused update runs on those. The store is not
-written between the micro-batches (the update comes after all of them), so every micro-batch
-reads the same row for an id, its initial row included (it depends only on the seed, the id
-and the initializer); the counts of Algorithm 1 add up to the whole batch's. The statistics'
-lookup count counts an id once per micro-batch that looked it up.
+A step may look a table up more than once before its update: once per micro-batch
+(``rewrite/micro_batch.py``, ``micro_batch_gradients``), or a layer shared by two inputs. The
+first fill of a step assigns the buffers and every later one APPENDS to them: its output gathers
+its own rows at their offset, so each lookup's gradient is an ``IndexedSlices`` at those offsets
+and the gradients add up. Rows already in the buffer never change, so a later read still finds
+them where an earlier lookup put them. The update then sees an id once per lookup that had it:
+``distinct`` sums the gradient per distinct id (per (member, id) pair in a packed store) in order
+of first occurrence, which is the order of the whole batch's unique ids, and the one fused
+update runs on those (``close`` then ends the step's fills). The store is not written between the
+lookups (the update comes after all of them), so every lookup reads the same row for an id, its
+initial row included (it depends only on the seed, the id and the initializer); the counts of
+Algorithm 1 add up to the whole batch's. The statistics' lookup count counts an id once per
+lookup that had it.
 
-In TensorFlow 1 graphs (no automatic control dependencies) each append reads the buffers after
-the previous fill's assignments (``control_dependencies``), and each output after its own.
+Where a step begins: in a graph (``tf.function``, Keras ``fit``, TF1), a fill appends when an
+earlier fill of the same graph has not been consumed by an update traced since; each run of the
+graph starts with the assigning fill. Eagerly there is no graph to tell steps apart (a step whose
+update was skipped, e.g. by a loss scale, would leave its rows behind), so only fills inside one
+``accumulating()`` scope (a micro-batched step) append. In TensorFlow 1 graphs (no automatic
+control dependencies) each append reads the buffers after the previous fill's assignments
+(``control_dependencies``), and each output after its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import weakref
 
@@ -34,9 +40,11 @@ import tensorflow as tf
 _state = threading.local()
 
 SHARDED_MESSAGE = (
-    "dynamic table {name!r} is sharded over Horovod ranks, and micro-batches do not support sharded dynamic "
-    "tables (each micro-batch's lookup would exchange ids with the other ranks' owners, whose buffers the one "
-    "update reads once). Use micro_batches=1 under Horovod; interleave_groups (K-interleaving) works with them."
+    "dynamic table {name!r} is sharded over Horovod ranks and is looked up more than once in one training step "
+    "(micro-batches, or a layer called on two inputs). A sharded table's lookup exchanges ids with the other ranks' "
+    "owners, whose buffers the one update reads once, so it supports one lookup per step: use micro_batches=1 "
+    "under Horovod (interleave_groups works), and look all of a step's ids up in one call (tf.concat them and "
+    "split the output)."
 )
 
 
@@ -50,7 +58,7 @@ def _scope():
 
 @contextlib.contextmanager
 def accumulating():
-    """The scope of one micro-batched step: buffers filled more than once append (see the module docstring)."""
+    """The scope of one micro-batched step: eagerly too, fills after the first append (module docstring)."""
     previous = _scope()
     _state.scope = _Scope()
     try:
@@ -60,12 +68,23 @@ def accumulating():
 
 
 def active() -> bool:
-    """True inside ``accumulating()``: lookups gather their rows (IndexedSlices gradients)."""
+    """True inside ``accumulating()``."""
     return _scope() is not None
 
 
-# owner -> (scope, graph (weak) or None eagerly, fills so far, the last fill's assignments). Kept after the
-# scope ends: ``micro_batch_gradients`` returns before the caller's update, which asks ``repeated``.
+@dataclasses.dataclass
+class _Fills:
+    """An owner's fills in its current step: the graph (weak; None eagerly), the eager scope, how many
+    fills, the last one's assignments (kept while a later fill may follow), and whether the step's
+    update has been traced since."""
+
+    graph: object
+    scope: object
+    count: int
+    ops: list
+    open: bool = True
+
+
 _fills: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -73,17 +92,27 @@ def _graph():
     return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
-def _record(owner):
-    """``(fills, assignments)`` of ``owner``'s buffers in the current graph and scope, or ``(0, [])``."""
-    scope, graph_ref, count, ops = _fills.get(owner, (None, None, 0, []))
-    graph = _graph()
-    if (graph_ref() if graph_ref is not None else None) is not graph:
-        return scope, 0, []
-    return scope, count, ops
+def _current(owner) -> _Fills | None:
+    """``owner``'s fills in the current graph (or eagerly), or None."""
+    rec = _fills.get(owner)
+    if rec is None:
+        return None
+    graph = rec.graph() if rec.graph is not None else None
+    return rec if graph is _graph() else None
+
+
+def appends(owner) -> bool:
+    """True when a training lookup of ``owner`` now would append to its buffers (see the module docstring)."""
+    rec = _current(owner)
+    if rec is None or not rec.open:
+        return False
+    if tf.executing_eagerly():
+        return rec.scope is not None and rec.scope is _scope()
+    return True
 
 
 def fill(owner, assignments) -> tuple:
-    """Assigns (first fill) or appends (later fills in ``accumulating()``) each ``(variable, value)``.
+    """Assigns (a step's first fill) or appends (later ones) each ``(variable, value)``.
 
     Args:
         owner: the table's layer, ``Tables`` entry or packed group (the buffers' owner).
@@ -93,24 +122,31 @@ def fill(owner, assignments) -> tuple:
         ``(offset, ops)``: where this fill's rows start in the buffers (a scalar int32 tensor; None for
         a first fill: at 0) and the assignment ops, which reads of the filled buffers must follow.
     """
-    scope = _scope()
-    previous_scope, count, previous = _record(owner)
-    if scope is None or previous_scope is not scope or count == 0:
-        count, ops, offset = 0, [variable.assign(value) for variable, value in assignments], None
-    else:
-        with tf.control_dependencies(previous):
+    rec = _current(owner)
+    if appends(owner):
+        with tf.control_dependencies(rec.ops):
             olds = [variable.read_value() for variable, _ in assignments]
         offset = tf.shape(olds[0], out_type=tf.int32)[0]
         ops = [variable.assign(tf.concat([old, value], 0)) for (variable, value), old in zip(assignments, olds)]
+        rec.count, rec.ops = rec.count + 1, ops
+        return offset, ops
+    ops = [variable.assign(value) for variable, value in assignments]
     graph = _graph()
-    # outside a scope no fill follows: the ops are not kept (they would keep their graph alive)
-    _fills[owner] = (scope, None if graph is None else weakref.ref(graph), count + 1, ops if scope else [])
-    return offset, ops
+    _fills[owner] = _Fills(None if graph is None else weakref.ref(graph), _scope(), 1, ops)
+    return None, ops
 
 
 def repeated(owner) -> bool:
     """True when ``owner``'s buffers were filled more than once in this step (they may repeat ids)."""
-    return _record(owner)[1] > 1
+    rec = _current(owner)
+    return rec is not None and rec.count > 1
+
+
+def close(owner) -> None:
+    """The step's update of ``owner`` is traced (or ran, eagerly): the next fill starts a new step."""
+    rec = _current(owner)
+    if rec is not None:
+        rec.open, rec.ops = False, []
 
 
 def distinct(ids, grad, members=None, records=None):

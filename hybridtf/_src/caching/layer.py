@@ -89,10 +89,10 @@ def _in_legacy_hdf5(max_depth: int = 12) -> bool:
 def training_gather(owner, unique, inverse, counts):
     """A training lookup of a DynamicEmbedding or ``Tables`` dynamic table: ``owner``'s distinct ids
     ``unique`` are found or inserted (their ``counts`` feed Algorithm 1), written into its buffers
-    (assigned, or appended in a micro-batched step: ``fills.py``) and gathered by ``inverse`` from the
+    (assigned, or appended to the step's earlier lookups: ``fills.py``) and gathered by ``inverse`` from the
     rows buffer, whose gradient the table's update consumes."""
     world = owner._shard_world
-    if fills.active() and world.distributed:
+    if world.distributed and fills.appends(owner):
         raise ValueError(fills.SHARDED_MESSAGE.format(name=owner.name))
     received = getattr(owner, "_received_ids", None)
     rows, assigns = dynamic_exchange.training_rows(owner.table, unique, counts, world, owner._exchange_name, received)
@@ -259,16 +259,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             embedded = tf.gather(serving.serve(self, unique), inverse)
             training = None
         elif training and not getattr(self.table, "serving_only", False):
-            graph = tf.compat.v1.get_default_graph()
-            accumulating = fills.active()  # a micro-batched step: one fill per micro-batch, appended
-            if not accumulating and not tf.executing_eagerly() and getattr(self, "_training_graph", None) is graph:
-                raise ValueError(
-                    f"DynamicEmbedding {self.name!r} is called twice in one training step; its distinct-rows buffer "
-                    "holds one call's rows. Look all ids of the shared table up in one call (e.g. tf.concat the "
-                    "features' ids and split the output), or use one layer per feature."
-                )
-            object.__setattr__(self, "_training_graph", graph)
-            if tf.executing_eagerly() and not accumulating:
+            object.__setattr__(self, "_training_graph", tf.compat.v1.get_default_graph())  # trained here
+            if tf.executing_eagerly() and not fills.appends(self):
                 self._note_eager_fill()
             embedded = training_gather(self, unique, inverse, counts)
         elif self._shard_world.distributed:  # every rank looks up (a collective), nothing inserted
@@ -282,16 +274,16 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     def _note_eager_fill(self) -> None:
         """Eager training calls: a second one before the buffer's update (a layer shared by two inputs) is named.
 
-        Graph mode refuses two calls per step; eagerly a step has no graph, so a
-        fill whose rows no update consumed yet is only known at the next fill (a
-        skipped loss-scale step also leaves one): logged once per layer.
+        A traced step trains every call (``fills.py``); eagerly a step has no graph,
+        so a fill whose rows no update consumed yet is only known at the next fill
+        (a skipped loss-scale step also leaves one): logged once per layer.
         """
         if getattr(self, "_eager_unapplied", False) and not getattr(self, "_eager_warned", False):
             _log.warning(
                 "hybridtf: dynamic table %r was looked up again in training mode before its table was updated. If both "
-                "calls feed one loss (a layer shared by two inputs), only the last call's rows are trained: look all "
-                "ids of the shared table up in one call (tf.concat them and split the output) or use one layer per "
-                "feature (fit without run_eagerly refuses such a model).",
+                "calls feed one loss (a layer shared by two inputs), only the last call's rows are trained eagerly: "
+                "run the step traced (fit without run_eagerly, tf.function), which trains both calls, or look all ids "
+                "of the shared table up in one call (tf.concat them and split the output).",
                 self.name,
             )
             object.__setattr__(self, "_eager_warned", True)
@@ -346,8 +338,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if isinstance(grad, tf.IndexedSlices):
             grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, n)
         grad = tf.cast(grad, tf.float32)
-        if fills.repeated(self):  # filled once per micro-batch: one row per distinct id
+        if fills.repeated(self):  # filled by several lookups (micro-batches, shared layer): one row per id
             ids, grad, _, _ = fills.distinct(ids, grad)
+        fills.close(self)
         world = getattr(self.table, "world", None)  # also DynamicTable's (Tables API): never sharded
         if (
             world is not None and world.distributed

@@ -68,8 +68,9 @@ def v1_table_update(optimizer, kind: str, owner, grad):
     if isinstance(grad, tf.IndexedSlices):
         grad = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(ids)[0])
     grad = tf.cast(grad, tf.float32)
-    if fills.repeated(owner):  # filled once per micro-batch (micro_batch_gradients): one row per distinct id
+    if fills.repeated(owner):  # filled by several lookups (micro-batches, shared layer): one row per id
         ids, grad, _, _ = fills.distinct(ids, grad)
+    fills.close(owner)
     table = owner.table
     world = getattr(table, "world", None)
     if world is not None and world.distributed:  # sharded by id: the owners sum every rank's rows

@@ -103,6 +103,10 @@ def lift_ids(requests, scratch, real, check=None) -> list[LookupRequest]:
         op_map = tf.__internal__.lift_to_graph(
             to_lift, real, add_sources=True, handle_captures=True, base_graph=scratch
         )
+        for t in to_lift:  # static shapes Python code set (set_shape) are not part of the copied ops
+            copy = op_map.get(t)
+            if isinstance(copy, tf.Tensor) and copy.shape.is_compatible_with(t.shape):
+                copy.set_shape(t.shape)
     lifted = []
     for request in requests:
         parts = [op_map.get(t, t) if getattr(t, "graph", None) is scratch else t for t in components(request.ids)]

@@ -209,8 +209,8 @@ class DynamicGroup:
             if training:
                 owned = []
                 accumulating = fills.active()  # a micro-batched step: one fill per micro-batch, appended
-                if accumulating and self.world.distributed:
-                    raise ValueError(fills.SHARDED_MESSAGE.format(name=self.plan.name))
+                if fills.appends(self):
+                    self._check_appending(accumulating)
                 if self.world.distributed:  # the pairs' owners find-or-insert them (one alltoall each way)
                     routed = dynamic_exchange.sharded_packed_lookup(
                         self.table, unique_ids, unique_members, counts, self.world, self._exchange_name, True
@@ -257,6 +257,19 @@ class DynamicGroup:
                 _output(req.owner, ids, out, self.plan.dim) for req, ids, out in zip(requests, parts.prepared, outs)
             ]
 
+    def _check_appending(self, accumulating: bool) -> None:
+        """A second lookup of the store in one step: a micro-batch's (appended), else refused with the fix."""
+        if self.world.distributed:
+            raise ValueError(fills.SHARDED_MESSAGE.format(name=self.plan.name))
+        if not accumulating:  # the first call read the buffer whole (a dense gradient of that call's rows)
+            raise ValueError(
+                f"the packed dynamic store {self.plan.name!r} (tables {list(self.plan.members)}) is looked up by two "
+                "calls of the model in one training step, and a packed store's step buffer serves one call per "
+                "step (micro-batched steps excepted). Call the model once per step (tf.concat the inputs and split "
+                "the output), or leave these tables unpacked: htf.keras.optimize(model, exclude=[...]) (an unpacked "
+                "DynamicEmbedding trains every call of a traced step)."
+            )
+
     @property
     def name(self) -> str:
         return self.plan.name
@@ -278,6 +291,7 @@ class DynamicGroup:
         grad = tf.cast(grad, tf.float32)
         if fills.repeated(self):  # filled once per micro-batch: one row per distinct (member, id) pair
             ids, grad, members, records = fills.distinct(ids, grad, members, records)
+        fills.close(self)
         if self.world.distributed:  # the owners sum every rank's rows and update the pairs they own, once
             owned = self.owned_ids.read_value()
             grad = dynamic_exchange.owner_packed_gradients(
