@@ -384,6 +384,15 @@ def test_a_layer_called_twice_in_a_training_step_trains_like_a_shared_embedding(
     assert dyn.stats()["size"] == len(np.unique(x)) and dyn.stats()["step"] == 40
 
 
+def test_a_layer_with_a_capacity_called_twice_in_a_training_step_is_refused_with_the_fix():
+    """Eviction spares the step's used rows: the first call's inserts could evict the second call's rows."""
+    model = _shared_model(htf.layers.DynamicEmbedding(D, name="capped", capacity=100, hot_rows=4))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    x, y = _data(1)
+    with pytest.raises(ValueError, match=r"'capped' has a capacity \(eviction\).*look all of a step's ids up"):
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+
+
 def test_each_export_after_a_restore_serves_the_restored_rows(tmp_path):
     """Two checkpoints of equal statistics (a restore resets them): each export holds its own rows, not the last."""
     x, y = _data(steps=3)

@@ -198,15 +198,17 @@ def test_batch_dependent_layers_are_refused():
 
 
 def _dynamic_model(seed=7):
-    """Two packed DynamicEmbedding fields (one a bag of two ids), one with a capacity (never packed: its own
-    store), a static table, and flushes of the hot tier during the run."""
+    """Two packed DynamicEmbedding fields (one a bag of two ids), one with other settings (its own store, not
+    packed), a static table, and flushes of the hot tier during the run."""
     ids = {f: tf.keras.Input((1,), dtype=tf.int64, name=f) for f in ("f0", "f1", "f3")}
     bag = tf.keras.Input((2,), dtype=tf.int64, name="f2")
     table = dict(hot_rows=6, warmup_steps=2, flush_every=3)
     feats = [
         htf.layers.DynamicEmbedding(DIM, seed=seed, name="dyn_a", **table)(ids["f0"]),
         htf.layers.DynamicEmbedding(DIM, combiner="mean", seed=seed + 1, name="dyn_bag", **table)(bag),
-        htf.layers.DynamicEmbedding(DIM, capacity=1000, seed=seed + 2, name="dyn_cap", **table)(ids["f1"]),
+        htf.layers.DynamicEmbedding(DIM, hot_rows=5, warmup_steps=1, flush_every=2, seed=seed + 2, name="dyn_own")(
+            ids["f1"]
+        ),
         tf.keras.layers.Embedding(120, DIM, embeddings_initializer=_init(seed + 3), name="static")(ids["f3"]),
     ]
     x = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(f) for f in feats])
@@ -235,7 +237,7 @@ def _dynamic_losses(optimizer, batches, **options):
 
 def _tables(model):
     out = {}
-    for name in ("dyn_a", "dyn_bag", "dyn_cap"):
+    for name in ("dyn_a", "dyn_bag", "dyn_own"):
         ids, rows = (t.numpy() for t in model.get_layer(name).table.export()[:2])
         order = np.argsort(ids)
         out[name] = ids[order], rows[order]
@@ -269,11 +271,32 @@ def test_dynamic_tables_micro_batched_train_like_the_whole_batch(optimizer, n, m
 def test_unpacked_dynamic_layers_micro_batched_train_like_the_whole_batch():
     """Unwrapped layers too (a plain Keras model wrapped with exclude= every table: each layer its own store)."""
     batches = _dynamic_batches(steps=6)
-    exclude = ["dyn_a", "dyn_bag", "dyn_cap", "static"]
+    exclude = ["dyn_a", "dyn_bag", "dyn_own", "static"]
     whole, _ = _dynamic_losses("adagrad", batches, exclude=exclude)
     micro, model = _dynamic_losses("adagrad", batches, exclude=exclude, micro_batches=3)
     assert not model.hybridtf_dynamic_plan
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_dynamic_tables_micro_batched_with_a_loss_scale_train_like_the_whole_batch():
+    """A LossScaleOptimizer applies in a tf.cond branch: the update there still sums the micro-batches' rows."""
+    batches = _dynamic_batches(steps=4)
+    losses = []
+    for n in (1, 2):
+        model = htf.keras.optimize(_dynamic_model(), micro_batches=n)
+        scaled = tf.keras.mixed_precision.LossScaleOptimizer(tf.keras.optimizers.Adam(0.01), initial_scale=2.0**4)
+        model.compile(optimizer=scaled, loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in batches])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)
+
+
+def test_a_dynamic_table_with_a_capacity_is_refused_with_micro_batches():
+    """Eviction spares the rows the step used so far: a micro-batch's inserts could evict the next one's rows."""
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+    emb = htf.layers.DynamicEmbedding(DIM, capacity=100, name="capped")(ids)
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb)))
+    with pytest.raises(ValueError, match=r"'capped' has a capacity \(eviction\).*capacity=0.*micro_batches=1"):
+        htf.keras.optimize(model, micro_batches=2)
 
 
 def test_one_fused_update_per_dynamic_store_and_step():
@@ -283,7 +306,7 @@ def test_one_fused_update_per_dynamic_store_and_step():
     _, model = _dynamic_losses("adagrad", batches, micro_batches=3)
     types = step_op_types(model, batches)
     assert types.count("HybridTF>HybridHashApplyAdagradRecords") == 1  # the packed store
-    assert types.count("HybridTF>HybridHashApplyAdagrad") == 1  # dyn_cap's own store
+    assert types.count("HybridTF>HybridHashApplyAdagrad") == 1  # dyn_own's own store
     assert types.count("HybridTF>HybridHashLookupRecords") == 3  # a lookup per micro-batch
 
 

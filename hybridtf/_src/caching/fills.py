@@ -48,6 +48,15 @@ SHARDED_MESSAGE = (
 )
 
 
+CAPACITY_MESSAGE = (
+    "dynamic table {name!r} has a capacity (eviction) and is looked up more than once in one training step "
+    "(micro-batches, or a layer called on two inputs). Eviction spares the rows the step has used so far, so an "
+    "earlier lookup's inserts could evict rows a later lookup of the same step needs, which one lookup of all the "
+    "step's ids never does. Use capacity=0 (unbounded; ttl_steps still drops old rows), micro_batches=1, or look "
+    "all of a step's ids up in one call (tf.concat them and split the output)."
+)
+
+
 class _Scope:
     """One ``accumulating()`` scope (an identity token)."""
 
@@ -92,13 +101,17 @@ def _graph():
     return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
-def _current(owner) -> _Fills | None:
-    """``owner``'s fills in the current graph (or eagerly), or None."""
+def _current(owner, enclosing: bool = False) -> _Fills | None:
+    """``owner``'s fills in the current graph (or eagerly), or None. ``enclosing``: also fills of a graph
+    that encloses the current one (an update traced in a ``tf.cond`` branch, as a loss scale's is)."""
     rec = _fills.get(owner)
     if rec is None:
         return None
-    graph = rec.graph() if rec.graph is not None else None
-    return rec if graph is _graph() else None
+    filled = rec.graph() if rec.graph is not None else None
+    graph = _graph()
+    while graph is not None and graph is not filled and enclosing:
+        graph = getattr(graph, "outer_graph", None)
+    return rec if graph is filled else None
 
 
 def appends(owner) -> bool:
@@ -138,13 +151,13 @@ def fill(owner, assignments) -> tuple:
 
 def repeated(owner) -> bool:
     """True when ``owner``'s buffers were filled more than once in this step (they may repeat ids)."""
-    rec = _current(owner)
+    rec = _current(owner, enclosing=True)
     return rec is not None and rec.count > 1
 
 
 def close(owner) -> None:
     """The step's update of ``owner`` is traced (or ran, eagerly): the next fill starts a new step."""
-    rec = _current(owner)
+    rec = _current(owner, enclosing=True)
     if rec is not None:
         rec.open, rec.ops = False, []
 

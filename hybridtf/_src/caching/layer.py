@@ -92,8 +92,11 @@ def training_gather(owner, unique, inverse, counts):
     (assigned, or appended to the step's earlier lookups: ``fills.py``) and gathered by ``inverse`` from the
     rows buffer, whose gradient the table's update consumes."""
     world = owner._shard_world
-    if world.distributed and fills.appends(owner):
-        raise ValueError(fills.SHARDED_MESSAGE.format(name=owner.name))
+    if fills.appends(owner):
+        if world.distributed:
+            raise ValueError(fills.SHARDED_MESSAGE.format(name=owner.name))
+        if owner.table.config.capacity:
+            raise ValueError(fills.CAPACITY_MESSAGE.format(name=owner.name))
     received = getattr(owner, "_received_ids", None)
     rows, assigns = dynamic_exchange.training_rows(owner.table, unique, counts, world, owner._exchange_name, received)
     offset, filled = fills.fill(owner, [(owner._ids_buffer, unique), (owner._rows_buffer, rows)])

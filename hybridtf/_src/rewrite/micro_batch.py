@@ -69,7 +69,7 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     Raises:
         MicroBatchError: a BatchNormalization layer (training uses batch
             statistics), an activity regularizer (a sum over the batch), a
-            DynamicEmbedding under Horovod, a model that overrides
+            DynamicEmbedding with a capacity or under Horovod, a model that overrides
             ``train_step``, or an unknown mode.
     """
     if not isinstance(interleave_from, str) or not interleave_from:
@@ -96,16 +96,18 @@ def check_layers(model) -> None:
     may have been unfrozen since ``optimize``).
 
     Raises:
-        MicroBatchError: a trainable BatchNormalization, an activity regularizer or, under Horovod, a
-            DynamicEmbedding (sharded dynamic tables).
+        MicroBatchError: a trainable BatchNormalization, an activity regularizer, a DynamicEmbedding with
+            a capacity (eviction) or, under Horovod, any DynamicEmbedding (sharded dynamic tables).
     """
-    from hybridtf._src.caching.fills import SHARDED_MESSAGE
+    from hybridtf._src.caching.fills import CAPACITY_MESSAGE, SHARDED_MESSAGE
     from hybridtf._src.caching.layer import DynamicEmbedding
     from hybridtf._src.distribute.world import current_world
 
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, DynamicEmbedding) and current_world().distributed:
             raise MicroBatchError(SHARDED_MESSAGE.format(name=layer.name))
+        if isinstance(layer, DynamicEmbedding) and layer._table_config.capacity:
+            raise MicroBatchError(CAPACITY_MESSAGE.format(name=layer.name))
         if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
