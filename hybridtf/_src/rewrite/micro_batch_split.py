@@ -66,7 +66,10 @@ def split_model(model, layer_name: str):
     targets = [n for n in nodes if n.layer.name == layer_name]
     if not targets:
         names = sorted({n.layer.name for n in nodes})
-        raise SplitError(f"interleave_from={layer_name!r}: the model has no layer of that name; it has {names}.")
+        raise SplitError(
+            f"interleave_from={layer_name!r} is neither a mode ('embedding', 'mlp', 'mlp_fused') nor the name of a "
+            f"layer of the model; its layers are {names}."
+        )
     head: set[int] = set()
     for node in targets + [n for n in nodes if is_captured(n.layer)]:
         _ancestors(node, head)
