@@ -417,7 +417,12 @@ def test_dynamic_plan_is_an_empty_list_when_no_store_is_packed():
         return tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(embedding(ids))))
 
     for model in (build(tf.keras.layers.Embedding(9, 2)), build(htf.layers.DynamicEmbedding(2))):
-        assert htf.keras.optimize(model).hybridtf_dynamic_plan == []
+        optimized = htf.keras.optimize(model)
+        assert optimized.hybridtf_dynamic_plan == []
+        if optimized.hybridtf_plan.packed_tables:  # the static table: interleaving is set up (one group)
+            assert optimized.hybridtf_interleaving.num_groups == 1
+        else:
+            assert optimized.hybridtf_interleaving is None
 
 
 def test_a_packed_store_looked_up_by_two_model_calls_in_a_step_is_refused_with_the_fix():

@@ -274,7 +274,8 @@ def test_unpacked_dynamic_layers_micro_batched_train_like_the_whole_batch():
     exclude = ["dyn_a", "dyn_bag", "dyn_own", "static"]
     whole, _ = _dynamic_losses("adagrad", batches, exclude=exclude)
     micro, model = _dynamic_losses("adagrad", batches, exclude=exclude, micro_batches=3)
-    assert not model.hybridtf_dynamic_plan
+    assert not model.hybridtf_dynamic_plan and model.hybridtf_interleaving.micro.num_micro_batches == 3
+    assert str(model.hybridtf_interleaving).startswith("InterleavingPlan: no K-interleaving groups")
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
 
 

@@ -106,11 +106,6 @@ class _UnpackedMicroBatchMixin(PlainConstruction):
         micro_batch.check_layers(self)  # a layer unfrozen since optimize (fit calls this before tracing)
         return super().make_train_function(force)
 
-    @property
-    def hybridtf_interleaving(self) -> InterleavingPlan:
-        """The interleaving plan: micro-batching only (there are no packed static chains to group)."""
-        return self._htf_interleaving
-
 
 def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "embedding") -> None:
     """Micro-batches for a model with no packed static table: each micro-batch runs the whole forward.

@@ -53,6 +53,12 @@ class FusionListsMixin:
         return packing.plan if packing is not None else []
 
     @property
+    def hybridtf_interleaving(self):
+        """The interleaving plan (``InterleavingPlan``); None where there is none (nothing packed and no
+        micro-batches) or before an ``"auto"`` warm-up has run."""
+        return getattr(self, "_htf_interleaving", None)
+
+    @property
     def hybridtf_fused_concats(self) -> list[str]:
         """Where concatenations and sums of packed lookups became one StitchConcat, as last traced.
 

@@ -342,10 +342,13 @@ class InterleavingPlan:
         how = {"eq3": "Eq. 3", "num_groups": "number of groups set by interleave_groups", "user": "groups given"}
         if self.source == "num_groups" and self.num_groups == 1:
             how["num_groups"] = "interleave_groups=1, the default: no K-interleaving"
-        lines = [
-            f"InterleavingPlan: {self.num_groups} K-interleaving groups ({how.get(self.source, self.source)}); "
-            f"Capacity_g {cap}" + (f" (scaled x{self.scale:g})" if self.scale != 1 else "")
-        ]
+        if self.num_groups == 0:
+            lines = ["InterleavingPlan: no K-interleaving groups (no packed static table's chain to group)"]
+        else:
+            lines = [
+                f"InterleavingPlan: {self.num_groups} K-interleaving groups ({how.get(self.source, self.source)}); "
+                f"Capacity_g {cap}" + (f" (scaled x{self.scale:g})" if self.scale != 1 else "")
+            ]
         seconds = {c.name: c.costs.get("seconds") for c in self.chains}
         for i, g in enumerate(self.groups):
             measured = [seconds.get(m) for m in g.members]
