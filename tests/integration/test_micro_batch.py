@@ -189,7 +189,7 @@ def test_batch_dependent_layers_are_refused():
     model = wide_and_deep(activity=True)
     with pytest.raises(ValueError, match="activity regularizer"):
         htf.keras.optimize(model, micro_batches=2)
-    with pytest.raises(ValueError, match="neither a mode .* nor the name of a layer"):
+    with pytest.raises(ValueError, match=r"neither a mode .* nor the name of a layer"):
         htf.keras.optimize(wide_and_deep(), micro_batches=2, interleave_from="nowhere")
     with pytest.raises(ValueError, match="micro_batches"):
         htf.keras.optimize(wide_and_deep(), micro_batches=0)
