@@ -384,3 +384,23 @@ def test_ragged_embedding_output_micro_batched_from_every_layer(mode, batches):
     whole, _ = _losses(_ragged_model, "adam", ragged)
     micro, _ = _losses(_ragged_model, "adam", ragged, micro_batches=2, interleave_from=mode)
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_hybridtfs_own_step_classes_do_not_count_as_a_train_step_override():
+    """Under Horovod the collective watchdog's run-time class wraps train_step: micro-batches named it the
+    user's override (and hid the real reason, e.g. sharded dynamic tables)."""
+    from hybridtf._src.integrations import horovod_hooks
+    from hybridtf._src.rewrite.micro_batch import _overrides_train_step
+
+    model = wide_and_deep()
+    horovod_hooks.guard_collectives(model)
+    assert not _overrides_train_step(model)
+
+    class Custom(tf.keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    ids = tf.keras.Input((1,), dtype=tf.int64)
+    custom = Custom(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(5, 2)(ids))))
+    horovod_hooks.guard_collectives(custom)
+    assert _overrides_train_step(custom)

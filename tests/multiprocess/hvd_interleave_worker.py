@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvdk
 import hvd_worker
 
 import hybridtf as htf
@@ -35,6 +36,8 @@ SCENARIOS = {
     "groups_micro": dict(interleave_groups=2, micro_batches=2, interleave_from="embedding"),
     # warm-up measured on each rank, planned from rank 0's numbers on every rank (Eq. 3 with a tiny capacity)
     "groups_auto": dict(interleave_groups="auto", interleave_scale=1e-6),
+    # hvd.DistributedOptimizer averages in minimize's gradient step, which the micro-batched step replaces
+    "micro_hvd_optimizer": dict(micro_batches=2, interleave_from="embedding"),
 }
 
 
@@ -70,9 +73,10 @@ def main():
     batches = hvd_worker.global_batches(steps=STEPS)
     result = {"rank": rank, "size": size}
     for name, options in SCENARIOS.items():
-        model, result[name] = hvd_worker.fit(
-            "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, batches=batches, **options
-        )
+        optimizer = tf.keras.optimizers.Adagrad(0.05)
+        if name == "micro_hvd_optimizer":
+            optimizer = hvdk.DistributedOptimizer(optimizer)
+        model, result[name] = hvd_worker.fit("wdl", optimizer, rank, size, batches=batches, **options)
         result[name + "_groups"] = [list(g.members) for g in model.hybridtf_interleaving.groups]
     result["custom_micro"] = custom_micro(rank, size)
     if size > 1:  # an invalid id on rank 1 in micro-batch 1 of an interleaved step: both ranks fail, none hangs

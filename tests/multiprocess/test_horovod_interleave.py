@@ -3,7 +3,8 @@
 Micro-batched steps (2 micro-batches, from the embedding layer and from the
 MLP) and K-interleaving groups (alltoalls of group 1 after group 0's, on both
 ranks) of a W&D model, and a custom ``htf.function`` loop with
-``htf.micro_batch_gradients`` + ``htf.horovod.average_gradients``: the ranks' mean per-step losses equal the one-process
+``htf.micro_batch_gradients`` + ``htf.horovod.average_gradients``, and a micro-batched model compiled with
+``hvd.DistributedOptimizer``: the ranks' mean per-step losses equal the one-process
 losses on the global batches within 1e-5 relative. An invalid id on one rank,
 in the second micro-batch of a grouped step, fails the step on both ranks.
 """
@@ -22,7 +23,7 @@ from tests.multiprocess.test_horovod import _run
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_interleave_worker.py")
-KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro", "groups_auto", "custom_micro"]
+KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro", "groups_auto", "micro_hvd_optimizer", "custom_micro"]
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ import tensorflow as tf
 _state = threading.local()
 
 SHARDED_MESSAGE = (
-    "dynamic table {name!r} is sharded over Horovod ranks and is looked up more than once in one training step "
+    "dynamic table {name} is sharded over Horovod ranks and is looked up more than once in one training step "
     "(micro-batches, or a layer called on two inputs). A sharded table's lookup exchanges ids with the other ranks' "
     "owners, whose buffers the one update reads once, so it supports one lookup per step: use micro_batches=1 "
     "under Horovod (interleave_groups works), and look all of a step's ids up in one call (tf.concat them and "
@@ -49,7 +49,7 @@ SHARDED_MESSAGE = (
 
 
 CAPACITY_MESSAGE = (
-    "dynamic table {name!r} has a capacity (eviction) and is looked up more than once in one training step "
+    "dynamic table {name} has a capacity (eviction) and is looked up more than once in one training step "
     "(micro-batches, or a layer called on two inputs). Eviction spares the rows the step has used so far, so an "
     "earlier lookup's inserts could evict rows a later lookup of the same step needs, which one lookup of all the "
     "step's ids never does. Use capacity=0 (unbounded; ttl_steps still drops old rows), micro_batches=1, or look "

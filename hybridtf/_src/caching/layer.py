@@ -94,9 +94,9 @@ def training_gather(owner, unique, inverse, counts):
     world = owner._shard_world
     if fills.appends(owner):
         if world.distributed:
-            raise ValueError(fills.SHARDED_MESSAGE.format(name=owner.name))
+            raise ValueError(fills.SHARDED_MESSAGE.format(name=repr(owner.name)))
         if owner.table.config.capacity:
-            raise ValueError(fills.CAPACITY_MESSAGE.format(name=owner.name))
+            raise ValueError(fills.CAPACITY_MESSAGE.format(name=repr(owner.name)))
     received = getattr(owner, "_received_ids", None)
     rows, assigns = dynamic_exchange.training_rows(owner.table, unique, counts, world, owner._exchange_name, received)
     offset, filled = fills.fill(owner, [(owner._ids_buffer, unique), (owner._rows_buffer, rows)])

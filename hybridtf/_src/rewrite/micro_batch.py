@@ -52,6 +52,7 @@ from keras.src.utils import losses_utils
 from hybridtf._src.caching import fills
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
+from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
 from hybridtf._src.rewrite import micro_batch_split
 from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
@@ -83,12 +84,26 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
         object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
     if num_micro_batches == 1:
         return
-    if type(model).train_step is not tf.keras.Model.train_step:
+    if _overrides_train_step(model):
         raise MicroBatchError(
             f"{type(model).__name__} overrides train_step; hybridtf's micro-batched step replaces Keras's train_step "
             "and would skip yours. Use micro_batches=1, or micro-batch inside your own train_step."
         )
     check_layers(model)
+
+
+def _overrides_train_step(model) -> bool:
+    """Whether the model's class (or a class of the user's between it and Keras) defines ``train_step``;
+    hybridtf's own run-time classes (e.g. the Horovod collective watchdog's) do not count."""
+    for cls in type(model).__mro__:
+        step = cls.__dict__.get("train_step")
+        if step is None:
+            continue
+        module = getattr(step, "__module__", "") or ""
+        if module.startswith("hybridtf."):
+            continue
+        return cls is not tf.keras.Model
+    return False
 
 
 def check_layers(model) -> None:
@@ -105,9 +120,9 @@ def check_layers(model) -> None:
 
     for layer in model._flatten_layers(include_self=False, recursive=True):
         if isinstance(layer, DynamicEmbedding) and current_world().distributed:
-            raise MicroBatchError(SHARDED_MESSAGE.format(name=layer.name))
+            raise MicroBatchError(SHARDED_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, DynamicEmbedding) and layer._table_config.capacity:
-            raise MicroBatchError(CAPACITY_MESSAGE.format(name=layer.name))
+            raise MicroBatchError(CAPACITY_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
@@ -250,7 +265,12 @@ def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: st
             acc.add(tape.gradient(scaled, variables))
             preds.append(pred)
         grads, y_pred = acc.result(), _concat_structures(preds)
-    model.optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+    pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+    optimizer = model.optimizer
+    if is_horovod_distributed(optimizer):  # it averages in minimize's gradient step, which this step replaces
+        reduced = optimizer._allreduce([g for g, _ in pairs], [v for _, v in pairs])
+        pairs = list(zip(reduced, [v for _, v in pairs]))
+    optimizer.apply_gradients(pairs)
     return model.compute_metrics(x, y, y_pred, sample_weight)
 
 

@@ -260,7 +260,9 @@ class DynamicGroup:
     def _check_appending(self, accumulating: bool) -> None:
         """A second lookup of the store in one step: a micro-batch's (appended), else refused with the fix."""
         if self.world.distributed:
-            raise ValueError(fills.SHARDED_MESSAGE.format(name=self.plan.name))
+            raise ValueError(
+                fills.SHARDED_MESSAGE.format(name=f"{self.plan.name!r} (the packed store of {list(self.plan.members)})")
+            )
         if not accumulating:  # the first call read the buffer whole (a dense gradient of that call's rows)
             raise ValueError(
                 f"the packed dynamic store {self.plan.name!r} (tables {list(self.plan.members)}) is looked up by two "
