@@ -60,8 +60,11 @@ def test_fused_dense_matches_plain_and_unfused(builder, optimizer, data):
     np.testing.assert_allclose(losses["fused"], losses["unfused"], rtol=1e-5, atol=0)
     x = batches[-1][0]
     np.testing.assert_allclose(fused.predict_on_batch(x), plain.predict_on_batch(x), rtol=1e-5, atol=1e-6)
+    # Adam moves an element whose gradient is at rounding level by about lr either way (m / sqrt(v) keeps only
+    # the sign): a few such elements differ by more than the others, on some CPUs (the losses stay within 1e-5).
+    atol = 1e-4 if optimizer == "adam" else 1e-5
     for a, b in zip(fused.get_weights(), plain.get_weights()):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=atol)
 
 
 def test_step_ops_matmul_and_concat_are_gone(data):
