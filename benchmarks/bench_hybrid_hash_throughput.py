@@ -75,6 +75,9 @@ class TfLookupEmbedding(tf.keras.layers.Layer):
         return tf.reshape(emb, tf.concat([tf.shape(ids), [self.dim]], 0))
 
 
+VARIANTS = ("dynamic_packed", "dynamic", "tf_lookup", "static_packed")
+
+
 def make_model(fields, dim, kind, vocab, flush_every=100):
     inputs = [tf.keras.Input((1,), dtype=tf.int64, name=f"f{i}") for i in range(fields)]
     outs = []
@@ -176,11 +179,20 @@ def main():
         default=100,
         help="Algorithm 1's flush interval (DynamicEmbedding's default; the timed steps should span a whole one)",
     )
-    parser.add_argument("--variants", nargs="+", default=["dynamic_packed", "dynamic", "tf_lookup", "static_packed"])
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        help=f"some of {', '.join(VARIANTS)} (space- or comma-separated)",
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="profile each variant instead of timing it")
     parser.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
     args = parser.parse_args()
+    args.variants = [v for arg in args.variants for v in arg.split(",") if v]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}: choose from {', '.join(VARIANTS)}")
     raw, static, y = batches(args.fields, args.batch, args.steps, args.vocab)
     if args.profile:
         for kind in args.variants:

@@ -37,6 +37,8 @@ import weakref
 
 import tensorflow as tf
 
+from hybridtf._src import thread_state
+
 _state = threading.local()
 
 SHARDED_MESSAGE = (
@@ -68,12 +70,8 @@ def _scope():
 @contextlib.contextmanager
 def accumulating():
     """The scope of one micro-batched step: eagerly too, fills after the first append (module docstring)."""
-    previous = _scope()
-    _state.scope = _Scope()
-    try:
+    with thread_state.setting(_state, "scope", _Scope()):
         yield
-    finally:
-        _state.scope = previous
 
 
 def active() -> bool:

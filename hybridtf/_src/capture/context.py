@@ -15,6 +15,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from hybridtf._src import thread_state
 from hybridtf._src.errors import HybridTFError
 
 _state = threading.local()
@@ -101,12 +102,8 @@ def plain_ops():
     A wrapped Estimator's PREDICT graph is built inside, so that ``export_saved_model`` writes a graph
     without hybridtf's ops (TF1 exports have no save context for the layers to see).
     """
-    previous = getattr(_state, "plain_ops", False)
-    _state.plain_ops = True
-    try:
+    with thread_state.setting(_state, "plain_ops", True, default=False):
         yield
-    finally:
-        _state.plain_ops = previous
 
 
 def in_plain_ops() -> bool:

@@ -44,6 +44,7 @@ import threading
 
 import tensorflow as tf
 
+from hybridtf._src import thread_state
 from hybridtf._src.caching import fills
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.rewrite.micro_batch import _Accumulator, _sum_grads, split
@@ -62,12 +63,8 @@ def current_segment():
 
 @contextlib.contextmanager
 def _segment():
-    previous = current_segment()
-    _state.segment = next(_labels)
-    try:
+    with thread_state.setting(_state, "segment", next(_labels)):
         yield
-    finally:
-        _state.segment = previous
 
 
 def _batch_size(inputs) -> tf.Tensor:

@@ -61,6 +61,7 @@ import threading
 import tensorflow as tf
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src import thread_state
 from hybridtf._src.caching import fills
 from hybridtf._src.caching.buffer_guard import guard
 from hybridtf._src.caching.layer import DynamicEmbedding
@@ -129,12 +130,8 @@ _state = threading.local()
 def training_lookups():
     """Stores looked up inside are looked up for training (micro-batches from the MLP run the lookups of the
     step outside the model's call, whose training flag they would otherwise read)."""
-    previous = getattr(_state, "training", False)
-    _state.training = True
-    try:
+    with thread_state.setting(_state, "training", True, default=False):
         yield
-    finally:
-        _state.training = previous
 
 
 def _training_flag() -> bool:
