@@ -304,7 +304,9 @@ class PackedTables(tf.Module):
             table is built and its members' values copied in, so that the
             caller can drop the originals (and its references in
             ``initial_values``). Building one packed table at a time this way
-            keeps peak memory near one copy of the tables.
+            bounds the peak by the tables not yet packed, the packed table
+            being built and one member's temporary copy (about twice the
+            tables when one packed table holds them all).
         world: the Horovod job (default: ``current_world()``). With more
             than one rank, each packed table is sharded (``plan.placement``)
             and ``packed[name]`` is this rank's shard, or replicated; initial
