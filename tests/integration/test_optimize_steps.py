@@ -88,6 +88,43 @@ def test_pack_storage_moves_the_weights_into_packed_tables_without_changing_them
         steps.pack_storage(_model(), steps.make_plan([]), [])
 
 
+@pytest.mark.parametrize("traced_copy", [False, True])
+def test_pack_storage_frees_each_table_once_its_rows_are_in(traced_copy, monkeypatch):
+    """Each original is dropped right after its own copy (not after its whole packed table), so it is gone
+    before the next member is copied; large members are copied by a traced function (no eager temporary)."""
+    import weakref
+
+    from hybridtf._src.rewrite import packed_storage
+
+    if traced_copy:
+        monkeypatch.setattr(packed_storage, "_LARGE_MEMBER_BYTES", 0)
+    model = _model()
+    embeddings = {layer.name: layer.embeddings.numpy() for layer in model.layers if layer.name.startswith("emb_")}
+    originals = {
+        layer.name: weakref.ref(layer.embeddings) for layer in model.layers if layer.name in ("emb_user", "emb_item")
+    }
+    captured, _, specs = steps.capture(model)
+    plan = steps.make_plan(specs, max_shards=1)
+    (four,) = [pt for pt in plan.packed_tables if pt.dim == 4]
+    assert [m.name for m in four.members] == ["emb_user", "emb_item"]
+    alive_at_second_copy = []
+    real_assign = packed_storage.PackedTables._assign_member
+
+    def spy(self, var, layout, offset, num_rows, value):
+        if offset > 0:
+            alive_at_second_copy.append(originals["emb_user"]() is not None)
+        return real_assign(self, var, layout, offset, num_rows, value)
+
+    monkeypatch.setattr(packed_storage.PackedTables, "_assign_member", spy)
+    state = steps.pack_storage(model, plan, captured)
+    assert alive_at_second_copy == [False]
+    assert all(ref() is None for ref in originals.values())
+    for pt in plan.packed_tables:
+        packed = state.runtime.storage.packed[pt.name].numpy()
+        for m in pt.members:
+            np.testing.assert_array_equal(packed[m.row_offset : m.row_offset + m.num_rows], embeddings[m.name])
+
+
 def test_the_steps_run_by_hand_give_optimize_and_the_plain_model():
     x, y = _batch()
     plain = _model()
