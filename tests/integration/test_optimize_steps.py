@@ -88,16 +88,13 @@ def test_pack_storage_moves_the_weights_into_packed_tables_without_changing_them
         steps.pack_storage(_model(), steps.make_plan([]), [])
 
 
-@pytest.mark.parametrize("traced_copy", [False, True])
-def test_pack_storage_frees_each_table_once_its_rows_are_in(traced_copy, monkeypatch):
+def test_pack_storage_frees_each_table_once_its_rows_are_in(monkeypatch):
     """Each original is dropped right after its own copy (not after its whole packed table), so it is gone
-    before the next member is copied; large members are copied by a traced function (no eager temporary)."""
+    before the next member is copied."""
     import weakref
 
     from hybridtf._src.rewrite import packed_storage
 
-    if traced_copy:
-        monkeypatch.setattr(packed_storage, "_LARGE_MEMBER_BYTES", 0)
     model = _model()
     embeddings = {layer.name: layer.embeddings.numpy() for layer in model.layers if layer.name.startswith("emb_")}
     originals = {
