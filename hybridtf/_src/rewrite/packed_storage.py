@@ -304,7 +304,7 @@ def _assign_rows(var: tf.Variable, value, offset: int, count: int):
     """``var[offset : offset + count] = value`` in place; returns the op (None eagerly). The raw op:
     ``var[...].assign`` also reads the variable back, and a later assignment while that read is alive copies the
     whole variable first (measured: packing two 0.5 GB tables peaked 1.5 GB higher; restoring 20 tables of a
-    0.3 GB packed table from a TF checkpoint 0.8 GB higher, and twice as slow)."""
+    0.3 GB packed table from a TF checkpoint peaked 0.7 GB above the model instead of 0.3 GB)."""
     return tf.raw_ops.ResourceStridedSliceAssign(
         ref=var.handle,
         begin=tf.constant([offset, 0], tf.int64),
