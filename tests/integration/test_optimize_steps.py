@@ -105,14 +105,14 @@ def test_pack_storage_frees_each_table_once_its_rows_are_in(monkeypatch):
     (four,) = [pt for pt in plan.packed_tables if pt.dim == 4]
     assert [m.name for m in four.members] == ["emb_user", "emb_item"]
     alive_at_second_copy = []
-    real_assign = packed_storage.PackedTables._assign_member
+    real_write = packed_storage._write_member
 
-    def spy(self, var, layout, offset, num_rows, value):
+    def spy(var, layout, rank, offset, num_rows, value):
         if offset > 0:
             alive_at_second_copy.append(originals["emb_user"]() is not None)
-        return real_assign(self, var, layout, offset, num_rows, value)
+        return real_write(var, layout, rank, offset, num_rows, value)
 
-    monkeypatch.setattr(packed_storage.PackedTables, "_assign_member", spy)
+    monkeypatch.setattr(packed_storage, "_write_member", spy)
     state = steps.pack_storage(model, plan, captured)
     assert alive_at_second_copy == [False]
     assert all(ref() is None for ref in originals.values())

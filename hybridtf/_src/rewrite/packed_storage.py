@@ -196,13 +196,8 @@ class TableView(tf.__internal__.tracking.Trackable):
                 f"{value.shape.as_list()}; the checkpoint was written for a different table layout "
                 "(vocabulary size or embedding dim changed)."
             )
-        if self._layout is None:
-            op = _assign_rows(self._variable, value, self._offset, self._num_rows)
-        else:
-            layout, offset, rank = self._layout, self._offset, self._world.rank
-            local = layout.local_slice(offset, self._num_rows, rank)
-            mine = layout.own_rows(value, offset, self._num_rows, rank)
-            op = _assign_rows(self._variable, mine, local.start, local.stop - local.start)
+        rank = self._world.rank if self._layout is not None else 0
+        op = _write_member(self._variable, self._layout, rank, self._offset, self._num_rows, value)
         if not read_value:
             return op
         with tf.control_dependencies([op] if op is not None else []):
@@ -314,6 +309,15 @@ def _assign_rows(var: tf.Variable, value, offset: int, count: int):
     )
 
 
+def _write_member(var: tf.Variable, layout: ShardLayout | None, rank: int, offset: int, num_rows: int, value):
+    """Writes a member's whole ``value`` (rows ``[offset, offset + num_rows)`` of its packed table) into ``var``:
+    all of it, or ``rank``'s rows of it into its shard; returns the op (None eagerly)."""
+    if layout is None:
+        return _assign_rows(var, value, offset, num_rows)
+    local = layout.local_slice(offset, num_rows, rank)
+    return _assign_rows(var, layout.own_rows(value, offset, num_rows, rank), local.start, local.stop - local.start)
+
+
 class PackedTables(tf.Module):
     """The variables of all packed tables of a plan, created from initial values.
 
@@ -384,7 +388,7 @@ class PackedTables(tf.Module):
                     if self.world.distributed:
                         with watchdog.collective_phase(self.world, watchdog.INITIAL_BROADCAST, f"table {m.name!r}"):
                             value = self.world.hvd.broadcast(value, 0, name=f"hybridtf_init_{m.name}")
-                    self._assign_member(var, layout, m.row_offset, m.num_rows, value)
+                    _write_member(var, layout, self.world.rank, m.row_offset, m.num_rows, value)
                     del value
                     if release is not None:
                         release(self, [m.name])
@@ -398,14 +402,6 @@ class PackedTables(tf.Module):
                 self.packed[pt.name] = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
                 if release is not None:
                     release(self, [m.name for m in pt.members])
-
-    def _assign_member(self, var, layout, offset, num_rows, value) -> None:
-        if layout is None:
-            _assign_rows(var, value, offset, num_rows)
-            return
-        rank = self.world.rank
-        local = layout.local_slice(offset, num_rows, rank)
-        _assign_rows(var, layout.own_rows(value, offset, num_rows, rank), local.start, local.stop - local.start)
 
     @property
     def sharded(self) -> bool:
