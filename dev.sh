@@ -69,7 +69,7 @@ case "$cmd" in
     log "pytest (${HYBRIDTF_TEST_WORKERS:-2} workers; HYBRIDTF_TEST_WORKERS=0 runs in one process)"
     set +e
     workers=()
-    if [ "${HYBRIDTF_TEST_WORKERS:-2}" != "0" ]; then workers=(-n "${HYBRIDTF_TEST_WORKERS:-2}"); fi
+    if [ "${HYBRIDTF_TEST_WORKERS:-2}" != "0" ]; then workers=(-n "${HYBRIDTF_TEST_WORKERS:-2}" --dist loadgroup); fi
     "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" "$@"
     rc=$?
     set -e

@@ -1,9 +1,13 @@
 """The built wheel, installed into a fresh venv, works from a directory outside the checkout.
 
-Builds the wheel with ``pip wheel --no-deps --no-build-isolation`` (CPU build; the checkout's
-``build/`` object cache makes a rebuild fast), creates a fresh venv and installs the wheel into
-it with pip. The venv reaches the shared stack (TensorFlow, Keras, NumPy) through a ``.pth`` file
-naming the running interpreter's site-packages: ``venv --system-site-packages`` would expose the
+Builds the wheel with ``pip wheel --no-deps --no-build-isolation``, in the same ``HYBRIDTF_CUDA``
+mode as ``./dev.sh setup`` (the environment's, default auto: with CUDA when nvcc is found), so the
+checkout's ``build/`` object cache of that set-up makes it a link only (a CPU-only wheel after a
+CUDA set-up compiled every kernel again: ~90 s of one core in a fresh clone's CI). Built once per
+test session (``tests/once.py``: two pytest-xdist workers building in ``build/`` at once break each
+other's build). Creates a fresh venv and installs the wheel into it with pip. The venv reaches the
+shared stack (TensorFlow, Keras, NumPy) through a ``.pth`` file naming the running interpreter's
+site-packages: ``venv --system-site-packages`` would expose the
 *base* interpreter's site-packages, which is not where the stack is installed when the tests run
 from a venv. A ``.pth`` path is added without processing that directory's own ``.pth`` files, so
 an editable hybridtf installed there stays invisible; the test checks that ``hybridtf`` is
@@ -25,8 +29,10 @@ import textwrap
 
 import pytest
 
+from tests.once import computed_once
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("test_installed_wheel")]
 
 USER_MODEL = textwrap.dedent(
     """
@@ -81,9 +87,14 @@ def _run(cmd, cwd, env, timeout=900):
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """``(venv python, clean env)`` with the freshly built wheel installed."""
-    tmp = tmp_path_factory.mktemp("wheel")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(HYBRIDTF_CUDA="0", TF_CPP_MIN_LOG_LEVEL="3", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.update(TF_CPP_MIN_LOG_LEVEL="3", PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    tmp = computed_once(tmp_path_factory, "installed_wheel", lambda tmp: _build_and_install(tmp, env))
+    venv = tmp / "venv"
+    return venv / "bin" / "python", env, venv, tmp / "elsewhere"
+
+
+def _build_and_install(tmp, env):
     wheels = tmp / "wheels"
     _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-w", wheels, ROOT],
@@ -102,7 +113,6 @@ def installed(tmp_path_factory):
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "user_model.py").write_text(USER_MODEL)
-    return python, env, venv, elsewhere
 
 
 def test_import_and_a_tiny_optimize_from_the_installed_wheel(installed):

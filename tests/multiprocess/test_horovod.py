@@ -24,8 +24,9 @@ import pytest
 import tensorflow as tf
 
 import hybridtf as htf
+from tests.once import computed_once
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("test_horovod")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_worker.py")
 ESTIMATOR_WORKER = os.path.join(os.path.dirname(__file__), "hvd_estimator_worker.py")
@@ -40,13 +41,15 @@ def _run(cmd, timeout=600):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("horovod")
-    _run([sys.executable, WORKER, str(out)])
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    launch = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
-    _run([*launch, sys.executable, WORKER, str(out), "--restore", str(out / "wdl_1" / "ckpt")])
-    _run([sys.executable, ESTIMATOR_WORKER, str(out)])
-    _run([*launch, sys.executable, ESTIMATOR_WORKER, str(out)])
+    def launch_all(out):
+        _run([sys.executable, WORKER, str(out)])
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        launch = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo"]
+        _run([*launch, sys.executable, WORKER, str(out), "--restore", str(out / "wdl_1" / "ckpt")])
+        _run([sys.executable, ESTIMATOR_WORKER, str(out)])
+        _run([*launch, sys.executable, ESTIMATOR_WORKER, str(out)])
+
+    out = computed_once(tmp_path_factory, "horovod", launch_all)
 
     def load(prefix, size, rank):
         with open(out / f"{prefix}_{size}_{rank}.json") as f:

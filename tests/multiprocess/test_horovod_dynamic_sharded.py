@@ -28,7 +28,10 @@ import time
 import numpy as np
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # ~60-80 s on the loaded 2-core machine: three launches
+from tests.once import computed_once
+
+# ~60-80 s on the loaded 2-core machine: three launches
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_horovod_dynamic_sharded")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_dynamic_worker.py")
 STEPS = 12  # the worker's STEPS
@@ -42,13 +45,19 @@ def _run(cmd):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    one, two, back = (tmp_path_factory.mktemp(n) for n in ("one", "two", "back"))
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    _run([sys.executable, WORKER, str(one), "train"])
-    c1 = str(one / "c1" / "ckpt")
-    hvd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER]
-    _run([*hvd, str(two), "train+restore", c1, str(STEPS)])
-    _run([sys.executable, WORKER, str(back), "restore", str(two / "c2" / "ckpt"), str(STEPS + 6)])
+    def launch_all(out):
+        one, two, back = (out / n for n in ("one", "two", "back"))
+        for d in (one, two, back):
+            d.mkdir()
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        _run([sys.executable, WORKER, str(one), "train"])
+        c1 = str(one / "c1" / "ckpt")
+        hvd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER]
+        _run([*hvd, str(two), "train+restore", c1, str(STEPS)])
+        _run([sys.executable, WORKER, str(back), "restore", str(two / "c2" / "ckpt"), str(STEPS + 6)])
+
+    out = computed_once(tmp_path_factory, "horovod_dynamic_sharded", launch_all)
+    one, two, back = (out / n for n in ("one", "two", "back"))
     return {
         "one": json.loads((one / "train_1_0.json").read_text()),
         "two": [json.loads((two / f"train+restore_2_{r}.json").read_text()) for r in (0, 1)],

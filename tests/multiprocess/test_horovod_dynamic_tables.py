@@ -24,7 +24,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]  # ~30 s: two launches
+from tests.once import computed_once
+
+# ~30 s: two launches
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_horovod_dynamic_tables")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_dynamic_tables_worker.py")
 STEPS = 10  # the worker's STEPS
@@ -39,10 +42,12 @@ def _run(cmd):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tables")
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    _run([sys.executable, WORKER, str(out)])
-    _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)])
+    def launch_all(out):
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        _run([sys.executable, WORKER, str(out)])
+        _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)])
+
+    out = computed_once(tmp_path_factory, "horovod_dynamic_tables", launch_all)
     one = json.loads((out / "tables_1_0.json").read_text())
     two = [json.loads((out / f"tables_2_{r}.json").read_text()) for r in (0, 1)]
     return out, one, two

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from tests.multiprocess.test_horovod import _run
+from tests.once import computed_once
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_horovod_interleave")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_interleave_worker.py")
 KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro", "groups_auto", "micro_hvd_optimizer", "custom_micro"]
@@ -28,10 +29,12 @@ KEYS = ["micro_embedding", "micro_mlp", "groups", "groups_micro", "groups_auto",
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("horovod_interleave")
-    _run([sys.executable, WORKER, str(out)])
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)])
+    def launch_all(out):
+        _run([sys.executable, WORKER, str(out)])
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        _run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)])
+
+    out = computed_once(tmp_path_factory, "horovod_interleave", launch_all)
 
     def load(size, rank):
         with open(out / f"interleave_{size}_{rank}.json") as f:

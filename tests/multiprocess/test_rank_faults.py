@@ -15,6 +15,7 @@ Ranks that agree train and save with the watchdog armed in every run of
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import re
 import subprocess
@@ -23,7 +24,9 @@ import time
 
 import pytest
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+from tests.once import computed_once
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_rank_faults")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
 TIMEOUT_S = 8
@@ -53,10 +56,14 @@ def _launch(scenario, out):
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
     """Every scenario's (status, output, seconds from divergence to the end), three launches at a time."""
-    out = tmp_path_factory.mktemp("rank_faults")
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        results = pool.map(lambda s: _launch(s, out), SCENARIOS)
-        return {"dir": out, **dict(zip(SCENARIOS, results))}
+
+    def launch_all(out):
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            results = dict(zip(SCENARIOS, pool.map(lambda s: _launch(s, out), SCENARIOS)))
+        (out / "launches.json").write_text(json.dumps(results))
+
+    out = computed_once(tmp_path_factory, "rank_faults", launch_all)
+    return {"dir": out, **{k: tuple(v) for k, v in json.loads((out / "launches.json").read_text()).items()}}
 
 
 def _rank_lines(output, rank):
