@@ -369,3 +369,34 @@ def test_lookups_come_out_of_the_chain_in_their_ids_shape(batches):
         assert chain.split("/")[-2].startswith("packed_")
         reshapes = [c.name for o in op.outputs for c in o.consumers() if c.type == "Reshape"]
         assert not [name for name in reshapes if name.startswith(chain)]
+
+
+def _unshaped_dataset(batches):
+    """The batches as a ``Dataset.from_generator`` without shapes (every dim None), as a Python generator or a
+    ``keras.utils.Sequence`` reaches ``fit``."""
+    x0, y0 = batches[0]
+    signature = (
+        {k: tf.TensorSpec([None] * v.shape.rank, v.dtype) for k, v in x0.items()},
+        tf.TensorSpec([None] * y0.shape.rank, y0.dtype),
+    )
+    return tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=signature)
+
+
+def test_batches_without_static_shapes_get_the_fusions_from_the_declared_inputs(batches, reference):
+    fused = htf.keras.optimize(hm.wide_and_deep("keras", "add", VOCABS))
+    fused.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    history = fused.fit(_unshaped_dataset(batches).repeat(), steps_per_epoch=1, epochs=STEPS, verbose=0)
+    np.testing.assert_allclose(history.history["loss"], reference[0], rtol=1e-5, atol=0)
+    assert fused.hybridtf_fused_dense == ["h0"] and len(fused.hybridtf_fused_concats) >= 2
+    for concrete in fused.train_function._list_all_concrete_functions():  # the first trace's, and the step's
+        types = [op.type for op in graph_pruned_ops(concrete.graph)]
+        assert "HybridTF>StitchConcatMatMul" in types and "ConcatV2" not in types
+
+
+def test_a_batch_contradicting_the_declared_input_shape_names_the_input(batches):
+    fused = htf.keras.optimize(hm.wide_and_deep("keras", "add", VOCABS))
+    fused.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    x, y = batches[0]
+    wide = {**x, "f2": tf.concat([x["f2"], x["f2"]], axis=1)}  # [B, 2] ids where the model declares shape (1,)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hybridtf_declared_shape_f2"):
+        fused.fit(_unshaped_dataset([(wide, y)]), verbose=0)

@@ -57,6 +57,7 @@ class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.Plai
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs, *args, **kwargs):
         base_call = super().call
+        inputs = keras_record.with_declared_shapes(self, inputs)  # generator batches: [None, None]
         if record.could_possibly_record():  # under a gradient tape (a custom loop's step): nothing frozen alone
             keras_notices.refuse_frozen_packed_layers(self)
             keras_notices.refuse_world_change(self)

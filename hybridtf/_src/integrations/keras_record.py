@@ -12,7 +12,9 @@ model's ``call`` uses: the scratch recording, else (ids computed inside the
 model) a recording in the real graph in inference mode, so the pass updates no
 layer state (BatchNormalization's moving statistics) and leaves only dead ops.
 Used by ``keras_model`` and ``packed_dynamic`` (the model's ``call``), by
-micro-batching and by the traffic estimate.
+micro-batching and by the traffic estimate. ``with_declared_shapes`` gives a
+functional model's inputs the static shapes its ``Input`` layers declare (a
+generator's batches arrive as ``[None, None]``), which the fusions need.
 """
 
 from __future__ import annotations
@@ -286,3 +288,57 @@ def lookups_from_inputs(model, base_call, inputs, kwargs):
         ids = tf.nest.pack_sequence_as(spec, comps, expand_composites=True)
         requests.append(dataclasses.replace(req, ids=ids))
     return requests
+
+
+def with_declared_shapes(model, inputs):
+    """``inputs`` with the static shapes the functional ``model``'s ``Input`` layers declare.
+
+    A batch from a Python generator, a ``keras.utils.Sequence`` or ``Dataset.from_generator``
+    without shapes reaches the step as ``[None, None]`` even where the model declares
+    ``Input(shape=(1,))``; Keras's functional call does not merge the declared shape in, so every
+    concatenation and first dense layer downstream has unknown widths, which the fused ops need
+    (``dataflow_fusion``). Each input whose static shape is compatible with, and less defined
+    than, its ``Input``'s (same rank) gets a ``tf.ensure_shape`` to the merged shape: the declared
+    shape Keras itself enforces on statically shaped inputs (``input_spec``), checked at run time
+    (a batch that contradicts it fails with an ``InvalidArgumentError`` naming the input).
+    Subclassed models (no declared inputs) and eager calls are left alone.
+    """
+    if tf.executing_eagerly() or not getattr(model, "_is_graph_network", False):
+        return inputs
+    ensured = {}
+    for tensor, ref in _paired_with_inputs(model, inputs):
+        if not isinstance(tensor, tf.Tensor) or tensor.shape.rank is None or tensor.shape.rank != ref.shape.rank:
+            continue
+        if not tensor.shape.is_compatible_with(ref.shape):
+            continue  # Keras's own input check reports it
+        merged = tensor.shape.merge_with(ref.shape)
+        if merged.as_list() == tensor.shape.as_list():
+            continue
+        name = ref._keras_history.layer.name if hasattr(ref, "_keras_history") else "input"
+        ensured[id(tensor)] = tf.ensure_shape(tensor, merged, name=f"hybridtf_declared_shape_{name}")
+    if not ensured:
+        return inputs
+    return tf.nest.map_structure(lambda t: ensured.get(id(t), t), inputs)
+
+
+def _paired_with_inputs(model, inputs) -> list:
+    """``(tensor, Keras Input)`` pairs of a functional model's call (as ``Functional`` pairs them: a dict by the
+    ``Input`` names, else by structure); empty when they do not all pair up (Keras reports that itself)."""
+    refs = list(getattr(model, "inputs", None) or [])
+    nested = getattr(model, "_nested_inputs", None)
+    if isinstance(inputs, dict) and getattr(model, "_enable_dict_to_input_mapping", False):
+        ref_inputs = nested if tf.nest.is_nested(nested) else [nested]
+        if isinstance(ref_inputs, dict):
+            names = sorted(ref_inputs)
+        else:
+            names = [getattr(getattr(r, "_keras_history", None), "layer", None) for r in ref_inputs]
+            names = [getattr(layer, "name", None) for layer in names]
+        if len(names) != len(refs) or any(n not in inputs for n in names):
+            return []
+        return list(zip([inputs[n] for n in names], refs))
+    try:
+        tf.nest.assert_same_structure(nested, inputs, check_types=False)
+    except (TypeError, ValueError):
+        return []
+    flat = tf.nest.flatten(inputs)
+    return list(zip(flat, refs)) if len(flat) == len(refs) else []

@@ -411,6 +411,7 @@ class _DynamicModelMixin(PlainConstruction):
         from hybridtf._src.rewrite.runtime import lookup_all
 
         base_call = super().call
+        inputs = keras_record.with_declared_shapes(self, inputs)  # generator batches: [None, None]
         if args:
             names = self._call_spec.arg_names[1 : 1 + len(args)]
             kwargs = {**dict(zip(names, args)), **kwargs}
