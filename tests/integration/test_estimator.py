@@ -434,3 +434,16 @@ def test_a_keras_legacy_optimizers_slots_are_saved_per_table(tmp_path):
         keys.append(dict(tf.train.list_variables(str(tmp_path / label))))
     assert keys[1] == keys[0] and keys[0]["Adam/emb_user/embeddings/m"] == [50, 4]
     tf.estimator.Estimator(model_fn, model_dir=str(tmp_path / "wrapped")).train(input_fn, steps=1)  # plain resumes
+
+
+def test_an_error_in_the_copied_id_ops_names_their_own_layer(tmp_path):
+    """The ids' ops are copied into the step at the first lookup, for every table: a copy keeps its source's full
+    name, so a string feature fed to a Keras Embedding names that layer's ``Cast`` (as the plain model_fn's
+    error does), not the first layer's scope."""
+
+    def string_c2_input_fn():
+        return input_fn().map(lambda f, y: ({**f, "C2": tf.strings.as_string(f["C2"])}, y))
+
+    est = tf.estimator.Estimator(htf_estimator.model_fn(wdl_model_fn), model_dir=str(tmp_path), config=_config())
+    with pytest.raises(tf.errors.UnimplementedError, match=r"node hybridtf_ids\w*/(\w+/)*(emb|wide)_C2/Cast"):
+        est.train(string_c2_input_fn, steps=1)

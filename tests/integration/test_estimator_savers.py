@@ -218,3 +218,28 @@ def test_pretrained_rows_restored_in_init_fn_by_a_saver_of_a_view(tmp_path):
         rtol=1e-6,
         atol=1e-7,
     )
+
+
+def test_a_users_checkpoint_saver_hook_saves_with_the_wrapped_model_fn(tmp_path):
+    """A ``CheckpointSaverHook`` with no Saver finds the graph's (hybridtf's, in the plain layout), as it finds the
+    Estimator's default one for the plain model_fn."""
+    saved = {}
+    for label, fn in (("plain", wdl_model_fn), ("wrapped", htf_estimator.model_fn(wdl_model_fn))):
+        model_dir = str(tmp_path / label)
+
+        class Listener(tf.estimator.CheckpointSaverListener):
+            def __init__(self, steps):
+                self.steps = steps
+
+            def after_save(self, session, global_step_value):
+                self.steps.append(int(global_step_value))
+
+        listener = Listener(saved.setdefault(label, []))
+        hook = tf.compat.v1.train.CheckpointSaverHook(model_dir, save_steps=5, listeners=[listener])
+        tf.estimator.Estimator(fn, model_dir=model_dir, config=_config()).train(_input, steps=12, hooks=[hook])
+    assert saved["wrapped"] == saved["plain"] and 5 in saved["plain"]
+    plain, wrapped = (dict(tf.train.list_variables(str(tmp_path / d))) for d in ("plain", "wrapped"))
+    assert wrapped == plain and "emb_C3/embeddings/Adagrad" in wrapped
+    np.testing.assert_allclose(
+        _evaluate(wdl_model_fn, tmp_path / "wrapped"), _evaluate(wdl_model_fn, tmp_path / "plain"), rtol=1e-5
+    )

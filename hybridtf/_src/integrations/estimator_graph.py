@@ -84,12 +84,14 @@ def copy_to_graph(tensors, op_map, source, target, scope: str) -> list:
             calls reuse copies).
         source: the graph the tensors live in.
         target: the graph to copy into (the default graph while copying).
-        scope: name scope of the copies.
+        scope: top-level name scope of the copies, each named ``scope/<its source op's full name>``: an
+            error of a copied op names the layer whose ops it copies (``hybridtf_ids/deep/emb_C2/Cast``),
+            wherever the copy is made (the ids of every table are copied at the first lookup).
 
     Returns:
         The copies of ``tensors``.
     """
-    with target.as_default(), tf.name_scope(scope):
+    with target.as_default(), target.name_scope(None), tf.name_scope(scope):
         for op in _ancestors(tensors, op_map):
             if op in op_map:
                 continue
@@ -105,7 +107,7 @@ def copy_to_graph(tensors, op_map, source, target, scope: str) -> list:
                     op.type,
                     [op_map[t] for t in op.inputs],
                     [t.dtype for t in op.outputs],
-                    name=op.name.split("/")[-1],
+                    name=op.name,
                     attrs=attrs,
                     op_def=op.op_def,
                 )

@@ -254,7 +254,19 @@ def crash_safe_default_saver(spec, config):
     if scaffold.saver is not None or tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
         return spec
     saver = _config_saver(config, allow_empty=True)
+    _publish(saver)
     return spec._replace(scaffold=tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold))
+
+
+def _publish(saver) -> None:
+    """Puts hybridtf's Saver in the graph's ``SAVERS`` collection, where the Estimator puts its default one.
+
+    The Estimator adds its default Saver there only when the Scaffold brings none; a user's
+    ``CheckpointSaverHook(model_dir, save_steps=...)`` (no Saver, no Scaffold) looks for it there and
+    failed with "No items in collection savers" under the wrapped model_fn.
+    """
+    if not tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.SAVERS):
+        tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
 
 
 def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = None, recorded=None):
@@ -279,6 +291,7 @@ def with_saver(spec, packed: dict, members: dict, config, shards: dict | None = 
         savers[:] = [saver if s is own else s for s in savers]
     else:
         saver = _config_saver(config, var_list=saver_var_list(packed, members, shards))
+        _publish(saver)
     new_scaffold = tf.compat.v1.train.Scaffold(saver=saver, copy_from_scaffold=scaffold)
     return spec._replace(scaffold=new_scaffold), saver
 
