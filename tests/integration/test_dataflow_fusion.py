@@ -400,3 +400,23 @@ def test_a_batch_contradicting_the_declared_input_shape_names_the_input(batches)
     wide = {**x, "f2": tf.concat([x["f2"], x["f2"]], axis=1)}  # [B, 2] ids where the model declares shape (1,)
     with pytest.raises(tf.errors.InvalidArgumentError, match="hybridtf_declared_shape_f2"):
         fused.fit(_unshaped_dataset([(wide, y)]), verbose=0)
+
+
+def test_declared_shapes_leave_the_batch_dimension_free():
+    """``Input(batch_size=32)``: Keras's input check ignores the batch size, and so does hybridtf's shape hint (a
+    last partial batch trains as in the plain model)."""
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        ids = tf.keras.Input(shape=(1,), batch_size=32, dtype="int64", name="ids")
+        emb = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(100, 4)(ids))
+        return tf.keras.Model({"ids": ids}, tf.keras.layers.Dense(1, activation="sigmoid")(emb))
+
+    rng = np.random.default_rng(0)
+    data = [({"ids": rng.integers(0, 100, (n, 1))}, rng.integers(0, 2, (n, 1)).astype("float32")) for n in (32, 17)]
+    losses = []
+    for model in (build(), htf.keras.optimize(build())):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+        dataset = _unshaped_dataset([({"ids": tf.constant(x["ids"])}, tf.constant(y)) for x, y in data])
+        losses.append(model.fit(dataset, verbose=0).history["loss"])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)

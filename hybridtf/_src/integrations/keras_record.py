@@ -298,8 +298,8 @@ def with_declared_shapes(model, inputs):
     ``Input(shape=(1,))``; Keras's functional call does not merge the declared shape in, so every
     concatenation and first dense layer downstream has unknown widths, which the fused ops need
     (``dataflow_fusion``). Each input whose static shape is compatible with, and less defined
-    than, its ``Input``'s (same rank) gets a ``tf.ensure_shape`` to the merged shape: the declared
-    shape Keras itself enforces on statically shaped inputs (``input_spec``), checked at run time
+    than, its ``Input``'s (same rank; the batch dimension aside) gets a ``tf.ensure_shape`` to the merged
+    shape: the declared shape Keras itself enforces on statically shaped inputs (``input_spec``), checked at run time
     (a batch that contradicts it fails with an ``InvalidArgumentError`` naming the input).
     Subclassed models (no declared inputs) and eager calls are left alone.
     """
@@ -309,9 +309,11 @@ def with_declared_shapes(model, inputs):
     for tensor, ref in _paired_with_inputs(model, inputs):
         if not isinstance(tensor, tf.Tensor) or tensor.shape.rank is None or tensor.shape.rank != ref.shape.rank:
             continue
-        if not tensor.shape.is_compatible_with(ref.shape):
+        if tensor.shape.rank < 2 or not tensor.shape[1:].is_compatible_with(ref.shape[1:]):
             continue  # Keras's own input check reports it
-        merged = tensor.shape.merge_with(ref.shape)
+        # the batch dimension is left as it is, as Keras's input check leaves it (Input(batch_size=32) still
+        # takes a last partial batch)
+        merged = tensor.shape[:1].concatenate(tensor.shape[1:].merge_with(ref.shape[1:]))
         if merged.as_list() == tensor.shape.as_list():
             continue
         name = ref._keras_history.layer.name if hasattr(ref, "_keras_history") else "input"
