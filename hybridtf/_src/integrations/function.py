@@ -40,6 +40,7 @@ from tensorflow.python.util import object_identity
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
+from hybridtf._src.integrations import keras_record
 from hybridtf._src.integrations.graph_lift import (
     GATHER_OPS,
     READ_ONLY_OPS,
@@ -241,6 +242,15 @@ def _referenced(python_function, args, kwargs) -> list:
     return found
 
 
+def _referenced_layers(python_function, args, kwargs) -> list:
+    """The Keras layers (models included) a step reaches directly, and those held by the object of a bound method."""
+    found = _referenced(python_function, args, kwargs)
+    owner = getattr(python_function, "__self__", None)
+    if owner is not None:
+        found += [owner, *vars(owner).values()] if hasattr(owner, "__dict__") else [owner]
+    return [obj for obj in found if isinstance(obj, tf.keras.layers.Layer)]
+
+
 def attach_optimizers(python_function, args, kwargs) -> None:
     """Hooks the Keras optimizers a step uses into the optimized model it uses, as ``compile`` would.
 
@@ -315,7 +325,9 @@ class _PackedStep:
         if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
             return self._run(args, kwargs)  # tf.config.run_functions_eagerly(True): lookups run one by one
         scratch = func_graph_module.FuncGraph("hybridtf_record_pass")
-        with scratch.as_default(), context.recording() as rec:
+        layers = _referenced_layers(self._python_function, args, kwargs)
+        # the record pass calls the step's layers once more: their seeded Dropout must not move on
+        with scratch.as_default(), keras_record.keeping_seeds(*layers), context.recording() as rec:
             rec.requests = NotedRequests()
             setattr(rec, RUNS_LOOKUPS_ATTR, True)
             self._run(args, kwargs)

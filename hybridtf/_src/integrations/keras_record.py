@@ -88,14 +88,14 @@ def step_requests(model, base_call, inputs, kwargs, step_kwargs=None):
 
 
 @contextlib.contextmanager
-def keeping_seeds(model):
-    """Restores the layers' legacy seed counters after a recording-only pass.
+def keeping_seeds(*models):
+    """Restores the layers' legacy seed counters after a recording-only pass of ``models`` (Keras layers).
 
     A seeded Keras ``Dropout`` (``RandomGenerator.make_legacy_seed``) moves its seed on each call; a
     pass that is only recorded must leave the real call the seed the plain model's call gets.
     """
     generators = []
-    for layer in model._flatten_layers(include_self=True, recursive=True):
+    for layer in {id(x): x for m in models for x in m._flatten_layers(include_self=True, recursive=True)}.values():
         generator = getattr(layer, "_random_generator", None)
         if generator is not None and isinstance(getattr(generator, "_seed", None), int):
             generators.append((generator, generator._seed))
