@@ -238,12 +238,34 @@ def test_bad_inputs_name_the_table_and_the_fix(tmp_path):
         dyn.table.apply_adam(tf.constant([1], tf.int64), tf.ones([1, D]), 0.1, 0.1, 0.01, 1e-7)
 
 
-def test_unhooked_non_fusable_optimizer_is_refused():
+NOT_FUSABLE = {
+    "momentum": (lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "momentum=0.9"),
+    "clipnorm": (lambda: tf.keras.optimizers.Adagrad(0.1, clipnorm=1.0), "clipnorm=1.0"),
+    "global_clipnorm": (lambda: tf.keras.optimizers.Adam(0.01, global_clipnorm=2.0), "global_clipnorm=2.0"),
+    "excluded_weight_decay": (
+        lambda: _excluding_decay(tf.keras.optimizers.Adam(0.01, weight_decay=0.01)),
+        "weight_decay",
+    ),
+}
+
+
+def _excluding_decay(optimizer):
+    optimizer.exclude_from_weight_decay(var_names=["items"])
+    return optimizer
+
+
+@pytest.mark.parametrize("kind", list(NOT_FUSABLE))
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_non_fusable_optimizer_is_refused_naming_the_table_and_the_setting(kind, packed):
     x, y = _data(steps=2)
-    dyn = htf.layers.DynamicEmbedding(D, name="items", hot_rows=4)
-    model = _model(dyn)
-    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
-    with pytest.raises(ValueError, match="DynamicEmbedding tables train with"):
+    model = _model(htf.layers.DynamicEmbedding(D, name="items", hot_rows=4))
+    make, setting = NOT_FUSABLE[kind]
+    if packed:
+        model = htf.keras.optimize(model)
+        model.compile(optimizer=make(), loss="mse")
+    else:
+        model.compile(optimizer=htf.keras.dynamic_optimizer(make()), loss="mse")
+    with pytest.raises(ValueError, match=rf"DynamicEmbedding tables \['items'\] cannot train .*{setting}"):
         model.fit(x, y, batch_size=BATCH, verbose=0)
 
 

@@ -24,7 +24,13 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
-from hybridtf._src.integrations.keras_optimizers import LazyAdam, current_learning_rate, fusable, loss_scale_inner
+from hybridtf._src.integrations.keras_optimizers import (
+    LazyAdam,
+    current_learning_rate,
+    fusable,
+    loss_scale_inner,
+    user_class,
+)
 
 _log = logging.getLogger("hybridtf")
 
@@ -60,10 +66,13 @@ class _DynamicOptimizerMixin:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         kind = update_kind(self)
         if kind is None:
+            tables = sorted({_layer_of(v).name for _, v in dynamic})
             raise ValueError(
-                f"DynamicEmbedding tables train with SGD (momentum 0), Adagrad, Adam (amsgrad=False) or "
-                f"hybridtf.keras.LazyAdam without clipping, weight decay or EMA; got {type(self).__name__} "
-                "with other settings. Use one of those optimizers."
+                f"DynamicEmbedding tables {tables} cannot train with optimizer {self.name!r} "
+                f"({user_class(self, (_DynamicOptimizerMixin,)).__name__}: {', '.join(_unsupported(self))}): their "
+                "updates are fused into the HybridHash store, which implements SGD (momentum 0), Adagrad, Adam "
+                "(amsgrad=False) and hybridtf.keras.LazyAdam without gradient clipping, weight decay (excluded "
+                "variables or not) or EMA. Remove those settings, or use one of those optimizers."
             )
         rest = [(g, v) for g, v in grads_and_vars if _layer_of(v) is None]
         current_learning_rate(self)  # this step's rate of a LearningRateSchedule, before the tables' updates
@@ -82,6 +91,23 @@ class _DynamicOptimizerMixin:
             if rest:
                 return super().apply_gradients(rest, *args, **kwargs)
             return self.iterations.assign_add(1)
+
+
+def _unsupported(optimizer) -> list[str]:
+    """What keeps ``optimizer`` from training dynamic tables, for the error."""
+    found = [f"{k}={v}" for k in ("clipnorm", "global_clipnorm", "clipvalue") if (v := getattr(optimizer, k, None))]
+    if getattr(optimizer, "weight_decay", None):
+        found.append(f"weight_decay={optimizer.weight_decay}")
+    if getattr(optimizer, "use_ema", False):
+        found.append("use_ema=True")
+    if getattr(optimizer, "amsgrad", False):
+        found.append("amsgrad=True")
+    if getattr(optimizer, "_agg_helper", None) is not None:
+        found.append("Horovod backward_passes_per_step > 1")
+    momentum = getattr(optimizer, "momentum", 0)
+    if isinstance(momentum, (int, float)) and momentum:
+        found.append(f"momentum={momentum}")
+    return found or ["an optimizer class without a fused table update"]
 
 
 def _note_no_gradient(layer) -> None:

@@ -222,7 +222,8 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
             raise TypeError(
                 f"HybridHash table {self.name!r}: ids must be int64 (or int32), got {dtype.name}. Fix: map "
                 "strings to int64 ids first, e.g. tf.strings.to_hash_bucket_fast(x, 2**63 - 1) or "
-                "tf.fingerprint; cast floats with tf.cast(x, tf.int64)."
+                "tf.bitcast(tf.fingerprint(...), tf.int64); reinterpret uint64 hashes with tf.bitcast(x, tf.int64) "
+                "(a cast would wrap or clip them); cast small unsigned ints and floats with tf.cast(x, tf.int64)."
             )
         return tf.cast(ids, tf.int64) if dtype != tf.int64 else ids
 
