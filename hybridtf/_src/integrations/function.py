@@ -280,6 +280,16 @@ def attach_optimizers(python_function, args, kwargs) -> None:
         _warn_unhooked_clipping(objects)
 
 
+def _note_split_optimizers(python_function, args, kwargs) -> None:
+    """After the record pass: several optimizers over one optimized model, split without ``layer_variables``."""
+    from hybridtf._src.integrations.keras_variables import note_split_optimizers
+
+    objects = _referenced(python_function, args, kwargs)
+    models = {id(o): o for o in objects if isinstance(o, tf.keras.Model) and getattr(o, "_htf_runtime", None)}
+    for model in models.values():
+        note_split_optimizers(model, objects)
+
+
 def _warn_unhooked_clipping(objects) -> None:
     """Warns (once per optimizer) when a step over ``Tables`` uses an optimizer that clips its gradients.
 
@@ -333,6 +343,7 @@ class _PackedStep:
             self._run(args, kwargs)
         if not rec.requests:
             return self._run(args, kwargs)
+        _note_split_optimizers(self._python_function, args, kwargs)
         _check_top_level(rec.requests, scratch)
         with context.replaying(rec.requests, []) as rep:
             rep.outputs = _ServedOutputs(rec.requests, scratch, real, rec.requests.segments)

@@ -13,6 +13,8 @@ exactly on a shared variable).
 
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 
 
@@ -49,6 +51,8 @@ def layer_variables(model, layers) -> list:
     runtime = getattr(model, "_htf_runtime", None)
     storage = getattr(runtime, "storage", None)
     owners = _table_owners(model) if storage is not None else {}
+    if storage is not None:
+        object.__setattr__(model, "_htf_split_by_layer", True)  # no note_split_optimizers warning
     out, seen = [], set()
 
     def add(variable):
@@ -148,4 +152,43 @@ def hook_attribute_optimizers(model) -> None:
     hook_optimizers(model, [v for v in list(vars(model).values()) if v is not model.optimizer])
 
 
-__all__ = ["hook_attribute_optimizers", "hook_optimizers", "layer_variables"]
+def note_split_optimizers(model, candidates) -> None:
+    """Warns once per model when a step trains optimized ``model`` with several optimizers among ``candidates``
+    (called after ``hybridtf.function``'s record pass: not when that pass called ``layer_variables``).
+
+    Such a step splits the model's variables among them, and a split by variable name or position
+    (``"emb_" in v.name``, ``grads[:3]``) silently goes wrong on the optimized model: its
+    ``trainable_variables`` hold each packed variable (several tables, named after their group) in
+    place of the tables' own variables. ``layer_variables`` splits by layer on both models.
+    """
+    storage = model._htf_runtime.storage
+    optimizers = {id(o): o for o in candidates if isinstance(o, _OPTIMIZER_TYPES)}
+    if len(optimizers) < 2 or not storage.packed:
+        return
+    if getattr(model, "_htf_split_warned", False) or getattr(model, "_htf_split_by_layer", False):
+        return  # told already, or the step splits with layer_variables
+    object.__setattr__(model, "_htf_split_warned", True)
+    packed = {
+        storage.packed[pt.name].name: [m.name for m in pt.members]
+        for pt in storage.plan.packed_tables
+        if pt.name in storage.packed
+    }
+    _log.warning(
+        "hybridtf: model %r is trained with %d optimizers (%s). Its trainable_variables hold the packed "
+        "variables %s in place of those tables' own variables (after the model's other variables), so a "
+        "split of the variables among the optimizers by name or by position sees the packed variables, not "
+        "the tables: a filter on a table's name matches nothing. Split by layer with "
+        "hybridtf.keras.layer_variables(model, layers), which gives on the plain and the optimized model the "
+        "variables holding those layers' weights.",
+        model.name,
+        len(optimizers),
+        ", ".join(getattr(o, "name", type(o).__name__) for o in optimizers.values()),
+        packed,
+    )
+
+
+_log = logging.getLogger("hybridtf")
+_OPTIMIZER_TYPES = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
+
+
+__all__ = ["hook_attribute_optimizers", "hook_optimizers", "layer_variables", "note_split_optimizers"]
