@@ -395,6 +395,16 @@ def test_function_constraints_raise_capture_error():
         in_cond(tf.constant([1, 2]))
 
     @htf.function
+    def over_a_dataset(dataset):  # AutoGraph makes the loop a tf.while_loop: the fix says to loop outside
+        total = tf.zeros([4])
+        for x in dataset:
+            total += tf.reduce_sum(tables.lookup("a", x), axis=0)
+        return total
+
+    with pytest.raises(CaptureError, match=r"loop outside it \(`for x, y in dataset: step\(x, y\)`\)"):
+        over_a_dataset(tf.data.Dataset.from_tensor_slices([[1, 2], [3, 4]]))
+
+    @htf.function
     def two_steps(x):
         for _ in range(2):
             with tf.GradientTape() as tape:

@@ -83,7 +83,9 @@ def _check_liftable(request, index, tensors, scratch) -> bool:
 
 _NOT_TOP_LEVEL = (
     "runs inside tf.cond, tf.while_loop or a nested tf.function (AutoGraph makes the first two from Python "
-    "if/for/while over tensors); inside htf.function, lookups must be at the top level of the step."
+    "if/for/while over tensors, and a `for batch in dataset` loop); inside htf.function, lookups must be at the "
+    "top level of the step. Make the step one batch's work and loop outside it (`for x, y in dataset: "
+    "step(x, y)`), or compute the branch's lookups before the tf.cond and select their outputs in it."
 )
 
 
