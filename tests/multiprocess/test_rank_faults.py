@@ -101,16 +101,19 @@ def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(
     assert "hybridtf-fault-test: rank 1 done" in output
     # rank 0 ends with the abort, or, when rank 1 reached its end only after rank 0's deadline (a loaded
     # machine), with the watchdog's timeout: either way a clear error naming the collective, never a hang
-    assert re.search(
+    found = re.search(
         r"CollectiveAbortedError: hybridtf: rank 0 of 2 was in the collective custom phase #3 \(train step\)"
-        r"|CollectiveTimeoutError: hybridtf: rank 0 of 2 waited [\d.]+ s in the collective "
+        r"|(CollectiveTimeoutError): hybridtf: rank 0 of 2 waited [\d.]+ s in the collective "
         r"custom phase #3 \(train step\)",
         output,
     )
-    # rank 0's own exception time, not the launcher's exit (Horovod's teardown takes seconds on a loaded machine)
+    assert found
+    # rank 0's own exception time, not the launcher's exit (Horovod's teardown takes seconds on a loaded machine):
+    # within seconds of the abort, or, on the timeout path, within the watchdog's bound (a loaded machine: 20.5 s)
+    bound = BOUND_S if found.group(1) else 10
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     left = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
-    assert ends[0] - left < 10, f"rank 0 ended {ends[0] - left} s after rank 1 left (launcher: {elapsed} s)"
+    assert ends[0] - left < bound, f"rank 0 ended {ends[0] - left} s after rank 1 left (launcher: {elapsed} s)"
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):
