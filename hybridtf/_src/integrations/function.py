@@ -244,16 +244,16 @@ def _referenced(python_function, args, kwargs) -> list:
     return found
 
 
-def _referenced_layers(python_function, args, kwargs) -> list:
+def _referenced_layers(python_function, referenced: list) -> list:
     """The Keras layers (models included) a step reaches directly, and those held by the object of a bound method."""
-    found = _referenced(python_function, args, kwargs)
+    found = list(referenced)
     owner = getattr(python_function, "__self__", None)
     if owner is not None:
         found += [owner, *vars(owner).values()] if hasattr(owner, "__dict__") else [owner]
     return [obj for obj in found if isinstance(obj, tf.keras.layers.Layer)]
 
 
-def attach_optimizers(python_function, args, kwargs) -> None:
+def attach_optimizers(objects: list) -> None:
     """Hooks the Keras optimizers a step uses into the optimized model it uses, as ``compile`` would.
 
     A custom loop's optimizer is often never given to ``model.compile``; then
@@ -267,11 +267,10 @@ def attach_optimizers(python_function, args, kwargs) -> None:
     hooked optimizer would average the shards' gradients a second time), nor
     for a model with L1/L2-regularized tables (a hooked optimizer adds their
     penalties' gradients, right only when the step's loss holds
-    ``model.losses``).
+    ``model.losses``). ``objects`` are what the step reaches directly (``_referenced``).
     """
     from hybridtf._src.integrations.keras_variables import hook_optimizers
 
-    objects = _referenced(python_function, args, kwargs)
     models = {}
     for obj in objects:
         if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
@@ -282,11 +281,10 @@ def attach_optimizers(python_function, args, kwargs) -> None:
         _warn_unhooked_clipping(objects)
 
 
-def _note_split_optimizers(python_function, args, kwargs) -> None:
+def _note_split_optimizers(objects: list) -> None:
     """After the record pass: several optimizers over one optimized model, split without ``layer_variables``."""
     from hybridtf._src.integrations.keras_variables import note_split_optimizers
 
-    objects = _referenced(python_function, args, kwargs)
     models = {id(o): o for o in objects if isinstance(o, tf.keras.Model) and getattr(o, "_htf_runtime", None)}
     for model in models.values():
         note_split_optimizers(model, objects)
@@ -332,12 +330,13 @@ class _PackedStep:
         return autograph_api.converted_call(self._python_function, args, kwargs, options=self._options)
 
     def __call__(self, *args, **kwargs):
-        attach_optimizers(self._python_function, args, kwargs)
+        objects = _referenced(self._python_function, args, kwargs)  # once per trace: it reads globals and cells
+        attach_optimizers(objects)
         real = ops.get_default_graph()
         if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
             return self._run(args, kwargs)  # tf.config.run_functions_eagerly(True): lookups run one by one
         scratch = func_graph_module.FuncGraph("hybridtf_record_pass")
-        layers = _referenced_layers(self._python_function, args, kwargs)
+        layers = _referenced_layers(self._python_function, objects)
         # the record pass calls the step's layers once more: their seeded Dropout must not move on
         with scratch.as_default(), keras_record.keeping_seeds(*layers), context.recording() as rec:
             rec.requests = NotedRequests()
@@ -345,7 +344,7 @@ class _PackedStep:
             self._run(args, kwargs)
         if not rec.requests:
             return self._run(args, kwargs)
-        _note_split_optimizers(self._python_function, args, kwargs)
+        _note_split_optimizers(objects)
         _check_top_level(rec.requests, scratch)
         with context.replaying(rec.requests, []) as rep:
             rep.outputs = _ServedOutputs(rec.requests, scratch, real, rec.requests.segments)
