@@ -70,7 +70,8 @@ case "$cmd" in
     set +e
     workers=()
     if [ "${HYBRIDTF_TEST_WORKERS:-2}" != "0" ]; then workers=(-n "${HYBRIDTF_TEST_WORKERS:-2}" --dist loadgroup); fi
-    "$PY" -m pytest -q -p no:cacheprovider "${workers[@]}" "$@"
+    # --durations: the slowest tests in every run's log (the suite's time budget is watched)
+    "$PY" -m pytest -q -p no:cacheprovider --durations=25 "${workers[@]}" "$@"
     rc=$?
     set -e
     # 5 = no tests collected: a test command that ran nothing has failed.
