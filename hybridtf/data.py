@@ -4,7 +4,8 @@
 dense, one-hot and multi-hot (ragged) features, sharded by rows over ranks;
 ``convert_text`` (``python -m hybridtf.data convert ...``) turns Criteo,
 Avazu and Alimama text files into such Parquet files, hashing categorical
-strings into id space. See ``docs/data_guide.md``.
+strings into id space; ``check_parquet`` (``python -m hybridtf.data check
+...``) decodes whole files to find damaged ones. See ``docs/data_guide.md``.
 
 Example:
     >>> import hybridtf as htf
@@ -31,7 +32,7 @@ from hybridtf._src.data.layout import (
     write_parquet,
 )
 from hybridtf._src.data.parquet import parquet_dataset, shard_rows
-from hybridtf._src.data.schema import read_feature_spec
+from hybridtf._src.data.schema import check_parquet, read_feature_spec
 
 __all__ = [
     "DEFAULT_BUCKETS",
@@ -45,6 +46,7 @@ __all__ = [
     "ParquetSchemaError",
     "TextFormat",
     "TextFormatError",
+    "check_parquet",
     "convert_text",
     "decode_multi_hot",
     "encode_multi_hot",

@@ -82,6 +82,10 @@ def load_builder(source: ModelSource):
                 sys.path.insert(0, "")  # like `python -m`: modules of the current directory
             module = importlib.import_module(module_name)
     except ImportError as err:
+        missing = getattr(err, "name", None)
+        not_found = isinstance(err, ModuleNotFoundError) and missing and (module_name + ".").startswith(missing + ".")
+        if module_name.endswith(".py") or not not_found:
+            raise  # the module was found and its own import failed: the user's traceback says why
         raise UsageError(
             f"--model {source.name!r}: cannot import {module_name!r} ({err}); run from the directory that holds "
             "it, set PYTHONPATH, or give the file path: path/to/file.py:function."
@@ -226,6 +230,8 @@ def main(argv=None) -> int:
         args_parser.error(f"--ranks must be >= 0 (0: skip the traffic estimate), got {args.ranks}.")
     if args.micro_batches < 1:
         args_parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}.")
+    if args.interleave_groups is not None and args.interleave_groups < 1:
+        args_parser.error(f"--interleave-groups must be >= 1 (1: no K-interleaving), got {args.interleave_groups}.")
     if args.model == "none" and not args.dynamic:
         args_parser.error("--model none reports only the dynamic-tables section: add --dynamic STEPS.")
     if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)

@@ -447,3 +447,26 @@ def test_an_error_in_the_copied_id_ops_names_their_own_layer(tmp_path):
     est = tf.estimator.Estimator(htf_estimator.model_fn(wdl_model_fn), model_dir=str(tmp_path), config=_config())
     with pytest.raises(tf.errors.UnimplementedError, match=r"node hybridtf_ids\w*/(\w+/)*(emb|wide)_C2/Cast"):
         est.train(string_c2_input_fn, steps=1)
+
+
+def test_parquet_dataset_feeds_an_estimator_exactly(tmp_path):
+    """hybridtf.data.parquet_dataset as the input_fn (built inside the Estimator's graph): wrapped == plain."""
+    from hybridtf import data as hd
+
+    x, y = DATA
+    spec = hd.FeatureSpec(label="label", one_hot=[f"C{i}" for i in range(FIELDS)], multi_hot=["hist"])
+    bags = np.split(x["hist_values"], np.cumsum(x["hist_lengths"])[:-1])
+    path = str(tmp_path / "train.parquet")
+    hd.write_parquet(path, {"label": y[:, 0], **{f"C{i}": x[f"C{i}"] for i in range(FIELDS)}, "hist": bags}, spec)
+
+    def parquet_input_fn():
+        ds = hd.parquet_dataset(path, spec=spec, batch_size=BATCH, shuffle=True, seed=4)
+        return ds.map(lambda f, label: (f, label[:, None])).repeat()
+
+    losses = {}
+    for name, fn in (("plain", wdl_model_fn), ("wrapped", htf_estimator.model_fn(wdl_model_fn))):
+        est = tf.estimator.Estimator(fn, model_dir=str(tmp_path / name), config=_config())
+        hook = LossHook()
+        est.train(parquet_input_fn, steps=30, hooks=[hook])
+        losses[name] = np.array(hook.losses)
+    _assert_losses_close(losses["wrapped"], losses["plain"])

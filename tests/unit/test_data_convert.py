@@ -197,6 +197,40 @@ def test_bad_row_in_a_later_block(tmp_path):
         hd.convert_text(src, tmp_path / "out.parquet", "criteo", block_bytes=300)
 
 
+def test_a_failed_conversion_leaves_no_partial_output_and_keeps_an_older_one(tmp_path):
+    """Rows of the first blocks were already written when a later block fails: nothing of them is left."""
+    src = tmp_path / "day.txt"
+    src.write_text(CRITEO_TSV * 5 + "x" + CRITEO_TSV[1:])  # a bad label after 10 good rows
+    out = tmp_path / "train" / "day.parquet"
+    out.parent.mkdir()
+    with pytest.raises(hd.TextFormatError, match="column 'label' must be a number"):
+        hd.convert_text(src, out, "criteo", row_group_rows=2, block_bytes=300)
+    assert os.listdir(out.parent) == []  # no partial file, not even the temporary one
+    good = tmp_path / "good.txt"
+    good.write_text(CRITEO_TSV)
+    hd.convert_text(good, out, "criteo", buckets=B)
+    before = out.read_bytes()
+    with pytest.raises(hd.TextFormatError):
+        hd.convert_text(src, out, "criteo", row_group_rows=2, block_bytes=300)
+    assert out.read_bytes() == before and os.listdir(out.parent) == ["day.parquet"]
+
+
+def test_output_that_is_an_input_a_directory_or_in_a_missing_directory_is_refused(tmp_path, monkeypatch):
+    src = tmp_path / "day.txt"
+    src.write_text(CRITEO_TSV)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"the output '\./day.txt' is also an input \('day.txt'\)"):
+        hd.convert_text("day.txt", "./day.txt", "criteo")
+    assert src.read_text() == CRITEO_TSV  # untouched
+    with pytest.raises(ValueError, match="is a directory; give a file name"):
+        hd.convert_text(src, tmp_path, "criteo")
+    with pytest.raises(ValueError, match=r"directory '.*nodir' does not exist; create it first"):
+        hd.convert_text(src, tmp_path / "nodir" / "x.parquet", "criteo")
+    with pytest.raises(ValueError, match=r"unknown compression 'bogus'; choose one of none, snappy"):
+        hd.convert_text(src, tmp_path / "x.parquet", "criteo", compression="bogus")
+    assert not (tmp_path / "x.parquet").exists()
+
+
 def test_cli(tmp_path, capsys):
     src = tmp_path / "day.txt"
     src.write_text(CRITEO_TSV)
@@ -207,6 +241,8 @@ def test_cli(tmp_path, capsys):
     assert read_table(out)["C1"] == [h("05db9164", 77), h("68fd1e64", 77)]
     code = hd.main(["convert", "--format", "avazu", "--input", str(src), "--output", str(out)])
     assert code == 2 and "lacks the avazu columns" in capsys.readouterr().err
+    bad = ["convert", "--format", "criteo", "--input", str(src), "--output", str(tmp_path / "no" / "x.parquet")]
+    assert hd.main(bad) == 2 and "does not exist; create it first" in capsys.readouterr().err
 
 
 def test_cli_as_module(tmp_path):

@@ -269,6 +269,22 @@ def test_rewritten_file_is_read_anew(tmp_path):
     assert next(iter(hd.parquet_dataset(path, spec=spec, batch_size=8)))["c"].numpy().tolist() == list(range(100, 108))
 
 
+@pytest.mark.parametrize("change", ["rewrite", "remove"])
+def test_a_file_changed_after_the_dataset_was_built_is_an_error_not_an_abort(tmp_path, change):
+    """tensorflow-io reading the new bytes with the old row groups would abort the process (a C++ exception)."""
+    path = str(tmp_path / "x.parquet")
+    spec = hd.FeatureSpec(label=None, one_hot=["c"])
+    hd.write_parquet(path, {"c": np.arange(1000)}, spec)
+    ds = hd.parquet_dataset(path, spec=spec, batch_size=100)
+    if change == "rewrite":
+        hd.write_parquet(path, {"c": np.arange(10) + 5000}, spec)
+    else:
+        os.remove(path)
+    word = "rewritten" if change == "rewrite" else "removed"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"x.parquet' was {word} after parquet_dataset was built"):
+        list(ds)
+
+
 def test_file_system_paths(tmp_path):
     """Any TensorFlow file system works, here the in-memory ram://."""
     paths, _ = make_files(tmp_path, [11])
@@ -402,3 +418,64 @@ def test_encode_decode_multi_hot():
         hd.encode_multi_hot([[0.5]])
     with pytest.raises(ValueError, match="not a multiple of 8"):
         hd.decode_multi_hot([b"abc"])
+    with pytest.raises(ValueError, match="2 multi-hot ids are null"):
+        hd.encode_multi_hot(pa.array([[1, None], [None], [2]], pa.list_(pa.int64())))
+    big = pa.array([[2**63 + 5], [1]], pa.list_(pa.uint64()))
+    with pytest.raises(ValueError, match=r"uint64 with values of 2\*\*63 or more.*values.view\(np.int64\)"):
+        hd.encode_multi_hot(big)
+    with pytest.raises(ValueError, match=r"uint64 with values of 2\*\*63"):
+        hd.encode_multi_hot([np.array([2**64 - 1], np.uint64)])
+    small = pa.array([[2**63 - 1], [1]], pa.list_(pa.uint64()))  # fits int64: encoded as it is
+    assert [b.tolist() for b in hd.decode_multi_hot(hd.encode_multi_hot(small))] == [[2**63 - 1], [1]]
+
+
+def test_the_same_file_named_two_ways_is_refused(good_file, monkeypatch):
+    directory, name = os.path.split(good_file)
+    monkeypatch.chdir(directory)
+    for paths in ([name, f"./{name}"], [directory, good_file], [good_file, os.path.join(directory, ".", name)]):
+        with pytest.raises(ValueError, match=r"listed more than once .* name each file once"):
+            hd.parquet_dataset(paths, spec=SPEC, batch_size=2)
+
+
+def test_a_feature_column_named_like_the_label_key_keeps_its_values(tmp_path):
+    path = str(tmp_path / "x.parquet")
+    hd.write_parquet(path, {"label": np.ones(4, np.float32), "__label__": np.arange(4)})
+    features, labels = next(iter(hd.parquet_dataset(path, batch_size=4, one_hot=["__label__"])))
+    assert labels.numpy().tolist() == [1.0] * 4 and labels.dtype == tf.float32
+    assert features["__label__"].numpy().tolist() == [0, 1, 2, 3]
+
+
+def test_built_in_a_graph_as_in_an_estimator_input_fn(tmp_path):
+    """tf.estimator calls input_fn inside a tf.Graph: the dataset must build there and read every row."""
+    paths, expected = make_files(tmp_path, [9, 5], row_group_rows=4)
+    with tf.Graph().as_default():
+        ds = hd.parquet_dataset(paths, spec=SPEC, batch_size=4, shuffle=True, seed=3)
+        iterator = tf.compat.v1.data.make_initializable_iterator(ds)  # as an Estimator iterates
+        features, labels = iterator.get_next()
+        got = []
+        with tf.compat.v1.Session() as sess:
+            sess.run(iterator.initializer)
+            while True:
+                try:
+                    f, lab = sess.run((features, labels))
+                except tf.errors.OutOfRangeError:
+                    break
+                got += [(int(r), float(v)) for r, v in zip(f["row"], lab)]
+    assert sorted(got) == [(r, float(v[0])) for r, v in sorted(expected.items())]
+
+
+def test_check_parquet_finds_damaged_data_pages_that_the_footer_checks_miss(tmp_path, capsys):
+    """Footer intact, pages scrambled: parquet_dataset builds (tensorflow-io would abort reading it); check names it."""
+    good = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"label": np.zeros(1000, np.float32), "c": np.arange(1000)}), good, row_group_size=400)
+    bad = str(tmp_path / "b.parquet")
+    raw = bytearray(open(good, "rb").read())
+    for k in range(4, 2000):
+        raw[k] ^= 0x5A
+    open(bad, "wb").write(bytes(raw))
+    assert hd.check_parquet(good) == 1000 and hd.check_parquet(good, columns=["c"]) == 1000
+    hd.parquet_dataset([good, bad], batch_size=100, one_hot=["c"])  # the footers are fine
+    with pytest.raises(hd.ParquetFileError, match=r"b.parquet': row group 0 of 3 cannot be decoded .* damaged"):
+        hd.check_parquet(str(tmp_path))
+    assert hd.main(["check", good]) == 0 and "ok: 1000 rows decoded" in capsys.readouterr().out
+    assert hd.main(["check", good, bad]) == 1 and "row group 0 of 3" in capsys.readouterr().err

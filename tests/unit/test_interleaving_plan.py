@@ -100,8 +100,11 @@ def test_plan_prints_and_round_trips_json():
 def test_plan_text_names_the_defaults_as_defaults():
     """One group and one micro-batch are what optimize does when asked nothing: the text says so."""
     one = plan_interleaving(_chains(), num_groups=1)
-    assert "interleave_groups=1, the default: no K-interleaving" in str(one)
+    assert "interleave_groups=1, the default, or one packed table: no K-interleaving" in str(one)
     assert "set by" not in str(one)
     assert "number of groups set by interleave_groups" in str(plan_interleaving(_chains(), num_groups=2))
+    # more groups asked than packed tables: as many groups as tables, and the text does not claim the count
+    many = plan_interleaving(_chains(), num_groups=50)
+    assert many.num_groups == len(_chains()) and "at most one per packed table" in str(many)
     assert str(MicroBatching(1)).startswith("D-interleaving off: 1 micro-batch")
     assert str(MicroBatching(2, "mlp")) == "D-interleaving from 'mlp': 2 micro-batches"

@@ -109,6 +109,23 @@ def test_bad_model_argument_is_a_usage_error_naming_the_fix(user_file, capsys, m
     assert message in capsys.readouterr().err
 
 
+def test_a_module_whose_own_import_fails_shows_its_error_not_the_path_advice(tmp_path, capsys, monkeypatch):
+    """Found but broken (it imports something missing): the user's ImportError, not "run from the directory"."""
+    (tmp_path / "broken_builder_mod.py").write_text("import no_such_dependency_xyz\n\ndef build():\n    pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency_xyz"):
+        htf_report.main(["--model", "broken_builder_mod:build", "--ranks", "0"])
+    sys.modules.pop("broken_builder_mod", None)
+
+
+def test_interleave_groups_below_one_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        htf_report.main(["--interleave-groups", "0", "--ranks", "0"])
+    assert exit_info.value.code == 2
+    assert "--interleave-groups must be >= 1" in capsys.readouterr().err
+
+
 def _user_model():
     namespace = {}
     exec(USER_MODEL, namespace)  # the same builder the CLI loads

@@ -51,6 +51,7 @@ from hybridtf._src.data.layout import (
     multi_hot_from_lengths,
     pyarrow_modules,
 )
+from hybridtf._src.data.schema import check_parquet
 
 
 def _avazu_hour(hour) -> dict:
@@ -288,8 +289,13 @@ def convert_text(
         ``"label"``, the format's dense / one-hot / multi-hot columns and their
         buckets), and the number of rows written.
 
+    The file is written under a temporary name next to ``output`` and renamed
+    when complete: a conversion that fails leaves no partial output.
+
     Raises:
-        ValueError: an unknown format, bad buckets, or buckets for an unknown column.
+        ValueError: an unknown format or compression, bad buckets, buckets for an
+            unknown column, an output that is an input, a directory, or in a
+            directory that does not exist.
         TextFormatError: an input that is missing, lacks the format's columns,
             has rows with the wrong number of fields, or values that are not numbers where numbers belong.
 
@@ -297,9 +303,6 @@ def convert_text(
         >>> spec, rows = convert_text("criteo_sample.txt", "criteo.parquet", "criteo", buckets=2**18)  # doctest: +SKIP
         >>> ds = parquet_dataset("criteo.parquet", spec=spec, batch_size=64)  # doctest: +SKIP
     """
-    pa, pq = pyarrow_modules()
-    import pyarrow.csv as pcsv
-
     if format not in FORMATS:
         raise DataValueError(f"unknown text format {format!r}; choose one of {sorted(FORMATS)}.")
     fmt = FORMATS[format]
@@ -320,14 +323,50 @@ def convert_text(
     for p in paths:
         if not os.path.isfile(p):
             raise TextFormatError(f"text input {p!r} does not exist or is not a file.")
+    output = os.fspath(output)
+    _check_output(output, paths, compression)
     spec = fmt.spec(per_column)
-    schema = _output_schema(spec)
+    # Written to a temporary file next to the output and renamed when complete: a failure (a bad
+    # row in the last input, a full disk) leaves no partial file that a training job would read.
+    partial = os.path.join(os.path.dirname(output) or ".", f".{os.path.basename(output)}.partial-{os.getpid()}")
+    try:
+        rows = _write(paths, partial, fmt, spec, per_column, row_group_rows, compression, block_bytes)
+        os.replace(partial, output)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return spec, rows
 
+
+_COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
+
+
+def _check_output(output: str, inputs: Sequence[str], compression: str) -> None:
+    """Refuses an output that would overwrite an input, a missing output directory and an unknown codec."""
+    target = os.path.realpath(output)
+    clash = [p for p in inputs if os.path.realpath(p) == target]
+    if clash:
+        raise DataValueError(f"the output {output!r} is also an input ({clash[0]!r}); write to another file.")
+    if os.path.isdir(output):
+        raise DataValueError(f"the output {output!r} is a directory; give a file name, e.g. {output}/part-0.parquet.")
+    directory = os.path.dirname(output) or "."
+    if not os.path.isdir(directory):
+        raise DataValueError(f"the output's directory {directory!r} does not exist; create it first.")
+    if not isinstance(compression, str) or compression.lower() not in _COMPRESSIONS:
+        raise DataValueError(f"unknown compression {compression!r}; choose one of {', '.join(_COMPRESSIONS)}.")
+
+
+def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, block_bytes) -> int:
+    """Converts the text ``paths`` into the Parquet file ``output``; returns the number of rows."""
+    pa, pq = pyarrow_modules()
+    import pyarrow.csv as pcsv
+
+    schema = _output_schema(spec)
     rows = 0
     pending: list = []
     pending_rows = 0
     with pq.ParquetWriter(
-        os.fspath(output), schema, compression=compression, dictionary_pagesize_limit=DICTIONARY_PAGESIZE_LIMIT
+        output, schema, compression=compression, dictionary_pagesize_limit=DICTIONARY_PAGESIZE_LIMIT
     ) as writer:
 
         def flush(final: bool):
@@ -375,11 +414,12 @@ def convert_text(
                 if pending_rows >= row_group_rows:
                     flush(final=False)
         flush(final=True)
-    return spec, rows
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hybridtf.data convert --format criteo --input X --output Y.parquet [--buckets N]``."""
+    """``python -m hybridtf.data convert --format criteo --input X --output Y.parquet [--buckets N]``,
+    ``python -m hybridtf.data check PATH...``."""
     parser = argparse.ArgumentParser(prog="python -m hybridtf.data", description="hybridtf data tools.")
     sub = parser.add_subparsers(dest="command", required=True)
     conv = sub.add_parser("convert", help="convert Criteo / Avazu / Alimama text to Parquet for parquet_dataset")
@@ -389,8 +429,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     conv.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="id space per categorical column")
     conv.add_argument("--row-group-rows", type=int, default=DEFAULT_ROW_GROUP_ROWS)
     conv.add_argument("--compression", default="lz4")
+    check = sub.add_parser("check", help="decode every row group of Parquet files: find damaged files before training")
+    check.add_argument("paths", nargs="+", help="Parquet files, directories or glob patterns")
     args = parser.parse_args(argv)
     start = time.perf_counter()
+    if args.command == "check":
+        try:
+            rows = check_parquet(args.paths)
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print(f"ok: {rows} rows decoded in {time.perf_counter() - start:.1f}s")
+        return 0
     try:
         spec, rows = convert_text(
             args.input,
@@ -400,7 +450,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             row_group_rows=args.row_group_rows,
             compression=args.compression,
         )
-    except (TextFormatError, ValueError) as e:
+    except (TextFormatError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(

@@ -168,6 +168,7 @@ def encode_multi_hot(bags: Any):
 
     Raises:
         TypeError: ids that are not integers.
+        ValueError: a null id inside a bag, or uint64 ids that int64 cannot hold.
 
     Example:
         >>> arr = encode_multi_hot([[1, 2], [], [7]])
@@ -183,15 +184,30 @@ def encode_multi_hot(bags: Any):
         if not pa.types.is_integer(bags.type.value_type):
             raise TypeError(f"multi-hot ids must be integers, got list<{bags.type.value_type}>.")
         lengths = pc.list_value_length(bags).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        values = pc.list_flatten(bags).to_numpy(zero_copy_only=False)
+        flat = pc.list_flatten(bags)
+        if flat.null_count:
+            raise DataValueError(
+                f"{flat.null_count} multi-hot ids are null (inside a bag); drop them or map them to an id of "
+                "their own before encoding (a null bag is fine: it becomes an empty bag)."
+            )
+        values = flat.to_numpy(zero_copy_only=False)
     else:
         arrays = [np.zeros(0, np.int64) if b is None or len(b) == 0 else np.asarray(b) for b in bags]
         for a in arrays:
             if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
                 raise TypeError(f"multi-hot ids must be 1-D integer sequences, got dtype {a.dtype}, shape {a.shape}.")
+            _check_fits_int64(a)
         lengths = np.array([a.size for a in arrays], dtype=np.int64)
         values = np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
     return multi_hot_from_lengths(lengths, values)
+
+
+def _check_fits_int64(values: np.ndarray) -> None:
+    if values.size and values.dtype.kind == "u" and values.dtype.itemsize == 8 and values.max() >= 2**63:
+        raise DataValueError(
+            "multi-hot ids are uint64 with values of 2**63 or more, which int64 ids cannot hold; reinterpret them "
+            "as int64 yourself (values.view(np.int64): distinct ids stay distinct) or hash them into a smaller range."
+        )
 
 
 def multi_hot_from_lengths(lengths: np.ndarray, values: np.ndarray):
@@ -206,6 +222,7 @@ def multi_hot_from_lengths(lengths: np.ndarray, values: np.ndarray):
     values = np.asarray(values)
     if values.size and not np.issubdtype(values.dtype, np.integer):
         raise TypeError(f"multi-hot ids must be integers, got {values.dtype}.")
+    _check_fits_int64(values)
     if lengths.sum() != values.size:
         raise DataValueError(f"row lengths sum to {lengths.sum()} but {values.size} ids were given.")
     data = np.ascontiguousarray(values, dtype="<i8").tobytes()

@@ -30,10 +30,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from hybridtf._src.data.errors import DataValueError, ParquetFileError, ParquetSchemaError
 from hybridtf._src.data.layout import ID_BYTES, FeatureSpec
-from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths
+from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths, stat_file
 from hybridtf._src.distribute.world import current_world
 
 _CONTAINER = "hybridtf.data"
@@ -146,7 +147,9 @@ def plan_chunks(
 def _probe_with_tfio(files: Sequence[ParquetFileMeta], columns: Sequence[str]) -> None:
     """Opens every file with tensorflow-io once, so that unreadable files fail here, not mid-epoch."""
     core_ops = _core_ops()
-    with tf.init_scope():
+    # Eagerly even when the dataset is built inside a tf.Graph (an Estimator's
+    # input_fn, a TF1 session): there tf.init_scope stays in that graph.
+    with tf.init_scope(), context.eager_mode():
         for meta in files:
             try:
                 names, shapes, _ = core_ops.io_parquet_readable_info(
@@ -172,8 +175,33 @@ class _Reader:
     physical: dict[str, str]
     dense_key: str | None
 
+    @property
+    def label_key(self) -> str:
+        """The label's key until ``finish`` splits it off: one no feature of this dataset has."""
+        taken = set(self.spec.one_hot) | set(self.spec.multi_hot) | set(self.spec.dense) | {self.dense_key}
+        key = "__label__"
+        while key in taken:
+            key += "_"
+        return key
+
+    def _check_unchanged(self, file) -> None:
+        """Raises (InvalidArgumentError in the pipeline) when file ``file`` changed since the dataset was built.
+
+        tensorflow-io would read the new bytes with the old file's row groups and
+        abort the process (an uncaught C++ exception), not raise.
+        """
+        meta = self.files[int(file)]
+        exists, _, size, mtime = stat_file(meta.path)
+        if not exists or (size, mtime) != (meta.size, meta.mtime_ns):
+            raise ValueError(
+                f"Parquet input {meta.path!r} was {'removed' if not exists else 'rewritten'} after parquet_dataset "
+                "was built; build the dataset again (and write new files under new names, or rename them into "
+                "place, while a job reads them)."
+            )
+
     def read(self, file, start, stop, slot, seed=None):
         core_ops = _core_ops()
+        check = tf.py_function(lambda f: self._check_unchanged(f.numpy()) or True, [file], tf.bool)
         paths = tf.constant([m.path for m in self.files])
         keys = tf.constant([m.resource_key for m in self.files])
         rows = tf.constant([m.num_rows for m in self.files], tf.int64)
@@ -182,16 +210,17 @@ class _Reader:
         shape = tf.reshape(tf.gather(rows, file), [1])
         cols = {}
         for name in self.spec.columns:
-            x = core_ops.io_parquet_readable_read(
-                input=path,
-                shared=shared,
-                component=name,
-                shape=shape,
-                start=tf.reshape(start, [1]),
-                stop=tf.reshape(stop, [1]),
-                dtype=_PHYSICAL_DTYPES[self.physical[name]],
-                container=_CONTAINER,
-            )
+            with tf.control_dependencies([check]):  # each column's read, after the file is checked
+                x = core_ops.io_parquet_readable_read(
+                    input=path,
+                    shared=shared,
+                    component=name,
+                    shape=shape,
+                    start=tf.reshape(start, [1]),
+                    stop=tf.reshape(stop, [1]),
+                    dtype=_PHYSICAL_DTYPES[self.physical[name]],
+                    container=_CONTAINER,
+                )
             cols[name] = tf.ensure_shape(x, [None])
         out = self._assemble(cols)
         if seed is not None:  # after stacking: one gather for all dense columns
@@ -204,7 +233,7 @@ class _Reader:
         out = {}
         spec = self.spec
         if spec.label is not None:
-            out["__label__"] = tf.cast(cols[spec.label], tf.float32)
+            out[self.label_key] = tf.cast(cols[spec.label], tf.float32)
         if spec.dense:
             dense = [tf.cast(cols[n], tf.float32) for n in spec.dense]
             if self.dense_key is None:
@@ -237,7 +266,7 @@ class _Reader:
             features[n] = tf.RaggedTensor.from_row_lengths(tf.reshape(values, [-1]), row_lengths, validate=False)
         if self.spec.label is None:
             return features
-        label = features.pop("__label__")
+        label = features.pop(self.label_key)
         return features, label
 
 
@@ -335,7 +364,7 @@ def parquet_dataset(
     if not spec.columns:
         raise DataValueError("parquet_dataset needs at least one column (label, dense, one_hot or multi_hot).")
     feature_names = set(spec.one_hot) | set(spec.multi_hot) | (set(spec.dense) if dense_key is None else set())
-    if spec.dense and dense_key is not None and dense_key in feature_names | {"__label__"}:
+    if spec.dense and dense_key is not None and dense_key in feature_names:
         raise DataValueError(f"dense_key {dense_key!r} is also a column name; choose another dense_key.")
     rank, size = resolve_rank(rank, size)
     files = [open_parquet(p) for p in resolve_paths(paths)]

@@ -39,6 +39,7 @@ class ParquetFileMeta:
         max_def: ``{top-level column: max definition level}`` (0: no nulls possible).
         resource_key: identifies this version of the file (path, size, mtime, footer hash) for
             tensorflow-io's reader cache.
+        size, mtime_ns: the file's size and modification time when it was opened.
         metadata: the ``pyarrow.parquet.FileMetaData``.
     """
 
@@ -49,6 +50,8 @@ class ParquetFileMeta:
     physical: dict[str, str]
     max_def: dict[str, int]
     resource_key: str
+    size: int
+    mtime_ns: int
     metadata: Any = dataclasses.field(repr=False)
 
 
@@ -89,7 +92,7 @@ class _GFileReader(io.RawIOBase):
         super().close()
 
 
-def _stat(path: str) -> tuple[bool, bool, int, int]:
+def stat_file(path: str) -> tuple[bool, bool, int, int]:
     """``(exists, is_dir, size, mtime_ns)``."""
     if _is_remote(path):
         import tensorflow as tf
@@ -147,7 +150,7 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
                 raise ParquetFileError(f"no file matches the pattern {p!r}; check the path.")
             files.extend(matched)
             continue
-        exists, is_dir, _, _ = _stat(p)
+        exists, is_dir, _, _ = stat_file(p)
         if not exists:
             raise ParquetFileError(f"Parquet input {p!r} does not exist; check the path (or the file system prefix).")
         if is_dir:
@@ -157,9 +160,19 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
             files.extend(found)
         else:
             files.append(p)
-    dupes = sorted({f for f in files if files.count(f) > 1})
+    # the same local file named two ways ("a.parquet", "./a.parquet", its directory) is one file
+    seen: dict[str, str] = {}
+    dupes = set()
+    for f in files:
+        key = f if _is_remote(f) else os.path.realpath(f)
+        if key in seen:
+            dupes.add(seen[key] if seen[key] == f else f"{seen[key]} and {f}")
+        seen.setdefault(key, f)
     if dupes:
-        raise DataValueError(f"Parquet files listed more than once (their rows would be read twice): {dupes}.")
+        raise DataValueError(
+            f"Parquet files listed more than once (their rows would be read twice): {sorted(dupes)}; "
+            "name each file once."
+        )
     return files
 
 
@@ -177,7 +190,7 @@ def open_parquet(path: str) -> ParquetFileMeta:
         ParquetFileError: the file does not exist, cannot be read, or is not Parquet.
     """
     _, pq = pyarrow_modules()
-    exists, is_dir, size, mtime = _stat(path)
+    exists, is_dir, size, mtime = stat_file(path)
     if not exists or is_dir:
         raise ParquetFileError(f"Parquet input {path!r} does not exist or is a directory; check the path.")
     try:
@@ -208,6 +221,8 @@ def open_parquet(path: str) -> ParquetFileMeta:
         # tensorflow-io caches one reader per key for the life of the process; a file rewritten in place
         # must get a new key (a stale reader returns wrong rows or crashes), hence size, mtime and footer hash.
         resource_key=f"{path}|{size}|{mtime}|{_tail_digest(path, size)}",
+        size=size,
+        mtime_ns=mtime,
         metadata=metadata,
     )
 
@@ -349,3 +364,43 @@ def read_feature_spec(path: str | os.PathLike) -> FeatureSpec:
             "pass label/dense/one_hot/multi_hot to parquet_dataset instead."
         )
     return FeatureSpec.from_json(raw)
+
+
+def check_parquet(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str] | None = None) -> int:
+    """Decodes every row group of the files (with pyarrow): finds corrupt data pages before training does.
+
+    ``parquet_dataset`` reads only the files' footers when it is built; a file
+    whose footer is intact but whose data pages are damaged (a bad copy, bit
+    rot) passes that, and tensorflow-io aborts the process when it reaches the
+    damage (it does not catch its own C++ exception). This reads all of it.
+
+    Args:
+        paths: as for ``parquet_dataset`` (files, directories, glob patterns).
+        columns: only these columns (default: all).
+
+    Returns:
+        The number of rows checked.
+
+    Raises:
+        ParquetFileError: naming the file and row group that cannot be decoded.
+
+    Example:
+        >>> check_parquet("train/")  # doctest: +SKIP
+        1048576
+    """
+    _, pq = pyarrow_modules()
+    rows = 0
+    for path in resolve_paths(paths):
+        meta = open_parquet(path)
+        source = _GFileReader(path) if _is_remote(path) else path
+        pf = pq.ParquetFile(source)
+        for g in range(len(meta.row_groups)):
+            try:
+                rows += pf.read_row_group(g, columns=list(columns) if columns is not None else None).num_rows
+            except Exception as e:  # pyarrow: OSError / ArrowInvalid with the reason
+                reason = " ".join(str(e).split())  # pyarrow's message spans lines
+                raise ParquetFileError(
+                    f"{path!r}: row group {g} of {len(meta.row_groups)} cannot be decoded ({type(e).__name__}: "
+                    f"{reason}); the file is damaged: write or copy it again."
+                ) from e
+    return rows

@@ -339,9 +339,13 @@ class InterleavingPlan:
 
     def __str__(self) -> str:
         cap = "unbounded" if math.isinf(self.capacity) else f"{self.capacity:,.0f} params/step"
-        how = {"eq3": "Eq. 3", "num_groups": "number of groups set by interleave_groups", "user": "groups given"}
+        how = {
+            "eq3": "Eq. 3",
+            "num_groups": "number of groups set by interleave_groups, at most one per packed table",
+            "user": "groups given",
+        }
         if self.source == "num_groups" and self.num_groups == 1:
-            how["num_groups"] = "interleave_groups=1, the default: no K-interleaving"
+            how["num_groups"] = "interleave_groups=1, the default, or one packed table: no K-interleaving"
         if self.num_groups == 0:
             lines = ["InterleavingPlan: no K-interleaving groups (no packed static table's chain to group)"]
         else:
