@@ -5,7 +5,8 @@ column types and null counts. tensorflow-io, which reads the data, sees only
 physical types: it cannot tell strings from binary or a list column from a
 flat one, and it returns garbage for nulls, so these checks run first and turn
 every such problem into an exception that names the file, the column and the
-fix. TensorFlow-free.
+fix. TensorFlow-free. ``check_parquet`` is the one reader of data pages here:
+it decodes whole files, on request, to find damage the footers do not show.
 """
 
 from __future__ import annotations
