@@ -53,7 +53,7 @@ from hybridtf._src.integrations import (
 )
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
-from hybridtf._src.integrations.estimator_hooks import EstimatorReport, attach_report
+from hybridtf._src.integrations.estimator_hooks import EstimatorReport, ShardBroadcastGuardHook, attach_report
 from hybridtf._src.integrations.estimator_record import Lookup, Record
 from hybridtf._src.integrations.estimator_saver import crash_safe_default_saver, recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
@@ -348,6 +348,8 @@ def build(
         estimator_updates.check_shards_stay_local(real.storage.packed, sharded)
         if mode == tf.estimator.ModeKeys.TRAIN:
             estimator_updates.warn_clipped_tables(plan, real.storage.packed)
+            if sharded:  # refuses Horovod's own broadcast hook, which would overwrite the shards
+                spec = spec._replace(training_hooks=(*spec.training_hooks, ShardBroadcastGuardHook()))
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}

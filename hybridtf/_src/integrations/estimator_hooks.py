@@ -14,6 +14,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from hybridtf._src.capture.context import CaptureError
+
 _REPORT_ATTR = "_hybridtf_estimator_report"
 
 #: Graph collection of the ops that keep hybridtf's caches consistent: the flush of every dynamic
@@ -311,6 +313,58 @@ class ShardAwareBroadcastHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(self, session, coord):
         if self._op is not None:
             session.run(self._op)
+
+
+def _broadcast_source(tensor):
+    """The Horovod broadcast op a value comes from (through identities), or None."""
+    op = tensor.op
+    while op.type == "Identity" and op.inputs:
+        op = op.inputs[0].op
+    return op if op.type.startswith("HorovodBroadcast") else None
+
+
+def shard_broadcasts(variables) -> list[tuple[str, str]]:
+    """``(variable, broadcast op)`` for every Horovod broadcast in the graph that writes into one of ``variables``."""
+    found = []
+    for var in variables:
+        handle = getattr(var, "handle", None)
+        target = handle if handle is not None else getattr(var, "_variable", None)
+        if target is None:
+            continue
+        for op in target.consumers():
+            if op.type.startswith("HorovodBroadcast"):  # in place
+                found.append((var.op.name, op.name))
+            elif op.type in ("AssignVariableOp", "Assign") and len(op.inputs) > 1:
+                source = _broadcast_source(op.inputs[1])
+                if source is not None:
+                    found.append((var.op.name, source.name))
+    return found
+
+
+class ShardBroadcastGuardHook(tf.compat.v1.train.SessionRunHook):
+    """Refuses, before the session exists, a Horovod broadcast that would overwrite this rank's shards.
+
+    Horovod's ``hvd.BroadcastGlobalVariablesHook`` (its Estimator recipe)
+    broadcasts every global variable, the shards of the packed tables included:
+    every rank would train with rank 0's rows in place of its own, silently.
+    The wrapped model_fn adds this hook to its training hooks; Estimator runs
+    them after the hooks given to ``train``, so Horovod's broadcast ops exist
+    when it looks.
+    """
+
+    def begin(self):
+        from hybridtf._src.integrations.horovod_hooks import graph_local_variables
+
+        found = shard_broadcasts(graph_local_variables())
+        if found:
+            var, op = found[0]
+            raise CaptureError(
+                f"hybridtf.estimator: the Horovod broadcast {op!r} (hvd.BroadcastGlobalVariablesHook or "
+                f"hvd.broadcast_global_variables) would overwrite {var!r}, this rank's shard of a packed table "
+                f"(or its optimizer slot; {len(found)} such variables), with rank 0's rows: every rank holds other "
+                "rows of the table. Remove hvd.BroadcastGlobalVariablesHook and pass htf.estimator.hooks(), which "
+                "broadcasts every other variable (ShardAwareBroadcastHook)."
+            )
 
 
 def horovod_broadcast_hook(root_rank: int = 0):
