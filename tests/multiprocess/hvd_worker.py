@@ -135,6 +135,10 @@ def custom_loop(rank, size, steps=20, compiled=False):
     for b in global_batches(fs, steps, seed=5):
         x, y = local_part(b, rank, size)
         losses.append(float(step(ctr_data.to_tensors(x), tf.constant(y))))
+        if size > 1 and len(losses) == 1:  # Horovod's TF2 recipe: it must leave each rank's table shards alone
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            opt_vars = optimizer.variables() if callable(optimizer.variables) else optimizer.variables
+            hvd.broadcast_variables(opt_vars, root_rank=0)
     return model, losses
 
 

@@ -347,9 +347,11 @@ class ShardBroadcastGuardHook(tf.compat.v1.train.SessionRunHook):
     Horovod's ``hvd.BroadcastGlobalVariablesHook`` (its Estimator recipe)
     broadcasts every global variable, the shards of the packed tables included:
     every rank would train with rank 0's rows in place of its own, silently.
-    The wrapped model_fn adds this hook to its training hooks; Estimator runs
-    them after the hooks given to ``train``, so Horovod's broadcast ops exist
-    when it looks.
+    ``distribute.local_broadcast`` wraps ``hvd.broadcast_variables`` to leave
+    them out; this hook catches a broadcast that bypassed the wrapper (e.g. a
+    ``broadcast_variables`` imported from Horovod before the wrapping). The
+    wrapped model_fn adds it to its training hooks; Estimator runs them after
+    the hooks given to ``train``, so Horovod's broadcast ops exist when it looks.
     """
 
     def begin(self):

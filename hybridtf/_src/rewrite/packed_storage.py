@@ -19,7 +19,7 @@ from tensorflow.python.saved_model import save_context
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.capture.subclassing import runtime_subclass
-from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute import local_broadcast, watchdog
 from hybridtf._src.distribute.exchange import gather_member
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import World, current_world
@@ -402,6 +402,8 @@ class PackedTables(tf.Module):
                 self.packed[pt.name] = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
                 if release is not None:
                     release(self, [m.name for m in pt.members])
+        if self.sharded:  # Horovod's broadcast_variables (its recipes) must leave this rank's rows alone
+            local_broadcast.register(self)
 
     @property
     def sharded(self) -> bool:
