@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 
@@ -84,7 +85,7 @@ def model_fn(features, labels, mode):
         return tf.estimator.EstimatorSpec(mode, loss=loss)
     tf.compat.v1.add_to_collection(LOSS_KEY, loss)
     optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
-    if hvd.size() > 1:
+    if hvd.size() > 1 and not _UNWRAPPED:
         wrap = hvd.DistributedOptimizer if _HOROVODS_OWN else htf.horovod.DistributedOptimizer
         optimizer = wrap(optimizer)
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
@@ -92,6 +93,34 @@ def model_fn(features, labels, mode):
 
 
 _HOROVODS_OWN = False  # hvd.DistributedOptimizer (which would average the shards' gradients) in the model_fn
+_UNWRAPPED = False  # the optimizer not wrapped at all: the dense gradients are not averaged
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def unaveraged_warnings(rank, size, unwrapped):
+    """The hybridtf warnings about dense gradients not averaged, building the model_fn's TRAIN graph."""
+    global _UNWRAPPED
+    _UNWRAPPED = unwrapped
+    handler = _Warnings()
+    logging.getLogger("hybridtf").addHandler(handler)
+    try:
+        with tf.Graph().as_default():
+            tf.compat.v1.train.get_or_create_global_step()
+            iterator = tf.compat.v1.data.make_one_shot_iterator(input_fn(global_data(1, seed=5), rank, size))
+            features, labels = iterator.get_next()
+            htf.estimator.model_fn(model_fn)(features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN)
+    finally:
+        _UNWRAPPED = False
+        logging.getLogger("hybridtf").removeHandler(handler)
+    return [m for m in handler.messages if "averages its gradient over the ranks" in m]
 
 
 def horovods_own_optimizer_error(rank, size):
@@ -172,6 +201,7 @@ def main():
     if size > 1:
         result["hvd_optimizer_error"] = horovods_own_optimizer_error(rank, size)
         result["hvd_broadcast_hook_losses"] = with_horovods_broadcast_hook(args.out, rank, size, config, train)
+        result["unaveraged_warnings"] = [unaveraged_warnings(rank, size, unwrapped) for unwrapped in (False, True)]
     with open(os.path.join(args.out, f"estimator_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 

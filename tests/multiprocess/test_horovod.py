@@ -154,6 +154,9 @@ def test_estimator_under_horovod_equals_one_process(runs):
         assert "instead of hvd.DistributedOptimizer" in (r["hvd_optimizer_error"] or ""), r["hvd_optimizer_error"]
         # Horovod's BroadcastGlobalVariablesHook broadcast every rank's shards from rank 0: now left out of it
         np.testing.assert_allclose(r["hvd_broadcast_hook_losses"], r["losses"][:5], rtol=1e-6, atol=0)
+        # an optimizer not wrapped at all: each rank would train its own dense layers, warned (not when wrapped)
+        wrapped, unwrapped = r["unaveraged_warnings"]
+        assert wrapped == [] and len(unwrapped) == 1 and "htf.horovod.DistributedOptimizer" in unwrapped[0]
 
 
 def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):

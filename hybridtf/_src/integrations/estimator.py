@@ -47,6 +47,7 @@ from hybridtf._src.integrations import estimator_capture as capture
 from hybridtf._src.integrations import (
     estimator_columns,
     estimator_dynamic,
+    estimator_horovod,
     estimator_storage,
     estimator_updates,
     estimator_warm_start,
@@ -345,9 +346,10 @@ def build(
             plan, real.storage.packed, record.variables, getattr(record.spec, "loss", None), getattr(spec, "loss", None)
         )
         sharded = {name for name, layout in real.storage.layouts.items() if layout is not None}
-        estimator_updates.check_shards_stay_local(real.storage.packed, sharded)
+        estimator_horovod.check_shards_stay_local(real.storage.packed, sharded)
         if mode == tf.estimator.ModeKeys.TRAIN:
             estimator_updates.warn_clipped_tables(plan, real.storage.packed)
+            estimator_horovod.warn_unaveraged_dense(real.storage.packed, real.storage.world)
             if sharded:  # refuses Horovod's own broadcast hook, which would overwrite the shards
                 spec = spec._replace(training_hooks=(*spec.training_hooks, ShardBroadcastGuardHook()))
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)

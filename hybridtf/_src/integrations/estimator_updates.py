@@ -518,34 +518,6 @@ def _table_updates(variable):
     return [op for op in variable.handle.consumers() if _is_update(op)]
 
 
-def check_shards_stay_local(packed: dict, sharded: set) -> None:
-    """Raises when Horovod allreduces the gradient of a packed table sharded over the ranks.
-
-    ``hvd.DistributedOptimizer`` averages every gradient; a shard's rows are
-    this rank's own (its gradient rows came through the alltoall), so
-    averaging them with other ranks' shards mixes different tables' rows.
-    ``htf.horovod.DistributedOptimizer`` registers the shards as local.
-
-    Args:
-        packed: packed table name -> its variable (this rank's shard when sharded).
-        sharded: names of the packed tables sharded over the ranks.
-    """
-    for name in sorted(sharded):
-        for update in _table_updates(packed[name]):
-            found = _reaches(
-                update, lambda op: op.type.startswith(_HOROVOD_AVERAGING) or _HOROVOD_SCOPE.search(op.name)
-            )
-            if found is not None:
-                raise CaptureError(
-                    f"hybridtf.estimator: Horovod's {found.name!r} ({found.type}) averages the gradient of packed "
-                    f"table {name!r}, which is sharded over the ranks: each rank holds other rows of it, so the "
-                    "average would mix rows of different tables. Wrap the optimizer with "
-                    "htf.horovod.DistributedOptimizer instead of hvd.DistributedOptimizer (it keeps the shards "
-                    "local and scales their gradients by 1 / size)."
-                )
-
-
-_HOROVOD_AVERAGING = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather")
 _CLIPS = re.compile(r"(^|/)clip_by_(value|norm|global_norm|average_norm)(_\d+)?/")
 
 

@@ -1,0 +1,66 @@
+"""The Horovod checks of a wrapped model_fn's training graph (its gradients' averaging over the ranks).
+
+A shard's rows are this rank's own, so Horovod must not average its gradient
+(refused); the dense variables' gradients must be averaged, or the ranks train
+apart (warned).
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from hybridtf._src.capture.context import CaptureError
+from hybridtf._src.integrations.estimator_updates import _HOROVOD_SCOPE, _log, _reaches, _table_updates
+
+_HOROVOD_AVERAGING = ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather")
+
+
+def _averages(op) -> bool:
+    return op.type.startswith(_HOROVOD_AVERAGING) or bool(_HOROVOD_SCOPE.search(op.name))
+
+
+def check_shards_stay_local(packed: dict, sharded: set) -> None:
+    """Raises when Horovod allreduces the gradient of a packed table sharded over the ranks.
+
+    ``hvd.DistributedOptimizer`` averages every gradient; a shard's rows are
+    this rank's own (its gradient rows came through the alltoall), so
+    averaging them with other ranks' shards mixes different tables' rows.
+    ``htf.horovod.DistributedOptimizer`` registers the shards as local.
+
+    Args:
+        packed: packed table name -> its variable (this rank's shard when sharded).
+        sharded: names of the packed tables sharded over the ranks.
+    """
+    for name in sorted(sharded):
+        for update in _table_updates(packed[name]):
+            found = _reaches(update, _averages)
+            if found is not None:
+                raise CaptureError(
+                    f"hybridtf.estimator: Horovod's {found.name!r} ({found.type}) averages the gradient of packed "
+                    f"table {name!r}, which is sharded over the ranks: each rank holds other rows of it, so the "
+                    "average would mix rows of different tables. Wrap the optimizer with "
+                    "htf.horovod.DistributedOptimizer instead of hvd.DistributedOptimizer (it keeps the shards "
+                    "local and scales their gradients by 1 / size)."
+                )
+
+
+def warn_unaveraged_dense(packed: dict, world) -> None:
+    """Logs when, on several ranks, no dense variable's update goes through a Horovod allreduce.
+
+    The ranks then train apart (each on its own data, each writing another
+    checkpoint), silently: the model_fn's optimizer is not wrapped with
+    ``htf.horovod.DistributedOptimizer``.
+    """
+    if not world.distributed:
+        return
+    shards = {v.op.name for v in packed.values()}
+    dense = [v for v in tf.compat.v1.trainable_variables() if v.op.name not in shards and hasattr(v, "handle")]
+    updated = [(v, ops) for v in dense if (ops := _table_updates(v))]
+    if updated and not any(_reaches(op, _averages) for _, ops in updated for op in ops):
+        _log.warning(
+            "hybridtf.estimator: this job runs on %d Horovod ranks, but no update of the model_fn's dense variables "
+            "(e.g. %r) averages its gradient over the ranks: each rank trains its own dense layers on its own data. "
+            "Wrap the optimizer with htf.horovod.DistributedOptimizer.",
+            world.size,
+            updated[0][0].op.name,
+        )
