@@ -105,6 +105,15 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+def build_train_graph(rank, size):
+    """The wrapped model_fn's TRAIN graph on one batch, in a graph of its own (as the module flags say)."""
+    with tf.Graph().as_default():
+        tf.compat.v1.train.get_or_create_global_step()
+        iterator = tf.compat.v1.data.make_one_shot_iterator(input_fn(global_data(1, seed=5), rank, size))
+        features, labels = iterator.get_next()
+        htf.estimator.model_fn(model_fn)(features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN)
+
+
 def unaveraged_warnings(rank, size, unwrapped):
     """The hybridtf warnings about dense gradients not averaged, building the model_fn's TRAIN graph."""
     global _UNWRAPPED
@@ -112,11 +121,7 @@ def unaveraged_warnings(rank, size, unwrapped):
     handler = _Warnings()
     logging.getLogger("hybridtf").addHandler(handler)
     try:
-        with tf.Graph().as_default():
-            tf.compat.v1.train.get_or_create_global_step()
-            iterator = tf.compat.v1.data.make_one_shot_iterator(input_fn(global_data(1, seed=5), rank, size))
-            features, labels = iterator.get_next()
-            htf.estimator.model_fn(model_fn)(features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN)
+        build_train_graph(rank, size)
     finally:
         _UNWRAPPED = False
         logging.getLogger("hybridtf").removeHandler(handler)
@@ -128,11 +133,7 @@ def horovods_own_optimizer_error(rank, size):
     global _HOROVODS_OWN
     _HOROVODS_OWN = True
     try:
-        with tf.Graph().as_default():
-            tf.compat.v1.train.get_or_create_global_step()
-            iterator = tf.compat.v1.data.make_one_shot_iterator(input_fn(global_data(1, seed=5), rank, size))
-            features, labels = iterator.get_next()
-            htf.estimator.model_fn(model_fn)(features=features, labels=labels, mode=tf.estimator.ModeKeys.TRAIN)
+        build_train_graph(rank, size)
         return None
     except CaptureError as error:
         return str(error)
