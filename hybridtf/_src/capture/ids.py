@@ -25,6 +25,26 @@ def _check_dtype(dtype: tf.DType, table: str, cast_floats: bool) -> tf.DType | N
     raise TypeError(f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}.")
 
 
+def sparse_bags(ids: tf.SparseTensor) -> tf.RaggedTensor:
+    """The bags of a rank-2 ``tf.SparseTensor`` as a ``tf.RaggedTensor`` ``[batch, None]``.
+
+    Row ``i``'s bag holds the values whose index is ``[i, j]`` for any ``j``, in
+    increasing ``j``: indices need not be in row-major order (a hand-built or
+    concatenated SparseTensor) nor contiguous in ``j`` (``tf.sparse.from_dense``
+    of a row with zeros between ids), as for ``tf.nn.safe_embedding_lookup_sparse``.
+    ``tf.sparse.reorder`` passes an ordered tensor through unchanged. No assertion
+    ops: the bags can be computed twice (``hybridtf.function`` lifts them); a row
+    index outside ``[0, dense_shape[0])`` fails in the lookup's own checks.
+
+    Example:
+        >>> sp = tf.SparseTensor([[1, 0], [0, 2]], tf.constant([5, 7], tf.int64), [2, 3])
+        >>> sparse_bags(sp).to_list()
+        [[7], [5]]
+    """
+    ids = tf.sparse.reorder(ids)
+    return tf.RaggedTensor.from_value_rowids(ids.values, ids.indices[:, 0], nrows=ids.dense_shape[0], validate=False)
+
+
 def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
     """Validates and normalizes the ids of one lookup.
 
@@ -69,7 +89,7 @@ def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
         cast = _check_dtype(ids.dtype, table, cast_floats)
         if cast is not None:
             ids = tf.SparseTensor(ids.indices, tf.cast(ids.values, cast), ids.dense_shape)
-        return tf.RaggedTensor.from_sparse(ids)
+        return sparse_bags(ids)
     if isinstance(ids, tf.RaggedTensor):
         cast = _check_dtype(ids.dtype, table, cast_floats)
         if cast is not None:

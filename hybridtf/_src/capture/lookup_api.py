@@ -337,7 +337,9 @@ class Tables(tf.Module):
                 for ragged ids). Multi-hot bags (``"sum" | "mean" | "sqrtn"``):
                 a rank-2 ``tf.RaggedTensor`` / ``tf.SparseTensor`` or a dense
                 ``[batch, L]`` tensor (every entry counts); output
-                ``[batch, dim]``, zeros for empty bags.
+                ``[batch, dim]``, zeros for empty bags. A SparseTensor's row
+                ``i`` bags its values at ``[i, j]`` for any ``j``, its indices
+                in any order, as ``tf.nn.safe_embedding_lookup_sparse`` takes them.
             combiner: ``"none" | "sum" | "mean" | "sqrtn"``.
             training: dynamic tables only: True (and None) inserts unseen ids,
                 counts them for Algorithm 1 and makes the rows trainable;

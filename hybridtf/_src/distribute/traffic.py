@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.capture import context
+from hybridtf._src.capture.ids import sparse_bags
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.errors import PlanKeyError
@@ -29,7 +30,7 @@ _ID_BYTES = 8
 
 def _rows(ids, lo, hi) -> np.ndarray:
     if isinstance(ids, tf.SparseTensor):
-        ids = tf.RaggedTensor.from_sparse(ids)
+        ids = sparse_bags(ids)
     part = ids[lo:hi]
     if isinstance(part, tf.RaggedTensor):
         part = part.flat_values

@@ -315,6 +315,64 @@ def _warn_unhooked_clipping(objects) -> None:
         )
 
 
+def _row_local(optimizer) -> bool:
+    """Whether ``optimizer``'s update of a variable with a sparse gradient changes only the gradient's rows."""
+    from hybridtf._src.integrations.keras_optimizers import LazyAdam, user_class
+
+    if getattr(optimizer, "weight_decay", None) or getattr(optimizer, "use_ema", False):
+        return False
+    base = user_class(optimizer)
+    if base in (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD):
+        return not getattr(optimizer, "momentum", 0.0)
+    return base in (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad, LazyAdam)
+
+
+def _warn_partly_looked_up(requests, objects) -> None:
+    """Warns (once per Tables set and table set) when a step looks up some tables of a packed variable only.
+
+    Plain TensorFlow skips a table variable without gradient; a packed variable has a gradient as soon as one
+    of its tables has, and an optimizer that moves every row of such a variable (Adam's or RMSprop's decaying
+    moments, momentum, weight decay, FTRL) then moves the other tables' rows too. A step over a ``Tables`` set
+    is never hooked, so its rows are not kept as an optimized Keras model keeps them.
+    """
+    from hybridtf._src.capture.lookup_api import Tables
+
+    optimizers = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
+    moving = [o for o in objects if isinstance(o, optimizers) and not _row_local(o)]
+    if not moving:
+        return
+    used: dict[int, set] = {}
+    owners = {}
+    for request in requests:
+        if isinstance(request.owner, Tables):
+            used.setdefault(id(request.owner), set()).add(request.table)
+            owners[id(request.owner)] = request.owner
+    for key, names in used.items():
+        owner = owners[key]
+        for packed in owner.plan.packed_tables:
+            members = [m.name for m in packed.members]
+            idle = sorted(set(members) - names)
+            if not idle or len(idle) == len(members):
+                continue
+            seen = owner.__dict__.setdefault("_htf_idle_warned", set())
+            if tuple(idle) in seen:
+                continue
+            seen.add(tuple(idle))
+            _log.warning(
+                "hybridtf.function: this step looks up tables %s of packed variable %r but not %s, and optimizer %s "
+                "moves every row of a variable with a gradient (moments, momentum or weight decay): the rows of %s "
+                "will change, which plain tf.Variable tables without gradient would not. Give them a packed "
+                "variable of their own (Tables(..., plan=htf.plan.plan_packing([c.spec() for c in configs], "
+                "exclude=%s))), look them all up in each step, or train with SGD, Adagrad or htf.keras.LazyAdam.",
+                sorted(set(members) & names),
+                packed.name,
+                idle,
+                getattr(moving[0], "name", type(moving[0]).__name__),
+                idle,
+                idle,
+            )
+
+
 class _PackedStep:
     """The Python function tf.function traces: record pass (scratch graph), then real pass (replay)."""
 
@@ -345,6 +403,7 @@ class _PackedStep:
         if not rec.requests:
             return self._run(args, kwargs)
         _note_split_optimizers(objects)
+        _warn_partly_looked_up(rec.requests, objects)
         _check_top_level(rec.requests, scratch)
         with context.replaying(rec.requests, []) as rep:
             rep.outputs = _ServedOutputs(rec.requests, scratch, real, rec.requests.segments)

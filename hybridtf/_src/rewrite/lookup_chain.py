@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 import tensorflow as tf
 
 from hybridtf._src.capture.context import LookupRequest
+from hybridtf._src.capture.ids import sparse_bags
 from hybridtf._src.run import gradient_arrivals
 from hybridtf._src.run.gather_rows import gather_variable_rows
 from hybridtf._src.run.pack_ids import pack_ids
@@ -28,7 +29,7 @@ from hybridtf._src.run.unique_subset import unique_subset
 def _bag_parts(ids):
     """(flat ids, row lengths) of a rank-2 RaggedTensor or SparseTensor."""
     if isinstance(ids, tf.SparseTensor):
-        ids = tf.RaggedTensor.from_sparse(ids)
+        ids = sparse_bags(ids)
     if ids.ragged_rank != 1 or ids.shape.rank != 2:
         raise ValueError(f"multi-hot ids must be a rank-2 RaggedTensor/SparseTensor [batch, None], got {ids.shape}.")
     return ids.flat_values, ids.row_lengths()
