@@ -15,6 +15,7 @@ tf.data: categorical strings are hashed into ``--buckets`` buckets, counts becom
 from __future__ import annotations
 
 import argparse
+import os
 import pathlib
 import sys
 import tempfile
@@ -120,6 +121,13 @@ def main(argv=None):
     parser.add_argument("--buckets", type=int, default=10_000, help="rows of every table (hash buckets)")
     parser.add_argument("--k", type=int, default=8, help="embedding dim of the FM / DNN fields")
     args = parser.parse_args(argv)
+    if args.data and not os.path.isfile(args.data):
+        parser.error(
+            f"--data {args.data}: no such file (a Criteo CSV with a header, e.g. ../shared/data/criteo_sample.txt)"
+        )
+    for name in ("steps", "warmup", "batch_size", "buckets", "k"):  # Estimator.train(steps=0) is an error
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
     batch = min(args.batch_size, 64) if args.data else args.batch_size
     if args.data:

@@ -41,11 +41,15 @@ def main(argv=None) -> int:
     parser.add_argument("--fields", type=int, default=26, help="26 (Criteo-like) or more (mixed dims)")
     parser.add_argument("--strategy", choices=("mod", "range"), default="mod", help="how rows spread over ranks")
     args = parser.parse_args(argv)
+    if args.steps < 3:
+        parser.error(f"--steps must be at least 3 (2 warm-up steps, then the timed ones), got {args.steps}")
+    if args.fields < 1:
+        parser.error(f"--fields must be at least 1, got {args.fields}")
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    if args.batch % size:
-        parser.error(f"--batch {args.batch} is not divisible by the {size} ranks")
+    if args.batch < size or args.batch % size:
+        parser.error(f"--batch {args.batch} must be a positive multiple of the {size} ranks")
     local_batch = args.batch // size
     if args.fields == 26:
         fields = models.criteo_like_fields(dim=16, max_vocab=100_000)

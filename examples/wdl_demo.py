@@ -49,14 +49,21 @@ def train(model, dataset, lr):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--fields", choices=["criteo", "200"], default="criteo")
+    parser.add_argument("--fields", choices=["criteo", "26", "200"], default="criteo", help="criteo (= 26) or 200")
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--max-shards", type=int, default=None, help="planner: max shards per D-packing group")
     args = parser.parse_args()
+    if args.batch < 1:
+        parser.error(f"--batch must be at least 1, got {args.batch}")
+    if args.warmup < 0 or args.steps < args.warmup + 2:
+        parser.error(
+            f"--steps {args.steps} --warmup {args.warmup}: the throughput is timed over the steps after the "
+            "warm-up, so --steps must be at least --warmup + 2 (and --warmup at least 0)"
+        )
 
-    if args.fields == "criteo":
+    if args.fields in ("criteo", "26"):
         fields = models.criteo_like_fields(dim=16, max_vocab=100_000)
     else:
         fields = models.many_fields(200, dims=(8, 16), multi_hot_fraction=0.0, seed=0)
