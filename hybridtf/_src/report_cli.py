@@ -26,6 +26,7 @@ import json
 import pathlib
 import sys
 
+from hybridtf._src.errors import HybridTFError
 from hybridtf._src.models.examples import EXAMPLE_MODELS
 
 
@@ -248,6 +249,9 @@ def main(argv=None) -> int:
         plain, model, batch, config = build_pair(args, source)
     except UsageError as err:
         args_parser.error(str(err))
+    except HybridTFError as err:  # hybridtf refuses the model with these options: its message names the fix
+        print(f"{args_parser.prog}: error: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
     result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
     timing = _timing(args, source, model, batch) if args.timing else None
     if args.json:

@@ -56,8 +56,8 @@ def wide_and_deep(seed=3, batch_norm=False, activity=False):
             kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j),
             activity_regularizer="l2" if activity and j == 0 else None,
         )(x)
-        if batch_norm:
-            x = tf.keras.layers.BatchNormalization()(x)
+        if batch_norm:  # "inference": called with training=False, moving statistics only
+            x = tf.keras.layers.BatchNormalization()(x, **({"training": False} if batch_norm == "inference" else {}))
     x = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
     out = tf.keras.layers.Activation("sigmoid")(tf.keras.layers.Add()([x, w]))
     return tf.keras.Model({**ids, "dense_features": dense}, out)
@@ -195,6 +195,30 @@ def test_batch_dependent_layers_are_refused():
         htf.keras.optimize(wide_and_deep(), micro_batches=0)
     # one micro-batch: BatchNormalization is fine (the whole batch)
     assert htf.keras.is_optimized(htf.keras.optimize(wide_and_deep(batch_norm=True), micro_batches=1))
+
+
+def test_a_batch_norm_called_with_training_false_is_accepted_and_exact(batches):
+    # it normalizes with its moving statistics, per example: micro-batches change nothing
+    plain = wide_and_deep(batch_norm="inference")
+    plain.compile(optimizer=OPTIMIZERS["adagrad"](), loss="binary_crossentropy")
+    want = [plain.train_on_batch(x, y) for x, y in batches[:8]]
+    got, _ = _losses(lambda: wide_and_deep(batch_norm="inference"), "adagrad", batches[:8], micro_batches=2)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        ({"micro_batches": True}, "micro_batches must be an int"),
+        ({"interleave_groups": True}, "interleave_groups must be"),
+        ({"micro_batches": "auto", "micro_batch_memory": 0}, "micro_batch_memory must be a positive number"),
+        ({"micro_batches": "auto", "micro_batch_memory": float("nan")}, "micro_batch_memory must be a positive"),
+        ({"interleave_groups": "auto", "interleave_scale": -1}, "interleave_scale must be a positive number"),
+    ],
+)
+def test_bad_interleaving_values_are_refused_at_optimize(options, match):
+    with pytest.raises(ValueError, match=match):
+        htf.keras.optimize(wide_and_deep(), **options)
 
 
 def _dynamic_model(seed=7):

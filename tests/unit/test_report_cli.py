@@ -35,6 +35,12 @@ USER_MODEL = textwrap.dedent(
         return tf.keras.Model({"user": user, "item": item, "tags": tags, "numeric": numeric}, out, name="mine")
 
 
+    def with_batch_norm():
+        user = tf.keras.Input(shape=(), dtype=tf.int64, name="user")
+        h = tf.keras.layers.BatchNormalization(name="bn")(tf.keras.layers.Embedding(100, 4, name="emb_user")(user))
+        return tf.keras.Model(user, tf.keras.layers.Dense(1, name="out")(h))
+
+
     def not_a_model():
         return 42
 
@@ -206,3 +212,11 @@ def test_model_none_without_the_dynamic_section_is_a_usage_error(capsys):
         htf_report.main(["--model", "none"])
     assert exit_info.value.code == 2
     assert "add --dynamic STEPS" in capsys.readouterr().err
+
+
+def test_a_model_hybridtf_refuses_with_the_options_is_an_error_line_not_a_traceback(user_file, capsys):
+    status = htf_report.main(["--model", f"{user_file}:with_batch_norm", "--batch", "8", "--micro-batches", "2"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "error: InterleavingError: layer 'bn' is a BatchNormalization" in err
+    assert "Traceback" not in err

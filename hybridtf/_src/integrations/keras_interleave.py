@@ -18,6 +18,9 @@ more run-time subclass (``_InterleaveModelMixin``):
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
@@ -107,6 +110,16 @@ class _UnpackedMicroBatchMixin(PlainConstruction):
         return super().make_train_function(force)
 
 
+def _count(value) -> bool:
+    """An int >= 1 (not a bool: ``True`` is no number of micro-batches)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _positive(value) -> bool:
+    """A finite number > 0 (not a bool)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "embedding") -> None:
     """Micro-batches for a model with no packed static table: each micro-batch runs the whole forward.
 
@@ -114,10 +127,10 @@ def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "
     (``caching/fills.py``). ``"auto"`` and the modes that run packed chains once on the whole batch
     need packed static tables and are refused.
     """
+    if not (micro_batches == "auto" or _count(micro_batches)):
+        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
     if micro_batches == 1:
         return
-    if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
-        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
     if micro_batches == "auto":
         raise MicroBatchError(
             "micro_batches='auto' sizes micro-batches from a warm-up that measures the packed static tables' chains, "
@@ -192,12 +205,18 @@ def attach(
         plan, groups = interleave_groups, None
     else:
         plan, groups = None, interleave_groups
-    if not (micro_batches == "auto" or (isinstance(micro_batches, int) and micro_batches >= 1)):
+    if not (micro_batches == "auto" or _count(micro_batches)):
         raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
-    if not (groups is None or groups == "auto" or (isinstance(groups, int) and groups >= 1)):
+    if not (groups is None or groups == "auto" or _count(groups)):
         raise MicroBatchError(
             f"interleave_groups must be None, an int >= 1, 'auto' or an InterleavingPlan, got {groups!r}."
         )
+    for name, value in (("micro_batch_memory", micro_batch_memory), ("interleave_scale", interleave_scale)):
+        if value is not None and not _positive(value):
+            raise MicroBatchError(
+                f"{name} must be a positive number{' of bytes, or None for the default' if name[0] == 'm' else ''}, "
+                f"got {value!r}."
+            )
     micro_batch.check_model(model, 2 if micro_batches == "auto" else micro_batches, interleave_from)
     interleave_exclude = interleave.packed_names(model._htf_runtime.plan, interleave_exclude)
     micro = None if micro_batches == "auto" else MicroBatching(micro_batches, interleave_from)

@@ -94,7 +94,11 @@ class MicroBatching:
     micro_batch_size: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.num_micro_batches, int) or self.num_micro_batches < 1:
+        if (
+            not isinstance(self.num_micro_batches, int)
+            or isinstance(self.num_micro_batches, bool)
+            or self.num_micro_batches < 1
+        ):
             raise ValueError(
                 f"num_micro_batches must be an int >= 1, got {self.num_micro_batches!r}; "
                 "pass micro_batches=N or 'auto'."

@@ -106,6 +106,14 @@ def _overrides_train_step(model) -> bool:
     return False
 
 
+def _inference_only(layer) -> bool:
+    """Whether every call of ``layer`` in the functional graphs it belongs to passes ``training=False``
+    (it then normalizes with its moving statistics, per example). A layer called from Python code (a
+    subclassed model's ``call``) has no such record and counts as training."""
+    nodes = getattr(layer, "_inbound_nodes", None) or []
+    return bool(nodes) and all((getattr(node, "call_kwargs", None) or {}).get("training") is False for node in nodes)
+
+
 def check_layers(model) -> None:
     """Refuses layers whose training math depends on the whole batch (checked again when a step is traced: a layer
     may have been unfrozen since ``optimize``).
@@ -123,7 +131,7 @@ def check_layers(model) -> None:
             raise MicroBatchError(SHARDED_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, DynamicEmbedding) and layer._table_config.capacity:
             raise MicroBatchError(CAPACITY_MESSAGE.format(name=repr(layer.name)))
-        if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
+        if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable and not _inference_only(layer):
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
                 "the batch it sees, so micro-batches would compute different math. Use micro_batches=1, freeze the "
