@@ -4,7 +4,8 @@
 # Horovod built with Gloo, and hybridtf itself (op library + pybind11 module).
 #
 #   ./dev.sh demo    set up, then run the main demo
-#   ./dev.sh test    set up, then lint and run the test suite
+#   ./dev.sh test    set up, then lint and run the test suite (without the tests marked slow;
+#                    ./dev.sh test --slow runs only those, --all everything; CI runs both)
 #   ./dev.sh bench   set up, then run the benchmarks (JSON lines on stdout)
 #   ./dev.sh lint    set up, then ruff + clang-format checks only
 #   ./dev.sh setup   only set up
@@ -66,12 +67,19 @@ case "$cmd" in
   test)
     setup
     lint
-    log "pytest (${HYBRIDTF_TEST_WORKERS:-2} workers; HYBRIDTF_TEST_WORKERS=0 runs in one process)"
+    # The tiers: tests marked slow (their module's mark or tests/slow_tests.txt, tools/slow_tests.py)
+    # are left out unless --slow (only them) or --all (everything) comes first.
+    tier=(-m "not slow")
+    case "${1:-}" in
+      --slow) tier=(-m slow); shift ;;
+      --all) tier=(); shift ;;
+    esac
+    log "pytest ${tier[*]:-(all tests)} (${HYBRIDTF_TEST_WORKERS:-2} workers; HYBRIDTF_TEST_WORKERS=0 runs in one process)"
     set +e
     workers=()
     if [ "${HYBRIDTF_TEST_WORKERS:-2}" != "0" ]; then workers=(-n "${HYBRIDTF_TEST_WORKERS:-2}" --dist loadgroup); fi
     # --durations: the slowest tests in every run's log (the suite's time budget is watched)
-    "$PY" -m pytest -q -p no:cacheprovider --durations=25 "${workers[@]}" "$@"
+    "$PY" -m pytest -q -p no:cacheprovider --durations=25 "${workers[@]}" "${tier[@]}" "$@"
     rc=$?
     set -e
     # 5 = no tests collected: a test command that ran nothing has failed.

@@ -26,7 +26,7 @@ import tensorflow as tf
 import hybridtf as htf
 from tests.once import computed_once
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.xdist_group("test_horovod")]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_horovod")]
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_worker.py")
 ESTIMATOR_WORKER = os.path.join(os.path.dirname(__file__), "hvd_estimator_worker.py")
