@@ -317,11 +317,12 @@ def _warn_unhooked_clipping(objects) -> None:
 
 def _row_local(optimizer) -> bool:
     """Whether ``optimizer``'s update of a variable with a sparse gradient changes only the gradient's rows."""
+    from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin
     from hybridtf._src.integrations.keras_optimizers import LazyAdam, user_class
 
     if getattr(optimizer, "weight_decay", None) or getattr(optimizer, "use_ema", False):
         return False
-    base = user_class(optimizer)
+    base = user_class(optimizer, skip=(_DynamicOptimizerMixin,))  # under dynamic_optimizer's run-time class too
     if base in (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD):
         return not getattr(optimizer, "momentum", 0.0)
     return base in (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad, LazyAdam)
