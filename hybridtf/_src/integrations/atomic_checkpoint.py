@@ -21,7 +21,10 @@ directory.
    file at the backup (atomic rename), then unlinks ``P``'s names, so that
    TensorFlow writes new files instead of truncating the backup's index;
 3. lets the save run: it writes ``P`` and points the state file at it;
-4. removes the backup.
+4. removes the backup. A save that raises instead (disk full, a bad path)
+   gets ``P``'s old files and the old state file back before the error
+   propagates, so ``P`` stays readable by any reader, as after plain
+   TensorFlow's failed save.
 
 A kill before step 3 finishes leaves the state file naming the backup, which
 is complete; after it, naming ``P``. ``resolve(prefix)`` gives the prefix to
@@ -37,6 +40,7 @@ Assumes one writer per directory at a time (Horovod: rank 0 writes).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -44,6 +48,7 @@ import uuid
 
 import tensorflow as tf
 
+_log = logging.getLogger("hybridtf")
 _BACKUP = ".htf-bak-"
 _TMP_FILE = ".htf-tmp"
 
@@ -144,23 +149,67 @@ def protected(prefix: str, latest_filename: str | None = None):
     directory = os.path.dirname(prefix) or "."
     clean(prefix, latest_filename)
     existing = _files_of(prefix)
-    backup = None
+    backup = before = None
     if existing:
+        backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
+        _link_all(existing, prefix, backup)
         if os.path.basename(prefix) in _referenced(directory, latest_filename):
-            backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
-            for path in existing:
-                try:
-                    os.link(path, backup + path[len(prefix) :])
-                except OSError:  # no hard links on this file system: a copy
-                    shutil.copy2(path, backup + path[len(prefix) :])
+            before = _state(directory, latest_filename)
             _point_state_at(directory, backup, latest_filename)
         for path in existing:  # TensorFlow then writes new files, never into the backup's
             _remove(path)
-    yield
+    try:
+        yield
+    except GeneratorExit:  # the context was abandoned, never left (as by a killed process): nothing to undo
+        raise
+    except BaseException:  # a save that raised (disk full, ...): the old checkpoint goes back under its name
+        if backup is not None:
+            _put_back(prefix, backup, before, directory, latest_filename)
+        raise
     if backup is not None:
         for path in _files_of(backup):
             _remove(path)
     clean(prefix, latest_filename)  # backups of earlier killed saves, no longer named by the state file
+
+
+def _link_all(paths: list[str], prefix: str, target: str) -> None:
+    """Gives each of ``prefix``'s files ``paths`` a second name under ``target`` (a hard link, or a copy)."""
+    for path in paths:
+        try:
+            os.link(path, target + path[len(prefix) :])
+        except OSError:  # no hard links on this file system: a copy
+            shutil.copy2(path, target + path[len(prefix) :])
+
+
+def _put_back(prefix: str, backup: str, before, directory: str, latest_filename: str | None) -> None:
+    """After a save of ``prefix`` raised: its old files and state back, as plain TensorFlow leaves them.
+
+    The backup is removed only once the state file no longer names it; if putting back fails too
+    (the disk is still full), the state file keeps naming the complete backup (``resolve`` reads it).
+    """
+    try:
+        for path in _files_of(prefix):  # what the failed save wrote
+            _remove(path)
+        _link_all(_files_of(backup), backup, prefix)
+        if before is not None:
+            tf.__internal__.train.update_checkpoint_state(
+                save_dir=directory,
+                model_checkpoint_path=before.model_checkpoint_path,
+                all_model_checkpoint_paths=list(before.all_model_checkpoint_paths),
+                latest_filename=latest_filename,
+                save_relative_paths=True,
+            )
+        for path in _files_of(backup):
+            _remove(path)
+        clean(prefix, latest_filename)
+    except Exception as err:  # noqa: BLE001 (the save's own error is the one raised)
+        _log.warning(
+            "hybridtf: the save of checkpoint %s failed, and putting its previous files back failed too (%s); "
+            "the previous checkpoint stays complete at %s, which the checkpoint state file names.",
+            prefix,
+            err,
+            backup,
+        )
 
 
 def _stem_and_extension(name: str) -> tuple[str, str]:
