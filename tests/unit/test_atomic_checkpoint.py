@@ -100,7 +100,7 @@ def test_save_weights_that_hits_a_file_size_limit_leaves_the_previous_checkpoint
     script.write_text(FILE_SIZE_LIMIT)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     run = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, str(script), str(tmp_path)], check=False, capture_output=True, text=True, env=env, timeout=300
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "previous checkpoint intact" in run.stdout

@@ -202,7 +202,7 @@ def _put_back(prefix: str, backup: str, before, directory: str, latest_filename:
         for path in _files_of(backup):
             _remove(path)
         clean(prefix, latest_filename)
-    except Exception as err:  # noqa: BLE001 (the save's own error is the one raised)
+    except Exception as err:  # the save's own error is the one raised
         _log.warning(
             "hybridtf: the save of checkpoint %s failed, and putting its previous files back failed too (%s); "
             "the previous checkpoint stays complete at %s, which the checkpoint state file names.",
