@@ -337,19 +337,16 @@ def _warn_partly_looked_up(requests, objects) -> None:
     is never hooked, so its rows are not kept as an optimized Keras model keeps them.
     """
     from hybridtf._src.capture.lookup_api import Tables
+    from hybridtf._src.integrations.keras_variables import _OPTIMIZER_TYPES
 
-    optimizers = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
-    moving = [o for o in objects if isinstance(o, optimizers) and not _row_local(o)]
+    moving = [o for o in objects if isinstance(o, _OPTIMIZER_TYPES) and not _row_local(o)]
     if not moving:
         return
-    used: dict[int, set] = {}
-    owners = {}
+    used: dict[int, tuple] = {}  # id(Tables) -> (the Tables, names of the tables the step looks up)
     for request in requests:
         if isinstance(request.owner, Tables):
-            used.setdefault(id(request.owner), set()).add(request.table)
-            owners[id(request.owner)] = request.owner
-    for key, names in used.items():
-        owner = owners[key]
+            used.setdefault(id(request.owner), (request.owner, set()))[1].add(request.table)
+    for owner, names in used.values():
         for packed in owner.plan.packed_tables:
             members = [m.name for m in packed.members]
             idle = sorted(set(members) - names)

@@ -30,6 +30,7 @@ from hybridtf._src.plan.interleaving import (
     MicroBatching,
     choose_micro_batches,
     default_memory_bound,
+    is_count,
     plan_interleaving,
 )
 from hybridtf._src.rewrite import interleave, micro_batch, warmup
@@ -110,11 +111,6 @@ class _UnpackedMicroBatchMixin(PlainConstruction):
         return super().make_train_function(force)
 
 
-def _count(value) -> bool:
-    """An int >= 1 (not a bool: ``True`` is no number of micro-batches)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def _positive(value) -> bool:
     """A finite number > 0 (not a bool)."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
@@ -127,7 +123,7 @@ def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "
     (``caching/fills.py``). ``"auto"`` and the modes that run packed chains once on the whole batch
     need packed static tables and are refused.
     """
-    if not (micro_batches == "auto" or _count(micro_batches)):
+    if not (micro_batches == "auto" or is_count(micro_batches)):
         raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
     if micro_batches == 1:
         return
@@ -205,9 +201,9 @@ def attach(
         plan, groups = interleave_groups, None
     else:
         plan, groups = None, interleave_groups
-    if not (micro_batches == "auto" or _count(micro_batches)):
+    if not (micro_batches == "auto" or is_count(micro_batches)):
         raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
-    if not (groups is None or groups == "auto" or _count(groups)):
+    if not (groups is None or groups == "auto" or is_count(groups)):
         raise MicroBatchError(
             f"interleave_groups must be None, an int >= 1, 'auto' or an InterleavingPlan, got {groups!r}."
         )

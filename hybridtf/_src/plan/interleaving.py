@@ -33,6 +33,11 @@ _JSON_VERSION = 1
 DEFAULT_MEMORY_FRACTION = 0.5
 
 
+def is_count(value) -> bool:
+    """An int >= 1 (not a bool: ``True`` is no number of micro-batches or groups)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 @dataclass(frozen=True)
 class ChainCost:
     """Warm-up cost of one packed chain (one packed table's lookups) per step.
@@ -94,11 +99,7 @@ class MicroBatching:
     micro_batch_size: int = 0
 
     def __post_init__(self):
-        if (
-            not isinstance(self.num_micro_batches, int)
-            or isinstance(self.num_micro_batches, bool)
-            or self.num_micro_batches < 1
-        ):
+        if not is_count(self.num_micro_batches):
             raise ValueError(
                 f"num_micro_batches must be an int >= 1, got {self.num_micro_batches!r}; "
                 "pass micro_batches=N or 'auto'."

@@ -47,6 +47,7 @@ import tensorflow as tf
 from hybridtf._src import thread_state
 from hybridtf._src.caching import fills
 from hybridtf._src.errors import InterleavingError
+from hybridtf._src.plan.interleaving import is_count
 from hybridtf._src.rewrite.micro_batch import _Accumulator, _sum_grads, split
 
 MODES = ("embedding", "mlp")
@@ -165,7 +166,7 @@ def micro_batch_gradients(
             batch dimension, a non-scalar loss, or a ``loss_fn`` that creates
             variables per call.
     """
-    if not (isinstance(micro_batches, int) and not isinstance(micro_batches, bool) and micro_batches >= 1):
+    if not is_count(micro_batches):
         raise InterleavingError(f"micro_batch_gradients: micro_batches must be an int >= 1, got {micro_batches!r}.")
     if interleave_from not in MODES:
         raise InterleavingError(
