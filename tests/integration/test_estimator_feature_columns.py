@@ -270,3 +270,25 @@ def test_frozen_column_is_reported_once_with_its_reason():
     report = _report(htf_estimator.model_fn(make_model_fn(extra_columns=[frozen])))
     assert dict(report.skipped) == {"input_layer/C7_embedding": "frozen (trainable=False) tables are not packed"}
     assert report.unpacked_lookups == []
+
+
+def test_lookups_on_a_chain_of_their_own_and_unsafe_lookups_are_reported_as_they_are():
+    """A vocabulary column's ids come from a hash table built in the model_fn: packed, on a chain of its own.
+
+    The report counts such lookups as packed and names them apart (they lose the shared chain); an
+    ``embedding_column(use_safe_embedding_lookup=False)`` is left unpacked with that reason, not "used as a tensor".
+    """
+    unsafe = fc.embedding_column(fc.categorical_column_with_identity("C7", VOCAB), 4, use_safe_embedding_lookup=False)
+    report = _report(htf_estimator.model_fn(make_model_fn(extra_columns=[unsafe])))
+    own = dict(report.own_chain_lookups)
+    assert sorted(own) == ["input_layer/C5_embedding", "linear_model/C5"]
+    assert all("LookupTableFindV2" in why or "hash_table" in why for why in own.values()), own
+    packed_members = {m.name for pt in report.plan.packed_tables for m in pt.members}
+    assert report.packed_lookups == len(packed_members) + 1  # the shared table is looked up twice
+    summary = report.summary()
+    assert "run a packed chain of their own" in summary and "'input_layer/C5_embedding'" in summary
+    assert list(dict(report.skipped)) == ["input_layer/C7_embedding"]
+    assert dict(report.skipped)["input_layer/C7_embedding"].startswith(
+        "it is looked up through tf.nn.embedding_lookup_sparse (an embedding_column with "
+        "use_safe_embedding_lookup=False)"
+    )

@@ -88,6 +88,7 @@ class _Real:
         self.tables_lookups = [lk for lk in lookups if lk.kind == "tables"]
         self.layer_position = 0
         self.outputs: dict[int, object] = {}  # id(Lookup) -> output
+        self.own_chains: list[tuple] = []  # (table, why its ids cannot join the shared chain, output)
         self.done_groups: set = set()
         if packed:
             self.storage = estimator_storage.create(plan, record.variables, self.op_map, record.graph, real_graph)
@@ -135,7 +136,9 @@ class _Real:
         self.layer_position += 1
         if lookup.problem is not None:  # ids computed in a way that cannot be copied: a chain of its own
             owner = _RuntimeOwner(self.runtime)
-            return self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=owner)])[0], tuple(aux)
+            out = self.runtime.lookup([LookupRequest(table.table, ids, combiner, owner=owner)])[0]
+            self.own_chains.append((table.table, lookup.problem, out))
+            return out, tuple(aux)
         if len(lookup.aux) != len(aux):
             raise CaptureError(
                 f"hybridtf.estimator: the lookup of table {table.table!r} differs between the record and the real "
@@ -372,10 +375,18 @@ def build(
         keys = {m.name: real.claimed[m.name].checkpoint_key for pt in plan.packed_tables for m in pt.members}
         init_from_ckpt.apply(init_noted, packed, members, keys, shards)
         estimator_warm_start.apply(packed, members, shards, mode)  # after: TensorFlow warm-starts after the model_fn
-    report.packed_lookups = len(real.outputs)
+    step = graph_util.step_op_set(_step_fetches(spec))
+    # (a Keras functional model's construction call on its Input placeholders runs a chain of its own too: not
+    # part of the step)
+    report.own_chain_lookups = [
+        (table, why)
+        for table, why, out in real.own_chains
+        if tf.nest.flatten(out, expand_composites=True)[0].op in step
+    ]
+    report.packed_lookups = len(real.outputs) + len(report.own_chain_lookups)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
     report.step_ops_plain = scratch_ops
-    report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
+    report.step_ops_packed = len(step)
     report.batch_size = graph_util.batch_size_tensor(features)
     attach_report(real_graph, report)
     return spec

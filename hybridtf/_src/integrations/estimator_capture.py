@@ -219,6 +219,12 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
     # gradient is dense over the table, as in the plain model); any other use keeps the table unpacked.
     if _in_weight_regularizer(value):
         return value.rows_as(dtype)
+    if value.dense_use is None and next(_frame_locals("embedding_lookup_sparse_impl"), None) is not None:
+        value.dense_use = (
+            "it is looked up through tf.nn.embedding_lookup_sparse (an embedding_column with "
+            "use_safe_embedding_lookup=False): exact, but unpacked; the default use_safe_embedding_lookup=True gives "
+            "the same result when every example has at least one id and no id is negative, and packs"
+        )
     if value.dense_use is None:
         value.dense_use = (
             "its embeddings are used as a tensor (tied weights, one-hot matmul, SparseTensor ids, an L2 term over "

@@ -128,6 +128,11 @@ def new_op_map(pairs) -> object_identity.ObjectIdentityDictionary:
 
 def step_ops(fetches) -> int:
     """Number of ops a session run of ``fetches`` can execute (their inputs and control inputs, transitively)."""
+    return len(step_op_set(fetches))
+
+
+def step_op_set(fetches) -> set:
+    """The ops a session run of ``fetches`` can execute (their inputs and control inputs, transitively)."""
     roots = []
     for f in tf.nest.flatten(fetches, expand_composites=True):
         if isinstance(f, tf.Operation):
@@ -144,7 +149,7 @@ def step_ops(fetches) -> int:
         seen.add(op)
         stack.extend(t.op for t in op.inputs)
         stack.extend(op.control_inputs)
-    return len(seen)
+    return seen
 
 
 def batch_size_tensor(features):

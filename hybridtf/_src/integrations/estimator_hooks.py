@@ -35,6 +35,9 @@ class EstimatorReport:
         plan: the packing plan of the model_fn's Embedding / EmbeddingBag tables (or None).
         packed_lookups: lookups computed by packed chains.
         tables_lookups: of those, lookups of ``hybridtf.embedding.Tables``.
+        own_chain_lookups: of those, ``(table, reason)`` of the lookups that run a packed chain of
+            their own rather than the step's shared one: their ids come from ops that cannot be
+            copied ahead of the model_fn (a vocabulary column's hash table, ``tf.py_function``, ...).
         unpacked_lookups: gathers on variables hybridtf does not manage
             (``tf.nn.embedding_lookup`` on own variables, partitioned feature columns, ...).
         skipped: ``(table, reason)`` of embedding layers left as they are.
@@ -52,6 +55,7 @@ class EstimatorReport:
     plan: Any = None
     packed_lookups: int = 0
     tables_lookups: int = 0
+    own_chain_lookups: list = dataclasses.field(default_factory=list)
     unpacked_lookups: list = dataclasses.field(default_factory=list)
     skipped: list = dataclasses.field(default_factory=list)
     step_ops_plain: int = 0
@@ -76,6 +80,16 @@ class EstimatorReport:
                 f"hybridtf: {self.packed_lookups} embedding lookups packed ({self.tables_lookups} of them "
                 f"hybridtf.embedding.Tables lookups); layer tables: {chains} packed chain(s); step ops: plain "
                 f"{self.step_ops_plain} -> hybridtf {self.step_ops_packed}."
+            )
+        if self.own_chain_lookups:
+            tables = ", ".join(repr(t) for t, _ in self.own_chain_lookups[:10])
+            more = f" and {len(self.own_chain_lookups) - 10} more" if len(self.own_chain_lookups) > 10 else ""
+            lines.append(
+                f"hybridtf: {len(self.own_chain_lookups)} of those lookups ({tables}{more}) run a packed chain of "
+                f"their own, not the step's shared one, because their ids cannot be computed ahead of the model_fn: "
+                f"{self.own_chain_lookups[0][1]} (a vocabulary column's hash table, a tf.py_function, ...). Exact, "
+                "but each runs its own unique, gather and stitch; to join the shared chain, compute such ids in the "
+                "input_fn (e.g. map strings to ids there) or from the features with stateless ops."
             )
         if self.dynamic_tables:
             lines.append(
