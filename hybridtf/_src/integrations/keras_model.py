@@ -33,6 +33,7 @@ from hybridtf._src.integrations import (
     atomic_checkpoint,
     horovod_hooks,
     keras_callbacks,
+    keras_end_of_data,
     keras_interleave,
     keras_notices,
     keras_record,
@@ -120,6 +121,12 @@ class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.Plai
             for callback in kwargs.get("callbacks") or ():
                 horovod_hooks.shard_aware_callback(callback, storage, self)
         return super().fit(*args, **kwargs)
+
+    def make_train_function(self, force=False):
+        # the step that finds the end of a dataset of unknown length decays Adam's moments as Keras's does
+        function = keras_end_of_data.wrap_train_function(self, super().make_train_function(force))
+        self.train_function = function
+        return function
 
     @property
     def trainable_weights(self):

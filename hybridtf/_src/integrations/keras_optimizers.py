@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
-from hybridtf._src.integrations import keras_kept_rows, keras_legacy_slots, keras_slots
+from hybridtf._src.integrations import keras_end_of_data, keras_kept_rows, keras_legacy_slots, keras_slots
 from hybridtf._src.integrations.keras_horovod_classes import (
     horovod_class_with,
     is_horovod_class,
@@ -435,6 +435,8 @@ class _HybridOptimizerMixin:
             )
         kwargs = {"lazy": kind == "lazy_adam"} if op == "adam" else {}
         reg = self._htf_reg.get(id(var))
+        if reg is None and kind == "adam":  # (a regularized table's plain gradient is dense: no data-free decay)
+            keras_end_of_data.note_fused_adam(self, var, state[0], state[1])
         if reg is None:
             return getattr(sparse_apply, f"sparse_apply_{op}")(var, *state, grad.values, grad.indices, **kwargs)
         ranges, l1, l2 = (tf.constant(x) for x in reg)

@@ -1,0 +1,100 @@
+"""The step that finds the end of the data: what plain Keras Adam changes there, the fused update changes too.
+
+When ``fit`` reads a dataset of unknown length (a ``TFRecordDataset``, a
+``filter``, a Python generator) Keras learns where an epoch ends by running one
+more step, which fails in ``IteratorGetNext`` (``OutOfRangeError``). TensorFlow
+still runs the ops of that step that do not depend on the data. Keras Adam's
+update of an ``IndexedSlices`` gradient starts with ``m.assign_add(-m * (1 -
+beta_1))`` and ``v.assign_add(-v * (1 - beta_2))`` over the whole table, which
+need no data: in the plain model every embedding table's moments decay once
+more in that step (and ``iterations`` counts it), while nothing else changes.
+hybridtf's fused Adam update is one op that needs the gradient, so it does not
+run at all, and from the next epoch on the two models would train apart.
+
+``note_fused_adam`` records, while the training step is traced, which packed
+variables the fused Adam updates and which of their rows had a gradient (the
+tables the plain model would decay); ``wrap_train_function`` catches the end of
+the data in Keras's train function and applies the same decay, with Keras's own
+float operations, before the error goes on to Keras. A step run eagerly
+(``run_eagerly=True``) fails before any op, in plain Keras as here, and a
+loss-scale wrapper (``mixed_float16``) applies its inner optimizer under a
+condition on the gradients: neither decays anything, and neither does this.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import tensorflow as tf
+
+from hybridtf._src.run import gradient_arrivals
+
+_log = logging.getLogger("hybridtf")
+
+
+def note_fused_adam(optimizer, variable, m, v) -> None:
+    """Records (at trace time) that ``optimizer``'s fused Adam updates ``variable`` with moments ``m`` and ``v``."""
+    if tf.executing_eagerly():
+        return
+    views = optimizer._htf_members.get(id(variable)) or []
+    without = set(gradient_arrivals.tables_without_gradient([view.table for view in views])) if len(views) > 1 else ()
+    ranges = None  # every row
+    if without:
+        if id(variable) in optimizer._htf_sharded:  # a shard's rows of each table are not one range
+            _log.warning(
+                "hybridtf: tables %s get no Adam gradient in this step but share a packed variable sharded over the "
+                "ranks with tables that do; at the end of a dataset of unknown length Keras decays the moments of "
+                "the tables with a gradient once more, which hybridtf does not reproduce for this variable. Keep "
+                "them out of packing: htf.keras.optimize(model, exclude=%s).",
+                sorted(without),
+                sorted(without),
+            )
+            return
+        kept = [view for view in views if view.table not in without]
+        ranges = tuple((view.row_offset, view.row_offset + view.shape[0]) for view in kept)
+    plan = optimizer.__dict__.setdefault("_htf_end_of_data", {})
+    plan[id(variable)] = (m, v, ranges)
+
+
+def _decay(optimizer) -> None:
+    """Keras Adam's data-free start of a sparse update, ``s += -s * (1 - beta)``, on every noted row."""
+    for m, v, ranges in optimizer.__dict__.get("_htf_end_of_data", {}).values():
+        for slot, beta in ((m, optimizer.beta_1), (v, optimizer.beta_2)):
+            if ranges is None:
+                slot.assign_add(-slot * (1 - beta))
+                continue
+            for begin, end in ranges:
+                part = slot[begin:end]
+                slot[begin:end].assign(part + -part * (1 - beta))
+
+
+class _EndOfDataStep:
+    """Keras's train function of a model, applying the end-of-data decay when the data runs out.
+
+    Anything else (``get_concrete_function``, ...) is the wrapped ``tf.function``'s.
+    """
+
+    _htf_end_of_data = True
+
+    def __init__(self, model, function):
+        self._model = model
+        self._function = function
+
+    def __call__(self, iterator):
+        try:
+            return self._function(iterator)
+        except (tf.errors.OutOfRangeError, StopIteration):
+            optimizer = self._model.optimizer
+            if not self._model.run_eagerly and optimizer.__dict__.get("_htf_end_of_data"):
+                _decay(optimizer)
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["_function"], name)
+
+
+def wrap_train_function(model, function):
+    """``function`` (Keras's train function of ``model``), applying the end-of-data decay when the data runs out."""
+    if function is None or getattr(function, "_htf_end_of_data", False):
+        return function
+    return _EndOfDataStep(model, function)
