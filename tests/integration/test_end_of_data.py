@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import hybridtf as htf
+from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 
 B, BATCHES, EPOCHS = 32, 6, 3
 VOCABS = {"a": 40, "b": 30, "c": 20}
@@ -53,11 +54,28 @@ def _batches(source):
     return generator()
 
 
-def _train(optimize, source="filter", variant="plain", optimizer=None, **options):
+class _OuterStepWrapper(PlainConstruction):
+    """Wraps the train function outside hybridtf's, as Horovod's collective guard does (a plain function)."""
+
+    def make_train_function(self, force=False):
+        function = super().make_train_function(force)
+        if getattr(function, "_outer", False):
+            return function
+
+        def step(iterator):
+            return function(iterator)
+
+        step._outer = True
+        return step
+
+
+def _train(optimize, source="filter", variant="plain", optimizer=None, outer=False, **options):
     model = _model(variant)
     if optimize:
         model = htf.keras.optimize(model, **options)
         assert len(model.hybridtf_plan.packed_tables) == 1  # the three tables share one variable
+    if outer:  # each fit's make_train_function returns the outer function: it was wrapped again, decayed twice
+        model.__class__ = runtime_subclass(_OuterStepWrapper, type(model))
     model.compile(optimizer=(optimizer or (lambda: tf.keras.optimizers.Adam(0.02)))(), loss="binary_crossentropy")
     losses = []
     for _ in range(EPOCHS):  # a fresh generator each epoch; the dataset's length is learned in its first epoch
@@ -93,3 +111,7 @@ def test_end_of_data_with_micro_batches_and_with_lazy_adam():
     _same(_train(True, micro_batches=2), _train(False))
     lazy = lambda: htf.keras.LazyAdam(0.02)  # noqa: E731  (touches looked-up rows only: no data-free op)
     _same(_train(True, optimizer=lazy), _train(False, optimizer=lazy))
+
+
+def test_end_of_data_decays_once_under_a_train_function_wrapped_outside_hybridtfs():
+    _same(_train(True, outer=True), _train(False, outer=True))

@@ -124,7 +124,11 @@ class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.Plai
 
     def make_train_function(self, force=False):
         # the step that finds the end of a dataset of unknown length decays Adam's moments as Keras's does
-        function = keras_end_of_data.wrap_train_function(self, super().make_train_function(force))
+        cached = self.train_function
+        function = super().make_train_function(force)
+        if function is None or function is cached:  # Keras's cached one: wrapped already (maybe further, by others)
+            return function
+        function = keras_end_of_data.wrap_train_function(self, function)
         self.train_function = function
         return function
 
