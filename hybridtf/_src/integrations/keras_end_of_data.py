@@ -90,7 +90,10 @@ class _EndOfDataStep:
             raise
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["_function"], name)
+        function = self.__dict__.get("_function")
+        if function is None:  # (an instance being copied or unpickled)
+            raise AttributeError(name)
+        return getattr(function, name)
 
 
 def wrap_train_function(model, function):
