@@ -1,4 +1,4 @@
-"""Shared pytest configuration: quiet TensorFlow, the ``slow`` list, GPU marker handling."""
+"""Shared pytest configuration: quiet TensorFlow, the ``slow`` list, GPU marker handling, Hypothesis profiles."""
 
 import os
 import pathlib
@@ -6,6 +6,13 @@ import pathlib
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest
+from hypothesis import settings
+
+# CI runs the property tests on a fixed sequence of examples (a red CI is then the change's, not the draw's);
+# elsewhere each run draws new ones.
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("HYPOTHESIS_PROFILE"):
+    settings.load_profile(os.environ["HYPOTHESIS_PROFILE"])
 
 
 def gpu_available() -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import itertools
 import math
 from collections import Counter
 from pathlib import Path
@@ -264,9 +265,19 @@ def test_plan_properties(rows, with_stats, max_shards):
         value = calc_vparam(members, freqs)
         if len(shards) > 1:
             assert value > plan.average_vparam  # only above-average groups are split
-            # Longest-processing-time bound: largest shard <= 4/3 of the best possible largest shard.
-            best = max(value / len(shards), *(calc_vparam([t], freqs) for t in members))
-            assert max(p.calc_vparam for p in shards) <= 4 / 3 * best * (1 + 1e-9) + 1e-9
+            # Whole tables per shard, longest first (LPT): the largest shard is at most the average plus
+            # (1 - 1/m) of the largest table (Graham's list-scheduling bound), and, where the best split can be
+            # enumerated, at most (4/3 - 1/(3m)) of the best split's largest shard. (Not 4/3 of the lower bound
+            # max(average, largest table), which the best split itself can exceed: 4 equal tables on 3 shards.)
+            m, sizes = len(shards), [calc_vparam([t], freqs) for t in members]
+            largest = max(p.calc_vparam for p in shards)
+            assert largest <= (value / m + (1 - 1 / m) * max(sizes)) * (1 + 1e-9) + 1e-9
+            if m ** len(sizes) <= 50_000:
+                best = min(
+                    max(math.fsum(s for s, k in zip(sizes, split) if k == j) for j in range(m))
+                    for split in itertools.product(range(m), repeat=len(sizes))
+                )
+                assert largest <= (4 / 3 - 1 / (3 * m)) * best * (1 + 1e-9) + 1e-9
         assert math.fsum(p.calc_vparam for p in shards) == pytest.approx(value, rel=1e-9, abs=1e-9)
 
 
