@@ -23,13 +23,9 @@ condition on the gradients: neither decays anything, and neither does this.
 
 from __future__ import annotations
 
-import logging
-
 import tensorflow as tf
 
 from hybridtf._src.run import gradient_arrivals
-
-_log = logging.getLogger("hybridtf")
 
 
 def note_fused_adam(optimizer, variable, m, v) -> None:
@@ -40,16 +36,8 @@ def note_fused_adam(optimizer, variable, m, v) -> None:
     without = set(gradient_arrivals.tables_without_gradient([view.table for view in views])) if len(views) > 1 else ()
     ranges = None  # every row
     if without:
-        if id(variable) in optimizer._htf_sharded:  # a shard's rows of each table are not one range
-            _log.warning(
-                "hybridtf: tables %s get no Adam gradient in this step but share a packed variable sharded over the "
-                "ranks with tables that do; at the end of a dataset of unknown length Keras decays the moments of "
-                "the tables with a gradient once more, which hybridtf does not reproduce for this variable. Keep "
-                "them out of packing: htf.keras.optimize(model, exclude=%s).",
-                sorted(without),
-                sorted(without),
-            )
-            return
+        if id(variable) in optimizer._htf_sharded:  # a shard's rows of each table are not one range; the
+            return  # kept-rows warning (keras_kept_rows) already names these tables and the fix, exclude=[...]
         kept = [view for view in views if view.table not in without]
         ranges = tuple((view.row_offset, view.row_offset + view.shape[0]) for view in kept)
     plan = optimizer.__dict__.setdefault("_htf_end_of_data", {})
