@@ -62,8 +62,6 @@ class _EndOfDataStep:
     Anything else (``get_concrete_function``, ...) is the wrapped ``tf.function``'s.
     """
 
-    _htf_end_of_data = True
-
     def __init__(self, model, function):
         self._model = model
         self._function = function
@@ -85,7 +83,6 @@ class _EndOfDataStep:
 
 
 def wrap_train_function(model, function):
-    """``function`` (Keras's train function of ``model``), applying the end-of-data decay when the data runs out."""
-    if function is None or getattr(function, "_htf_end_of_data", False):
-        return function
+    """``function`` (the train function Keras just created for ``model``), applying the end-of-data decay when the
+    data runs out."""
     return _EndOfDataStep(model, function)
