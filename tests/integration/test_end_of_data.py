@@ -31,9 +31,10 @@ def _model(variant="plain"):
     tf.keras.utils.set_random_seed(0)
     inputs = {k: tf.keras.Input((1,), dtype="int64", name=k) for k in VOCABS}
     reg = tf.keras.regularizers.l2(1e-3) if variant == "regularized" else None
-    layer = tf.keras.layers.Embedding
-    tables = {k: layer(n, 4, name=f"eod_{k}", embeddings_regularizer=reg) for k, n in VOCABS.items()}
-    embs = [tf.keras.layers.Flatten()(tables[k](inputs[k])) for k in VOCABS]
+    embs = [
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(v, 4, name=f"e{k}", embeddings_regularizer=reg)(inputs[k]))
+        for k, v in VOCABS.items()
+    ]
     if variant == "stop_gradient":  # table c gets no gradient: the plain model neither decays nor updates it
         embs[2] = tf.keras.layers.Lambda(tf.stop_gradient)(embs[2])
     h = tf.keras.layers.Dense(8, "relu")(tf.keras.layers.Concatenate()(embs))
@@ -79,7 +80,7 @@ def _train(optimize, source="filter", variant="plain", optimizer=None, outer=Fal
     losses = []
     for _ in range(EPOCHS):  # a fresh generator each epoch; the dataset's length is learned in its first epoch
         losses += model.fit(_batches(source), epochs=1, verbose=0).history["loss"]
-    tables = {k: model.get_layer(f"eod_{k}").get_weights()[0] for k in VOCABS}
+    tables = {k: model.get_layer(f"e{k}").get_weights()[0] for k in VOCABS}
     return np.array(losses), tables, int(model.optimizer.iterations)
 
 
@@ -103,7 +104,7 @@ def test_end_of_data_decays_only_what_the_plain_model_decays(variant):
     plain = _train(False, variant=variant)
     _same(_train(True, variant=variant), plain)
     if variant == "stop_gradient":
-        np.testing.assert_array_equal(plain[1]["c"], _model().get_layer("eod_c").get_weights()[0])
+        np.testing.assert_array_equal(plain[1]["c"], _model().get_layer("ec").get_weights()[0])
 
 
 def test_end_of_data_with_micro_batches_and_with_lazy_adam():

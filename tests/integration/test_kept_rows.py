@@ -71,3 +71,23 @@ def test_a_packed_table_without_gradient_keeps_its_rows_as_in_the_plain_model(va
     np.testing.assert_allclose(packed_loss, plain_loss, rtol=1e-5)
     np.testing.assert_allclose(packed["ea"], plain["ea"], rtol=1e-5, atol=1e-7)
     assert np.abs(plain["ea"] - _model(variant).get_layer("ea").get_weights()[0]).max() > 1e-3  # ea trained
+
+
+def test_a_table_of_the_same_name_that_got_a_gradient_in_an_earlier_models_step_does_not_count():
+    """What reached a gradient is known per traced step: it was kept for the whole process (a FuncGraph's outer
+    graph is the global graph under eager execution), so after any model whose 'eb' trained, a packed 'eb'
+    without gradient was decayed by AdamW."""
+    x, y = _data()
+    tf.keras.utils.set_random_seed(0)
+    inputs = [tf.keras.Input((1,), dtype="int64", name=n) for n in "ab"]
+    embs = [
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(v, 4, name=f"e{n}")(i))
+        for n, v, i in zip("ab", (20, 30), inputs)
+    ]
+    earlier = htf.keras.optimize(
+        tf.keras.Model(inputs, tf.keras.layers.Dense(1, "sigmoid")(tf.keras.layers.Concatenate()(embs)))
+    )
+    earlier.compile(optimizer=OPTIMIZERS["adamw"](), loss="binary_crossentropy")
+    earlier.fit(x, y, batch_size=B, verbose=0)  # both tables get a gradient here
+    _, packed, before = _train("stop_gradient", "adamw", optimize=True)
+    np.testing.assert_array_equal(packed["eb"], before)

@@ -26,17 +26,26 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import func_graph
 
 _FIELDS = "_htf_field_tables"  # graph attribute: rows tensor name -> table per field
 _ARRIVED = "_htf_tables_with_gradient"  # graph attribute: set of table names, or None (unknown)
 
 
 def _graph():
-    """The outermost graph being traced (a step's gradient and update may sit in its branches or loop bodies)."""
+    """The outermost graph of the step being traced (its gradient and update may sit in branches or loop bodies).
+
+    Under eager execution a ``tf.function``'s graph has the process's global graph as its ``outer_graph``: the
+    walk stops at the function's graph, or every step traced in the process would share one record (a table
+    named like one that got a gradient in an earlier model's step was taken to have one).
+    """
     if tf.executing_eagerly():
         return None
     graph = tf.compat.v1.get_default_graph()
+    eager_outside = tf.compat.v1.executing_eagerly_outside_functions()
     while getattr(graph, "outer_graph", None) is not None:
+        if eager_outside and not isinstance(graph.outer_graph, func_graph.FuncGraph):
+            break
         graph = graph.outer_graph
     return graph
 
