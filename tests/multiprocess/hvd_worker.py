@@ -55,10 +55,27 @@ def regularized(fs, seed):
     return tf.keras.Model({**ids, "dense": dense}, tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden))
 
 
+def partly_trained(fs, seed):
+    """A table under ``tf.stop_gradient`` (no gradient: plain Keras leaves it alone) and an L2-regularized one,
+    packed with tables that train."""
+    tf.keras.utils.set_random_seed(seed)
+    ids = {f.name: tf.keras.Input(shape=(), dtype=tf.int64, name=f.name) for f in fs}
+    dense = tf.keras.Input(shape=(4,), name="dense")
+    embs = []
+    for i, f in enumerate(fs):
+        reg = tf.keras.regularizers.l2(1e-3) if i == 1 else None
+        emb = tf.keras.layers.Embedding(f.vocab, f.dim, name=f"emb_{f.name}", embeddings_regularizer=reg)(ids[f.name])
+        embs.append(tf.keras.layers.Lambda(tf.stop_gradient)(emb) if i == 0 else emb)
+    hidden = tf.keras.layers.Dense(16, activation="relu", name="hidden")(tf.keras.layers.Concatenate()([*embs, dense]))
+    return tf.keras.Model({**ids, "dense": dense}, tf.keras.layers.Dense(1, activation="sigmoid", name="out")(hidden))
+
+
 def build(kind, fs=None, seed=7):
     fs = fs or fields()
     if kind == "reg":
         return regularized(fs, seed)
+    if kind == "partly_trained":
+        return partly_trained(fs, seed)
     if kind == "dlrm":
         return ctr_models.dlrm(fs, 4, hidden=(16, 8), bottom=(8,), seed=seed)
     return ctr_models.wide_and_deep(fs, 4, hidden=(16, 8), seed=seed)
@@ -94,7 +111,7 @@ class EpochLosses(tf.keras.callbacks.Callback):
         self.losses.append(float(logs["loss"]))
 
 
-def fit(kind, optimizer, rank, size, fs=None, batches=None, **optimize_kwargs):
+def fit(kind, optimizer, rank, size, fs=None, batches=None, epochs=None, **optimize_kwargs):
     fs = fs or fields()
     batches = batches or global_batches(fs)
     # Every rank starts from other random weights: optimize() must make rank 0's the common start.
@@ -107,7 +124,10 @@ def fit(kind, optimizer, rank, size, fs=None, batches=None, **optimize_kwargs):
     if size > 1 and kind == "dlrm":  # the usual Horovod Keras recipe must keep working
         callbacks.append(hvdk.callbacks.BroadcastGlobalVariablesCallback(0))
     data = stacked_dataset([local_part(b, rank, size) for b in batches])
-    model.fit(data.repeat(), steps_per_epoch=1, epochs=len(batches), verbose=0, callbacks=callbacks)
+    if epochs:  # a dataset of unknown length, read to its end each epoch
+        model.fit(data.filter(lambda *_: True), epochs=epochs, verbose=0, callbacks=callbacks)
+    else:
+        model.fit(data.repeat(), steps_per_epoch=1, epochs=len(batches), verbose=0, callbacks=callbacks)
     return model, record.losses
 
 
@@ -201,6 +221,22 @@ def main():
     _, result["reg_replicated_losses"] = fit(
         "reg", optimizer, rank, size, batches=global_batches(steps=20), replicate_below_rows=10**6
     )
+
+    # Sharded packed variables whose tables do not all get a gradient: AdamW's decay keeps the rows of the table
+    # under stop_gradient, and at the end of data of unknown length Adam's moments decay on the unregularized
+    # tables with gradient only, each rank on its shard's rows of them.
+    model, result["kept_losses"] = fit(
+        "partly_trained",
+        tf.keras.optimizers.AdamW(0.02, weight_decay=0.05),
+        rank,
+        size,
+        batches=global_batches(steps=20),
+    )
+    result["kept_table"] = model.get_layer(f"emb_{fields()[0].name}").get_weights()[0].tolist()
+    model, result["end_of_data_losses"] = fit(
+        "partly_trained", tf.keras.optimizers.Adam(0.02), rank, size, batches=global_batches(steps=5), epochs=4
+    )
+    result["end_of_data_tables"] = [model.get_layer(f"emb_{f.name}").get_weights()[0].tolist() for f in fields()[:3]]
 
     if args.restore:  # a checkpoint of another number of ranks
         restored = build("wdl")

@@ -89,6 +89,26 @@ def test_losses_equal_single_process(runs, key):
     assert not np.allclose(runs["ranks"][0][key], runs["ranks"][1][key])
 
 
+def test_sharded_tables_without_gradient_and_the_end_of_data_train_as_one_process(runs):
+    """A sharded packed variable's table under stop_gradient keeps its rows through AdamW's decay, and at the end of
+    a dataset of unknown length each rank decays Adam's moments on its shard's rows of the unregularized tables."""
+    single = runs["single"]
+    np.testing.assert_allclose(_mean_over_ranks(runs, "kept_losses"), single["kept_losses"], rtol=RTOL, atol=0)
+    sys.path.insert(0, os.path.dirname(__file__))
+    import hvd_worker
+
+    initial = hvd_worker.build("partly_trained", seed=7)  # rank 0's initial weights, every rank's start
+    np.testing.assert_array_equal(single["kept_table"], initial.get_layer("emb_C1").get_weights()[0])
+    losses = np.array(single["end_of_data_losses"])
+    assert len(losses) == 4 and np.all(np.isfinite(losses))
+    np.testing.assert_allclose(_mean_over_ranks(runs, "end_of_data_losses"), losses, rtol=RTOL, atol=0)
+    for r in runs["ranks"]:
+        np.testing.assert_array_equal(r["kept_table"], single["kept_table"])
+        for table, expected in zip(r["end_of_data_tables"], single["end_of_data_tables"]):
+            np.testing.assert_allclose(table, expected, rtol=RTOL, atol=1e-6)
+    tf.keras.backend.clear_session()
+
+
 @pytest.mark.parametrize("key", ["wdl_pred", "dlrm_pred", "loop_pred"])
 def test_trained_predictions_equal_single_process(runs, key):
     single = np.array(runs["single"][key])

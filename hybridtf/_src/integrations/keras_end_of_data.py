@@ -34,12 +34,14 @@ def note_fused_adam(optimizer, variable, m, v) -> None:
         return
     views = optimizer._htf_members.get(id(variable)) or []
     without = set(gradient_arrivals.tables_without_gradient([view.table for view in views])) if len(views) > 1 else ()
-    ranges = None  # every row
-    if without:
-        if id(variable) in optimizer._htf_sharded:  # a shard's rows of each table are not one range; the
-            return  # kept-rows warning (keras_kept_rows) already names these tables and the fix, exclude=[...]
-        kept = [view for view in views if view.table not in without]
-        ranges = tuple((view.row_offset, view.row_offset + view.shape[0]) for view in kept)
+    # a regularized table's plain gradient is dense (its penalty's): Keras's dense Adam update needs the data
+    regularized = set(optimizer._htf_storage.regularizers) if optimizer._htf_storage is not None else set()
+    skipped = without | {view.table for view in views if view.table in regularized}
+    ranges = None  # every row (of this rank's shard, when sharded)
+    if skipped:
+        ranges = tuple(view.local_rows() for view in views if view.table not in skipped)
+        if not ranges:
+            return
     plan = optimizer.__dict__.setdefault("_htf_end_of_data", {})
     plan[id(variable)] = (m, v, ranges)
 

@@ -14,16 +14,12 @@ gradient in the plain model (their penalty's), so they are never kept.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.run import gradient_arrivals
-
-_log = logging.getLogger("hybridtf")
-_warned: set[tuple[int, tuple[str, ...]]] = set()
 
 
 def keep_rows_without_gradient(optimizer, grads_and_vars) -> Callable[[], None] | None:
@@ -41,22 +37,7 @@ def keep_rows_without_gradient(optimizer, grads_and_vars) -> Callable[[], None] 
         without = set(gradient_arrivals.tables_without_gradient([v.table for v in views])) - regularized
         if not without:
             continue
-        if id(variable) in optimizer._htf_sharded:
-            key = (id(optimizer), tuple(sorted(without)))
-            if key not in _warned:
-                _warned.add(key)
-                _log.warning(
-                    "hybridtf: tables %s get no gradient in this step but share a packed variable sharded over the "
-                    "ranks with tables that do; an optimizer that updates every row (weight decay, FTRL) changes "
-                    "them, which the plain model does not. Keep them out of packing: "
-                    "htf.keras.optimize(model, exclude=%s).",
-                    sorted(without),
-                    sorted(without),
-                )
-            continue
-        ranges = [
-            np.arange(v.row_offset, v.row_offset + v.shape[0], dtype=np.int64) for v in views if v.table in without
-        ]
+        ranges = [np.arange(*v.local_rows(), dtype=np.int64) for v in views if v.table in without]
         keeps.append((variable, tf.constant(np.concatenate(ranges))))
     if not keeps:
         return None

@@ -435,7 +435,7 @@ class _HybridOptimizerMixin:
             )
         kwargs = {"lazy": kind == "lazy_adam"} if op == "adam" else {}
         reg = self._htf_reg.get(id(var))
-        if reg is None and kind == "adam":  # (a regularized table's plain gradient is dense: no data-free decay)
+        if kind == "adam":  # (the rows of its unregularized tables with gradient)
             keras_end_of_data.note_fused_adam(self, var, state[0], state[1])
         if reg is None:
             return getattr(sparse_apply, f"sparse_apply_{op}")(var, *state, grad.values, grad.indices, **kwargs)

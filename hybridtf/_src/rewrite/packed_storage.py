@@ -139,6 +139,13 @@ class TableView(tf.__internal__.tracking.Trackable):
     def row_offset(self) -> int:
         return self._offset
 
+    def local_rows(self) -> tuple[int, int]:
+        """``[begin, end)``: this table's rows in ``packed_variable`` (this rank's shard when sharded)."""
+        if self._layout is None:
+            return self._offset, self._offset + self._num_rows
+        local = self._layout.local_slice(self._offset, self._num_rows, self._world.rank)
+        return local.start, local.stop
+
     def read_value(self) -> tf.Tensor:
         if self._layout is None:
             return self._variable[self._offset : self._offset + self._num_rows]
