@@ -33,7 +33,9 @@ def note_fused_adam(optimizer, variable, m, v) -> None:
     if tf.executing_eagerly():
         return
     views = optimizer._htf_members.get(id(variable)) or []
-    without = set(gradient_arrivals.tables_without_gradient([view.table for view in views])) if len(views) > 1 else ()
+    without = (
+        set(gradient_arrivals.tables_without_gradient([view.table for view in views])) if len(views) > 1 else set()
+    )
     # a regularized table's plain gradient is dense (its penalty's): Keras's dense Adam update needs the data
     regularized = set(optimizer._htf_storage.regularizers) if optimizer._htf_storage is not None else set()
     skipped = without | {view.table for view in views if view.table in regularized}
