@@ -260,5 +260,26 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
   return ImplStatus::Ok();
 }
 
+ImplStatus Store::DecayAdamMoments(float c1, float c2, const ParallelFor& pf) {
+  const int64_t dim = config_.dim;
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (num_slots_ == 0) return ImplStatus::Ok();
+  ImplStatus slots = CheckSlots(config_, num_slots_, 2, "Adam moments' decay");
+  if (!slots.ok()) return slots;
+  pf(next_record_, 4 * dim, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      Header* h = Record(static_cast<uint32_t>(r));
+      if (h->mark == kDead) continue;
+      float* m = Floats(h) + dim;
+      float* v = m + dim;
+      for (int64_t c = 0; c < dim; ++c) {
+        m[c] = m[c] + (-m[c]) * c1;
+        v[c] = v[c] + (-v[c]) * c2;
+      }
+    }
+  });
+  return ImplStatus::Ok();
+}
+
 }  // namespace hybrid_hash
 }  // namespace hybridtf

@@ -290,6 +290,11 @@ class Store {
   ImplStatus ApplyAdam(const int64_t* ids, const float* grad, int64_t n, float alpha, float c1,
                        float c2, float eps, bool lazy, const ParallelFor& pf,
                        const int64_t* members = nullptr, const int64_t* records = nullptr);
+  // The data-free start of Keras Adam's sparse update alone, m += -m * c1 and
+  // v += -v * c2 on every stored row (rows and counts unchanged): what the
+  // plain model's step that finds the end of the data still runs. A table
+  // without slots (no Adam update yet: zero moments) is left as it is.
+  ImplStatus DecayAdamMoments(float c1, float c2, const ParallelFor& pf);
 
   // Ends a training step: Algorithm 1's flush check (L23-26), then step + 1.
   // (pf: the flush's workers.)

@@ -319,6 +319,18 @@ class AdamRecordsOp : public ApplyOp {
   explicit AdamRecordsOp(OpKernelConstruction* ctx) : ApplyOp(ctx, Kind::kAdam, true) {}
 };
 
+class DecayAdamMomentsOp : public OpKernel {
+ public:
+  explicit DecayAdamMomentsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  void Compute(OpKernelContext* ctx) override {
+    ::tensorflow::core::RefCountPtr<HybridHashResource> table;
+    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
+    float c[2];
+    for (int i = 0; i < 2; ++i) OP_REQUIRES_OK(ctx, Scalar(ctx, 1 + i, &c[i]));
+    OP_REQUIRES_OK(ctx, ToTfStatus(table->store()->DecayAdamMoments(c[0], c[1], CpuParallelFor(ctx))));
+  }
+};
+
 class EndStepOp : public OpKernel {
  public:
   explicit EndStepOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
@@ -507,6 +519,7 @@ HYBRIDTF_REGISTER("HybridHashLookupRecords", LookupRecordsOp)
 HYBRIDTF_REGISTER("HybridHashApplySgdRecords", SgdRecordsOp)
 HYBRIDTF_REGISTER("HybridHashApplyAdagradRecords", AdagradRecordsOp)
 HYBRIDTF_REGISTER("HybridHashApplyAdamRecords", AdamRecordsOp)
+HYBRIDTF_REGISTER("HybridHashDecayAdamMoments", DecayAdamMomentsOp)
 HYBRIDTF_REGISTER("HybridHashEndStep", EndStepOp)
 HYBRIDTF_REGISTER("HybridHashFlush", FlushOp)
 HYBRIDTF_REGISTER("HybridHashStats", StatsOp)

@@ -204,6 +204,13 @@ REGISTER_OP(HYBRIDTF_OP("HybridHashApplyAdamRecords"))
     .SetShapeFn(NoOutputs)
     .Doc("HybridHashApplyAdam with the lookup's records as hints (empty: probe every id).");
 
+REGISTER_OP(HYBRIDTF_OP("HybridHashDecayAdamMoments"))
+    .Input("table: resource")
+    .Input("one_minus_beta1: float")
+    .Input("one_minus_beta2: float")
+    .SetShapeFn(NoOutputs)
+    .Doc("Keras Adam's data-free moment decay alone, on every stored row (the end-of-data step).");
+
 REGISTER_OP(HYBRIDTF_OP("HybridHashEndStep"))
     .Input("table: resource")
     .SetShapeFn(NoOutputs)

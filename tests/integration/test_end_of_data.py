@@ -120,3 +120,42 @@ def test_end_of_data_with_micro_batches_and_with_lazy_adam():
 
 def test_end_of_data_decays_once_under_a_train_function_wrapped_outside_hybridtfs():
     _same(_train(True, outer=True), _train(False, outer=True))
+
+
+def _dynamic_pair():
+    """A model of DynamicEmbedding fields (packed into one store by optimize) and the plain model whose Embedding
+    rows start at the same per-id rows."""
+    dynamic = {
+        k: htf.layers.DynamicEmbedding(4, name=f"d{k}", hot_rows=8, warmup_steps=2, flush_every=3) for k in VOCABS
+    }
+
+    def build(tables):
+        inputs = {k: tf.keras.Input((1,), dtype="int64", name=k) for k in VOCABS}
+        embs = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(tables[k](inputs[k])) for k in VOCABS])
+        h = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(embs)
+        out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
+        return tf.keras.Model(inputs, out)
+
+    optimized = htf.keras.optimize(build(dynamic))
+    initial = {
+        k: tf.keras.initializers.Constant(dynamic[k].initial_rows(np.arange(v)).numpy()) for k, v in VOCABS.items()
+    }
+    plain = build({k: tf.keras.layers.Embedding(v, 4, embeddings_initializer=initial[k]) for k, v in VOCABS.items()})
+    return optimized, plain
+
+
+def test_dynamic_tables_decay_their_stored_moments_at_the_end_of_data():
+    """A HybridHash store's Adam decays every stored row's moments each step, as Keras's every row's: in the step
+    that finds the end of the data too (HybridHashDecayAdamMoments)."""
+    x, _ = _data()
+    results = []
+    for model in _dynamic_pair():
+        model.compile(optimizer=tf.keras.optimizers.Adam(0.02), loss="binary_crossentropy")
+        losses = []
+        for _ in range(EPOCHS):
+            losses += model.fit(_batches("filter"), epochs=1, verbose=0).history["loss"]
+        results.append((np.array(losses), model.predict_on_batch(x), int(model.optimizer.iterations)))
+    (losses, predictions, iterations), (plain_losses, plain_predictions, plain_iterations) = results
+    np.testing.assert_allclose(losses, plain_losses, rtol=1e-5)
+    np.testing.assert_allclose(predictions, plain_predictions, rtol=1e-5, atol=1e-7)
+    assert iterations == plain_iterations == EPOCHS * (BATCHES + 1)

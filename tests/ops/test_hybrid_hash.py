@@ -332,3 +332,33 @@ def test_a_restore_fills_the_hot_tier_only_if_the_saved_store_had_flushed(steps,
     restored = _table("r", dim=2, hot_rows=2, warmup_steps=2, flush_every=3)
     restored.import_(*saved.export())
     assert restored.stats()["hot_used"] == hot_after_restore
+
+
+def test_decay_adam_moments_alone_on_every_stored_row():
+    """The end-of-data step's data-free part of Keras Adam: m += -m * c1, v += -v * c2; rows and counts stay."""
+    c1, c2 = np.float32(0.1), np.float32(0.001)
+    empty = _table("no_slots")  # no Adam update yet: zero moments, nothing to do
+    empty.lookup(tf.constant([3, 4], tf.int64))
+    empty.decay_adam_moments(c1, c2)
+    t = _table("decay", hot_rows=2)
+    ids = tf.constant([7, -(2**63), 2**63 - 1], tf.int64)
+    t.lookup(ids)
+    t.apply_adam(ids, tf.constant(np.random.default_rng(0).normal(size=(3, 4)), tf.float32), 0.01, c1, c2, 1e-7)
+    t.flush()  # two rows hot, one cold: both tiers decay
+    before = [x.numpy() for x in t.export()[:4]]
+    t.decay_adam_moments(c1, c2)
+    after = [x.numpy() for x in t.export()[:4]]
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])  # rows
+    np.testing.assert_array_equal(after[3], before[3])  # counts
+    m, v = before[2][:, 0], before[2][:, 1]
+    assert np.all(m != 0)
+    np.testing.assert_array_equal(after[2][:, 0], m + (-m) * c1)
+    np.testing.assert_array_equal(after[2][:, 1], v + (-v) * c2)
+    adagrad = _table("adagrad")
+    adagrad.lookup(tf.constant([1], tf.int64))
+    adagrad.apply_adagrad(tf.constant([1], tf.int64), tf.ones([1, 4]), 0.1, 1e-7)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'adagrad'.*needs 2 optimizer slot"):
+        adagrad.decay_adam_moments(c1, c2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be a scalar"):
+        t.decay_adam_moments(tf.constant([c1, c1]), c2)

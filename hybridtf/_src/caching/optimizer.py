@@ -23,6 +23,7 @@ from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
+from hybridtf._src.integrations import keras_end_of_data
 from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
 from hybridtf._src.integrations.keras_optimizers import (
     LazyAdam,
@@ -87,6 +88,8 @@ class _DynamicOptimizerMixin:
                         updates.append(v.assign(tf.zeros([0, v.shape[-1]], v.dtype), read_value=False))
                 elif not context.is_recording():  # a record pass (htf.function's scratch graph) never runs
                     _note_no_gradient(_layer_of(v))
+        # (Keras counts the step in the data-free op that ends its update; here it waits for the tables' updates)
+        keras_end_of_data.note_iterations_after_updates(self)
         with tf.control_dependencies(updates):
             if rest:
                 return super().apply_gradients(rest, *args, **kwargs)

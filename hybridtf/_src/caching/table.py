@@ -297,6 +297,12 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         args = (ids, grad, alpha, one_minus_beta1, one_minus_beta2, epsilon, _members(members))
         return self._apply("adam", records, *args, lazy=lazy, end_step=end_step)
 
+    def decay_adam_moments(self, one_minus_beta1, one_minus_beta2):
+        """Keras Adam's data-free moment decay alone on every stored row (the step that finds the end of the data)."""
+        return load_ops().hybrid_tf_hybrid_hash_decay_adam_moments(
+            self.resource_handle, one_minus_beta1, one_minus_beta2
+        )
+
     def end_step(self):
         """Ends a step that had no update (Algorithm 1's flush check, step + 1)."""
         return load_ops().hybrid_tf_hybrid_hash_end_step(self.resource_handle)

@@ -12,10 +12,15 @@ hybridtf's fused Adam update is one op that needs the gradient, so it does not
 run at all, and from the next epoch on the two models would train apart.
 
 ``note_fused_adam`` records, while the training step is traced, which packed
-variables the fused Adam updates and which of their rows had a gradient (the
-tables the plain model would decay); ``wrap_train_function`` catches the end of
-the data in Keras's train function and applies the same decay, with Keras's own
-float operations, before the error goes on to Keras. A step run eagerly
+variables the fused Adam updates and which of their rows had a gradient and no
+regularizer (the tables the plain model would decay; each rank's own rows of
+them when sharded); ``note_dynamic_adam`` the HybridHash stores whose Adam
+update decays every stored row. ``EndOfDataMixin``, a base of both optimized
+model classes, wraps Keras's train function: at the end of the data it applies
+the same decay, with Keras's own float operations (a store's
+``HybridHashDecayAdamMoments`` op), and counts the step in ``iterations`` where
+a dynamic table's update holds the count back (``note_iterations_after_updates``),
+before the error goes on to Keras. A step run eagerly
 (``run_eagerly=True``) fails before any op, in plain Keras as here, and a
 loss-scale wrapper (``mixed_float16``) applies its inner optimizer under a
 condition on the gradients: neither decays anything, and neither does this.
@@ -48,9 +53,28 @@ def note_fused_adam(optimizer, variable, m, v) -> None:
     plan[id(variable)] = (m, v, ranges)
 
 
+def note_dynamic_adam(optimizer, table) -> None:
+    """Records (at trace time) that ``optimizer``'s fused Adam updates the HybridHash store ``table`` (whose update
+    decays every stored row's moments, as Keras's does every row's)."""
+    if not tf.executing_eagerly():
+        optimizer.__dict__.setdefault("_htf_end_of_data", {})[id(table)] = table
+
+
+def note_iterations_after_updates(optimizer) -> None:
+    """Records (at trace time) that ``optimizer.iterations`` counts a step only after its dynamic tables' updates,
+    which need the data: the end-of-data step counts it as plain Keras's data-free increment does."""
+    if not tf.executing_eagerly():
+        optimizer.__dict__["_htf_count_end_of_data"] = True
+
+
 def _decay(optimizer) -> None:
     """Keras Adam's data-free start of a sparse update, ``s += -s * (1 - beta)``, on every noted row."""
-    for m, v, ranges in optimizer.__dict__.get("_htf_end_of_data", {}).values():
+    c1, c2 = (tf.constant(1 - beta, tf.float32) for beta in (optimizer.beta_1, optimizer.beta_2))
+    for entry in optimizer.__dict__.get("_htf_end_of_data", {}).values():
+        if not isinstance(entry, tuple):  # a dynamic table's store
+            entry.decay_adam_moments(c1, c2)
+            continue
+        m, v, ranges = entry
         for slot, beta in ((m, optimizer.beta_1), (v, optimizer.beta_2)):
             if ranges is None:
                 slot.assign_add(-slot * (1 - beta))
@@ -75,8 +99,11 @@ class _EndOfDataStep:
             return self._function(iterator)
         except (tf.errors.OutOfRangeError, StopIteration):
             optimizer = self._model.optimizer
-            if not self._model.run_eagerly and optimizer.__dict__.get("_htf_end_of_data"):
-                _decay(optimizer)
+            if not self._model.run_eagerly and optimizer is not None:
+                if optimizer.__dict__.get("_htf_end_of_data"):
+                    _decay(optimizer)
+                if optimizer.__dict__.get("_htf_count_end_of_data"):
+                    optimizer.iterations.assign_add(1)
             raise
 
     def __getattr__(self, name):
@@ -86,7 +113,13 @@ class _EndOfDataStep:
         return getattr(function, name)
 
 
-def wrap_train_function(model, function):
-    """``function`` (the train function Keras just created for ``model``), applying the end-of-data decay when the
-    data runs out."""
-    return _EndOfDataStep(model, function)
+class EndOfDataMixin:
+    """An optimized model's train function applies the end-of-data decay (the model classes' first base)."""
+
+    def make_train_function(self, force=False):
+        cached = self.train_function
+        function = super().make_train_function(force)
+        if function is None or function is cached:  # Keras's cached one: wrapped already (maybe further, by others)
+            return function
+        self.train_function = _EndOfDataStep(self, function)
+        return self.train_function

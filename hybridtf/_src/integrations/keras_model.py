@@ -51,7 +51,9 @@ from hybridtf._src.rewrite.runtime import lookup_all
 _log = logging.getLogger("hybridtf")
 
 
-class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.PlainWeightsMixin):
+class _HybridModelMixin(
+    keras_end_of_data.EndOfDataMixin, FusionListsMixin, steps.CheckpointIndexMixin, steps.PlainWeightsMixin
+):
     """Per-instance overrides of an optimized Keras model (``get_weights`` / ``set_weights`` / ``count_params`` in the
     plain model's order and shapes, each table separately: ``PlainWeightsMixin``)."""
 
@@ -121,16 +123,6 @@ class _HybridModelMixin(FusionListsMixin, steps.CheckpointIndexMixin, steps.Plai
             for callback in kwargs.get("callbacks") or ():
                 horovod_hooks.shard_aware_callback(callback, storage, self)
         return super().fit(*args, **kwargs)
-
-    def make_train_function(self, force=False):
-        # the step that finds the end of a dataset of unknown length decays Adam's moments as Keras's does
-        cached = self.train_function
-        function = super().make_train_function(force)
-        if function is None or function is cached:  # Keras's cached one: wrapped already (maybe further, by others)
-            return function
-        function = keras_end_of_data.wrap_train_function(self, function)
-        self.train_function = function
-        return function
 
     @property
     def trainable_weights(self):

@@ -20,7 +20,7 @@ from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optim
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, keras_notices, keras_slots
+from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_optimizers import user_class
 from hybridtf._src.plan.packing import PackingPlan
 
@@ -83,7 +83,7 @@ class FusionListsMixin:
         return fusions_traced(self, "dice")
 
 
-class UnpackedModelMixin(FusionListsMixin, PlainConstruction):
+class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, PlainConstruction):
     """Per-instance attributes of a model ``optimize`` could not pack anything of (it runs as plain Keras)."""
 
     def compile(self, *args, **kwargs):
