@@ -122,35 +122,50 @@ def test_end_of_data_decays_once_under_a_train_function_wrapped_outside_hybridtf
     _same(_train(True, outer=True), _train(False, outer=True))
 
 
-def _dynamic_pair():
+def _dynamic_pair(wrapped=True):
     """A model of DynamicEmbedding fields (packed into one store by optimize) and the plain model whose Embedding
     rows start at the same per-id rows."""
     dynamic = {
         k: htf.layers.DynamicEmbedding(4, name=f"d{k}", hot_rows=8, warmup_steps=2, flush_every=3) for k in VOCABS
     }
 
-    def build(tables):
+    def build(tables, name):
         inputs = {k: tf.keras.Input((1,), dtype="int64", name=k) for k in VOCABS}
         embs = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(tables[k](inputs[k])) for k in VOCABS])
         h = tf.keras.layers.Dense(8, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(3))(embs)
         out = tf.keras.layers.Dense(1, "sigmoid", kernel_initializer=tf.keras.initializers.GlorotUniform(4))(h)
-        return tf.keras.Model(inputs, out)
+        return tf.keras.Model(inputs, out, name=name)
 
-    optimized = htf.keras.optimize(build(dynamic))
+    optimized = build(dynamic, "dynamic")
+    if wrapped:
+        optimized = htf.keras.optimize(optimized)
     initial = {
         k: tf.keras.initializers.Constant(dynamic[k].initial_rows(np.arange(v)).numpy()) for k, v in VOCABS.items()
     }
-    plain = build({k: tf.keras.layers.Embedding(v, 4, embeddings_initializer=initial[k]) for k, v in VOCABS.items()})
+    plain = build(
+        {k: tf.keras.layers.Embedding(v, 4, embeddings_initializer=initial[k]) for k, v in VOCABS.items()}, "plain"
+    )
     return optimized, plain
 
 
-def test_dynamic_tables_decay_their_stored_moments_at_the_end_of_data():
+@pytest.mark.parametrize(
+    ("wrapped", "optimizer"), [(True, "adam"), (True, "lazy_adam"), (False, "lazy_adam"), (False, "sgd_schedule")]
+)
+def test_dynamic_tables_at_the_end_of_data(wrapped, optimizer):
     """A HybridHash store's Adam decays every stored row's moments each step, as Keras's every row's: in the step
-    that finds the end of the data too (HybridHashDecayAdamMoments)."""
+    that finds the end of the data too (HybridHashDecayAdamMoments, in an optimized model); and Keras counts that
+    step in ``iterations`` (LazyAdam's bias correction, a schedule's rate), also in a plain model of dynamic
+    layers."""
+    make = {
+        "adam": lambda: tf.keras.optimizers.Adam(0.02),
+        "lazy_adam": lambda: htf.keras.LazyAdam(0.02),
+        "sgd_schedule": lambda: tf.keras.optimizers.SGD(tf.keras.optimizers.schedules.ExponentialDecay(0.5, 3, 0.5)),
+    }[optimizer]
     x, _ = _data()
     results = []
-    for model in _dynamic_pair():
-        model.compile(optimizer=tf.keras.optimizers.Adam(0.02), loss="binary_crossentropy")
+    for model in _dynamic_pair(wrapped):
+        optimizer = htf.keras.dynamic_optimizer(make()) if model.name == "dynamic" and not wrapped else make()
+        model.compile(optimizer=optimizer, loss="binary_crossentropy")
         losses = []
         for _ in range(EPOCHS):
             losses += model.fit(_batches("filter"), epochs=1, verbose=0).history["loss"]

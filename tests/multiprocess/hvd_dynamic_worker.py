@@ -107,6 +107,14 @@ def train(model, first: int, steps: int, rank: int, size: int, step_fn=None) -> 
     return losses
 
 
+def unknown_length(first: int, steps: int, rank: int, size: int) -> tf.data.Dataset:
+    """This rank's part of global batches ``first..first + steps - 1``, of a length Keras does not know."""
+    parts = [batch(step) for step in range(first, first + steps)]
+    x = {k: np.concatenate([local(b[0], rank, size)[k] for b in parts]) for k in ("bag", "one", "x")}
+    y = np.concatenate([local(b[1], rank, size) for b in parts])
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH // size).filter(lambda *_: True)
+
+
 def export(model, size: int) -> dict:
     """Every table's whole content (ids ascending), gathered from the shards under Horovod."""
     out = {}
@@ -230,6 +238,18 @@ def main():
                     del x["small"]
                 model.fit(x, y, batch_size=len(y), epochs=1, verbose=0, shuffle=False, callbacks=callbacks)
             result[f"{kind}_after_broadcast"] = train(model, STEPS + 2, 2, rank, size)
+        # data of unknown length: each epoch ends with a step that finds no batch, in which Keras Adam decays
+        # every row's moments and counts the step; each rank decays its shard's stored rows
+        model = build("adam", size)
+        train(model, 0, 2, rank, size)
+        losses = []
+        for epoch in range(2):
+            loss = model.fit(unknown_length(2, 3, rank, size), epochs=1, verbose=0).history["loss"][0]
+            if size > 1:
+                loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name=f"eod_{epoch}").numpy()
+            losses.append(float(loss))
+        result["end_of_data_losses"] = losses + train(model, 5, 2, rank, size)
+        result["end_of_data_iterations"] = int(model.optimizer.iterations)
         result["save_error"] = None
         if size > 1:  # a SavedModel's functions would exchange rows between ranks: refused, with the fix
             try:

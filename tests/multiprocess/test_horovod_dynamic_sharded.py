@@ -97,6 +97,16 @@ def test_two_ranks_train_what_one_process_trains(runs, kind):
     assert min(shares) > 0.3 * sum(shares)
 
 
+def test_end_of_data_of_unknown_length_on_two_ranks(runs):
+    """Each epoch of a filtered dataset ends with a step that finds no batch: Keras Adam decays every row's moments
+    there and counts the step; on 2 ranks each rank's store decays its stored rows, as one process's does."""
+    one = runs["one"]
+    assert one["end_of_data_iterations"] == 2 + 2 * (3 + 1)
+    for rank in (0, 1):
+        _close(runs["two"][rank]["end_of_data_losses"], one["end_of_data_losses"])
+        assert runs["two"][rank]["end_of_data_iterations"] == one["end_of_data_iterations"]
+
+
 @pytest.mark.parametrize("tag", ["mixed", "mixed_packed"])
 def test_mixed_static_and_dynamic(runs, tag):
     """hybridtf's own averaging (a static table sharded too), dynamic tables packed into one store or not."""

@@ -23,7 +23,6 @@ from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
-from hybridtf._src.integrations import keras_end_of_data
 from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
 from hybridtf._src.integrations.keras_optimizers import (
     LazyAdam,
@@ -88,8 +87,12 @@ class _DynamicOptimizerMixin:
                         updates.append(v.assign(tf.zeros([0, v.shape[-1]], v.dtype), read_value=False))
                 elif not context.is_recording():  # a record pass (htf.function's scratch graph) never runs
                     _note_no_gradient(_layer_of(v))
-        # (Keras counts the step in the data-free op that ends its update; here it waits for the tables' updates)
-        keras_end_of_data.note_iterations_after_updates(self)
+        if tf.compat.v1.executing_eagerly_outside_functions():
+            # A traced step runs every stateful op (automatic control dependencies order those of one variable):
+            # Keras's count of the step, a data-free op, also runs in the step that finds the end of the data,
+            # as in the plain model; held back behind the tables' updates it did not (LazyAdam, Adam's bias
+            # correction and learning-rate schedules then trained apart from the next epoch on).
+            return super().apply_gradients(rest, *args, **kwargs) if rest else self.iterations.assign_add(1)
         with tf.control_dependencies(updates):
             if rest:
                 return super().apply_gradients(rest, *args, **kwargs)

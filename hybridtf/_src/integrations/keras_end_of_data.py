@@ -18,9 +18,7 @@ them when sharded); ``note_dynamic_adam`` the HybridHash stores whose Adam
 update decays every stored row. ``EndOfDataMixin``, a base of both optimized
 model classes, wraps Keras's train function: at the end of the data it applies
 the same decay, with Keras's own float operations (a store's
-``HybridHashDecayAdamMoments`` op), and counts the step in ``iterations`` where
-a dynamic table's update holds the count back (``note_iterations_after_updates``),
-before the error goes on to Keras. A step run eagerly
+``HybridHashDecayAdamMoments`` op), before the error goes on to Keras. A step run eagerly
 (``run_eagerly=True``) fails before any op, in plain Keras as here, and a
 loss-scale wrapper (``mixed_float16``) applies its inner optimizer under a
 condition on the gradients: neither decays anything, and neither does this.
@@ -60,13 +58,6 @@ def note_dynamic_adam(optimizer, table) -> None:
         optimizer.__dict__.setdefault("_htf_end_of_data", {})[id(table)] = table
 
 
-def note_iterations_after_updates(optimizer) -> None:
-    """Records (at trace time) that ``optimizer.iterations`` counts a step only after its dynamic tables' updates,
-    which need the data: the end-of-data step counts it as plain Keras's data-free increment does."""
-    if not tf.executing_eagerly():
-        optimizer.__dict__["_htf_count_end_of_data"] = True
-
-
 def _decay(optimizer) -> None:
     """Keras Adam's data-free start of a sparse update, ``s += -s * (1 - beta)``, on every noted row."""
     c1, c2 = (tf.constant(1 - beta, tf.float32) for beta in (optimizer.beta_1, optimizer.beta_2))
@@ -102,8 +93,6 @@ class _EndOfDataStep:
             if not self._model.run_eagerly and optimizer is not None:
                 if optimizer.__dict__.get("_htf_end_of_data"):
                     _decay(optimizer)
-                if optimizer.__dict__.get("_htf_count_end_of_data"):
-                    optimizer.iterations.assign_add(1)
             raise
 
     def __getattr__(self, name):
