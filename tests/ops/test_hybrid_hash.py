@@ -266,6 +266,8 @@ def test_bad_config_and_ids():
         native.HybridHashStore("x", dim=2, hot_rows=1, warmup_steps=2**32)
     with pytest.raises(ValueError, match=r"'x': flush_every must be in \[1, 4294967295\]"):
         native.HybridHashStore("x", dim=2, hot_rows=1, flush_every=2**33)
+    with pytest.raises(ValueError, match=r"'layer': hot_rows must be a positive int, got 0\. Pass the number"):
+        htf.layers.DynamicEmbedding(4, hot_rows=0, name="layer")
     t = _table("ids")
     with pytest.raises(TypeError, match=r"'ids'.*int64"):
         t.lookup(tf.constant([1.0]))

@@ -120,10 +120,15 @@ class TableConfig:
 
     def __post_init__(self):
         t = f"HybridHash table {self.name!r}"
-        for what in ("dim", "hot_rows"):
+        fixes = {
+            "dim": "Pass the embedding width (output_dim).",
+            "hot_rows": "Pass the number of most frequent rows to keep in the hot tier, e.g. 10-20% of the distinct "
+            "ids you expect (the rest stay in the hash map), or leave it out for the default.",
+        }
+        for what, fix in fixes.items():
             value = getattr(self, what)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{t}: {what} must be a positive int, got {value!r}.")
+                raise ValueError(f"{t}: {what} must be a positive int, got {value!r}. {fix}")
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
             raise ValueError(f"{t}: capacity must be 0 (unbounded) or a positive int, got {self.capacity!r}.")
         if self.capacity and self.hot_rows >= self.capacity:
