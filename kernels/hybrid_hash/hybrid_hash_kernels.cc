@@ -327,7 +327,8 @@ class DecayAdamMomentsOp : public OpKernel {
     OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
     float c[2];
     for (int i = 0; i < 2; ++i) OP_REQUIRES_OK(ctx, Scalar(ctx, 1 + i, &c[i]));
-    OP_REQUIRES_OK(ctx, ToTfStatus(table->store()->DecayAdamMoments(c[0], c[1], CpuParallelFor(ctx))));
+    OP_REQUIRES_OK(ctx,
+                   ToTfStatus(table->store()->DecayAdamMoments(c[0], c[1], CpuParallelFor(ctx))));
   }
 };
 
