@@ -331,7 +331,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
 
     def apply_gradient(self, grad, optimizer, kind: str):
         """The fused table update for the buffer's gradient (called by the hooked optimizer)."""
-        from hybridtf._src.integrations import keras_end_of_data
         from hybridtf._src.run import sparse_apply
 
         if tf.executing_eagerly():
@@ -362,8 +361,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 tf.constant(optimizer.epsilon, tf.float32),
                 initial_accumulator_value=float(optimizer.initial_accumulator_value),
             )
-        if kind == "adam":  # its decay of every stored row's moments also runs in the end-of-data step
-            keras_end_of_data.note_dynamic_adam(optimizer, self.table)
         return self.table.apply_adam(
             ids,
             grad,

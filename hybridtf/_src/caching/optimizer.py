@@ -23,6 +23,7 @@ from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
+from hybridtf._src.integrations import keras_end_of_data
 from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
 from hybridtf._src.integrations.keras_optimizers import (
     LazyAdam,
@@ -81,6 +82,8 @@ class _DynamicOptimizerMixin:
             for g, v in dynamic:
                 if g is not None:
                     update = _layer_of(v).apply_gradient(g, self, kind)
+                    if kind == "adam":  # its decay of every stored row's moments also runs in the end-of-data step
+                        keras_end_of_data.note_dynamic_adam(self, _layer_of(v).table)
                     with tf.control_dependencies([update]):
                         # The step's rows are consumed: the buffer is empty again, so a broadcast of the model's
                         # variables (Horovod's BroadcastGlobalVariablesCallback) sees one shape on every rank.

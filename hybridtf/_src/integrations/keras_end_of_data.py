@@ -90,9 +90,8 @@ class _EndOfDataStep:
             return self._function(iterator)
         except (tf.errors.OutOfRangeError, StopIteration):
             optimizer = self._model.optimizer
-            if not self._model.run_eagerly and optimizer is not None:
-                if optimizer.__dict__.get("_htf_end_of_data"):
-                    _decay(optimizer)
+            if not self._model.run_eagerly and optimizer is not None and optimizer.__dict__.get("_htf_end_of_data"):
+                _decay(optimizer)
             raise
 
     def __getattr__(self, name):

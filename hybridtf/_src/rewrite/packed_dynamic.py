@@ -279,7 +279,6 @@ class DynamicGroup:
 
     def apply_gradient(self, grad, optimizer, kind: str):
         """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
-        from hybridtf._src.integrations import keras_end_of_data
         from hybridtf._src.run import sparse_apply
 
         ids = self.ids_buffer.read_value()
@@ -311,8 +310,6 @@ class DynamicGroup:
                 members=members,
                 records=records,
             )
-        if kind == "adam":  # its decay of every stored row's moments also runs in the end-of-data step
-            keras_end_of_data.note_dynamic_adam(optimizer, self.table)
         return self.table.apply_adam(
             ids,
             grad,
