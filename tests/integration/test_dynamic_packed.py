@@ -439,3 +439,33 @@ def test_a_packed_store_looked_up_by_two_model_calls_in_a_step_is_refused_with_t
 
     with pytest.raises(ValueError, match=r"looked up by two calls of the model in one training step.*exclude="):
         step(tf.constant(x), tf.constant(y))
+
+
+def test_a_packed_member_under_stop_gradient_keeps_its_rows_as_plain_keras_does():
+    """One field of a packed store never gets a gradient: under Adam (whose update moves every stored row) its rows
+    stay as they were, as a plain Keras Embedding without gradient does."""
+
+    def build(plain_of=None, seen=None):
+        ids = tf.keras.Input((FIELDS,), dtype=tf.int64)
+        outs = []
+        for f in range(FIELDS):
+            if plain_of is None:
+                layer = htf.layers.DynamicEmbedding(D, seed=100 + f, name=f"field{f}", **TABLE)
+            else:
+                init = tf.keras.initializers.Constant(plain_of.get_layer(f"field{f}").initial_rows(seen).numpy())
+                layer = tf.keras.layers.Embedding(len(seen), D, embeddings_initializer=init)
+            e = tf.keras.layers.Flatten()(layer(ids[:, f : f + 1]))
+            outs.append(tf.keras.layers.Lambda(tf.stop_gradient)(e) if f == 2 else e)
+        return tf.keras.Model(ids, _dense_head(tf.keras.layers.Concatenate()(outs)))
+
+    x, y = _data(big=True)
+    seen, ranks = np.unique(x, return_inverse=True)
+    packed = htf.keras.optimize(build())
+    assert [sorted(g.members) for g in packed.hybridtf_dynamic_plan] == [[f"field{f}" for f in range(FIELDS)]]
+    plain = build(build(), seen)
+    packed.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adam")), loss="mse")
+    plain.compile(optimizer=_optimizer("adam"), loss="mse")
+    np.testing.assert_allclose(_fit(packed, x, y), _fit(plain, ranks.reshape(x.shape), y), rtol=1e-5)
+    layer = packed.get_layer("field2")
+    ids, rows = layer.table.export()[:2]
+    np.testing.assert_array_equal(rows.numpy(), layer.initial_rows(ids).numpy())

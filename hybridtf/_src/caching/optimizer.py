@@ -120,15 +120,17 @@ def _unsupported(optimizer) -> list[str]:
 
 
 def _note_no_gradient(layer) -> None:
-    """A dynamic table without a gradient in a step trains nothing: said once per table (a custom loop that calls
-    the model without ``training=True`` looks its ids up read-only)."""
+    """A dynamic table without a gradient in a step trains nothing: said once per table (its output under
+    ``tf.stop_gradient``, or a custom loop that calls the model without ``training=True``, which looks its ids up
+    read-only)."""
     if getattr(layer, "_no_gradient_warned", False):
         return
     object.__setattr__(layer, "_no_gradient_warned", True)
     _log.warning(
-        "hybridtf: dynamic table %r got no gradient, so its rows are not trained in this step. A training step must "
-        "look its ids up in training mode: call the model (or layer) with training=True in a custom loop (Keras fit "
-        "does); without it the lookup only reads rows and inserts no ids.",
+        "hybridtf: dynamic table %r got no gradient, so its rows are not trained in this step (as Keras skips a "
+        "variable without gradient). If it should train: its output must reach the loss (not under tf.stop_gradient), "
+        "and a training step must look its ids up in training mode: call the model (or layer) with training=True in a "
+        "custom loop (Keras fit does); without it the lookup only reads rows and inserts no ids.",
         layer.name,
     )
 
