@@ -18,6 +18,7 @@ from tensorflow.python.framework import func_graph
 from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.capture import context
+from hybridtf._src.capture.call_reads import call_readers
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.regularizers import RegularizerSpec, find_penalty, regularizer_spec
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
@@ -149,7 +150,7 @@ def _variable_readers(model: tf.keras.Model) -> dict:
     return readers
 
 
-def _shared_reason(layer, holders: dict, readers: dict) -> str | None:
+def _shared_reason(layer, holders: dict, readers: dict, calls: dict) -> str | None:
     """Why ``layer``'s table cannot be packed because something else reads its variable (tied weights), or None."""
     table = id(getattr(layer, "embeddings", None))
     others = [name for name in holders.get(table, ()) if name != layer.name]
@@ -167,6 +168,13 @@ def _shared_reason(layer, holders: dict, readers: dict) -> str | None:
             "the unpacked variable: it stays unpacked (exact); to pack it, read the table only through this layer's "
             "lookups"
         )
+    inside = [name for name in calls.get(table, ()) if name != layer.name]
+    if inside:
+        return (
+            f"the call of {', '.join(repr(n) for n in inside)} reads its table variable (layer.embeddings) as a "
+            "tensor (tied output weights, sampled softmax weights, a lookup outside the layer), which a packed table "
+            "cannot serve: it stays unpacked (exact); to pack it, read the table only through this layer's lookups"
+        )
     return None
 
 
@@ -175,11 +183,16 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
     captured, skipped, seen, names = [], [], set(), set()
     layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
     holders, readers = _variable_holders(model), _variable_readers(model)
+    unsupported = {}  # id(layer) -> (layer, why it cannot be packed, or None), in layer order
     for layer in model._flatten_layers(include_self=False, recursive=True):
-        if not is_embedding_layer(layer) or id(layer) in seen:
+        if is_embedding_layer(layer) and id(layer) not in unsupported:
+            unsupported[id(layer)] = (layer, unsupported_reason(layer))
+    calls = call_readers(model, [layer for layer, reason in unsupported.values() if reason is None])
+    for layer, reason in unsupported.values():
+        if id(layer) in seen:
             continue
         seen.add(id(layer))
-        reason = unsupported_reason(layer) or _shared_reason(layer, holders, readers)
+        reason = reason or _shared_reason(layer, holders, readers, calls)
         name = layer.name
         if reason is None and name in names:  # e.g. towers built by one function, in sub-models
             name = _unique_table_name(model, layer, names | layer_names)
