@@ -180,7 +180,7 @@ def _shared_reason(layer, holders: dict, readers: dict, calls: dict) -> str | No
 
 def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[SkippedLayer]]:
     """Every ``tf.keras.layers.Embedding`` in ``model`` (recursively), split into packable and skipped."""
-    captured, skipped, seen, names = [], [], set(), set()
+    captured, skipped, names = [], [], set()
     layer_names = {layer.name for layer in model._flatten_layers(include_self=True, recursive=True)}
     holders, readers = _variable_holders(model), _variable_readers(model)
     unsupported = {}  # id(layer) -> (layer, why it cannot be packed, or None), in layer order
@@ -188,11 +188,8 @@ def find_embeddings(model: tf.keras.Model) -> tuple[list[CapturedTable], list[Sk
         if is_embedding_layer(layer) and id(layer) not in unsupported:
             unsupported[id(layer)] = (layer, unsupported_reason(layer))
     calls = call_readers(model, [layer for layer, reason in unsupported.values() if reason is None])
-    for layer, reason in unsupported.values():
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        reason = reason or _shared_reason(layer, holders, readers, calls)
+    for layer, unsupported_why in unsupported.values():
+        reason = unsupported_why or _shared_reason(layer, holders, readers, calls)
         name = layer.name
         if reason is None and name in names:  # e.g. towers built by one function, in sub-models
             name = _unique_table_name(model, layer, names | layer_names)
