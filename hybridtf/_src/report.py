@@ -20,7 +20,8 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
-from hybridtf._src.integrations.keras_model import has_packed_tables
+from hybridtf._src.integrations.keras_model import has_packed_tables, is_optimized
+from hybridtf._src.integrations.keras_unpacked import UnpackedModelMixin
 from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
 from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
@@ -111,7 +112,8 @@ class Report:
 
     Attributes:
         model_name: the Keras model's name.
-        optimized: whether the model went through ``hybridtf.keras.optimize``.
+        optimized: whether the model went through ``hybridtf.keras.optimize``
+            (also when it packed nothing).
         ops: ``count_ops`` of the model.
         baseline_ops: ``count_ops`` of the plain baseline model, if one was given.
         plan: the packing plan (None for a model without one).
@@ -127,6 +129,9 @@ class Report:
         interleaving: the model's ``InterleavingPlan`` as a dict (K-groups
             with Capacity_g and members, excluded embeddings, micro-batching
             and how Eq. 2 chose it), or None.
+        dynamic_plan: the packed HybridHash stores (``model.hybridtf_dynamic_plan``)
+            as ``{"name", "dim", "members"}`` dicts: the DynamicEmbedding tables
+            of one dim that ``optimize`` put into one store and one chain.
         dynamic_tables: ``{table: metrics}`` of the model's DynamicEmbedding
             (HybridHash) tables as they stand: rows, hot-tier hit ratio (last
             step and cumulative), inserts, evictions, flushes, bytes per row.
@@ -151,6 +156,7 @@ class Report:
     shared_uniques: dict = dataclasses.field(default_factory=dict)
     interleaving: dict | None = None
     dynamic_tables: dict = dataclasses.field(default_factory=dict)
+    dynamic_plan: tuple = ()
 
     @property
     def ops_ratio(self) -> float | None:
@@ -182,6 +188,7 @@ class Report:
             "shared_uniques": dict(self.shared_uniques),
             "interleaving": self.interleaving,
             "dynamic_tables": dict(self.dynamic_tables),
+            "dynamic_plan": [dict(g) for g in self.dynamic_plan],
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -206,6 +213,9 @@ class Report:
             shared_uniques=dict(d.get("shared_uniques", {})),
             interleaving=d.get("interleaving"),
             dynamic_tables=dict(d.get("dynamic_tables", {})),
+            dynamic_plan=tuple(
+                {"name": g["name"], "dim": g["dim"], "members": list(g["members"])} for g in d.get("dynamic_plan", ())
+            ),
         )
 
     @classmethod
@@ -226,6 +236,8 @@ class Report:
 
     def __str__(self) -> str:
         kind = "optimized by hybridtf" if self.optimized else "not optimized"
+        if self.optimized and not self.dynamic_plan and not (self.plan and self.plan.packed_tables):
+            kind = "through hybridtf.keras.optimize, nothing packed"
         lines = [f"hybridtf report: model {self.model_name!r} ({kind})", *self._ops_lines(), ""]
         lines.append(str(self.plan) if self.plan is not None else "no packing plan")
         lines += ["", *self._table_lines(), ""]
@@ -243,6 +255,9 @@ class Report:
             lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
             plan = self.interleaving and InterleavingPlan.from_dict(self.interleaving)
             lines.append(str(plan) if plan else "interleaving: none (one group, whole batch)")
+        if self.optimized:
+            stores = [f"{g['name']} (dim {g['dim']}: {', '.join(g['members'])})" for g in self.dynamic_plan]
+            lines.append(f"DynamicEmbedding tables packed per HybridHash store: {'; '.join(stores) or 'none'}")
         if self.dynamic_tables:
             lines.append(f"dynamic tables (HybridHash): {len(self.dynamic_tables)}")
             lines += [
@@ -370,9 +385,15 @@ def report(
             )
     if sample_batch is None:
         sample_batch = synthetic_batch(model)
-    optimized = has_packed_tables(model)
+    # through optimize: packed static tables, dynamic stores only, or nothing packable
+    optimized = is_optimized(model) or isinstance(model, UnpackedModelMixin)
+    packed = has_packed_tables(model)
     plan = model.hybridtf_plan if optimized else None
     skipped = tuple(getattr(model, "_htf_skipped", ()))
+    dynamic_plan = tuple(
+        {"name": g.name, "dim": int(g.dim), "members": list(g.members)}
+        for g in (getattr(model, "hybridtf_dynamic_plan", None) or () if optimized else ())
+    )
     return Report(
         model_name=model.name,
         optimized=optimized,
@@ -381,12 +402,13 @@ def report(
         plan=plan,
         skipped=skipped,
         tables=tuple(_table_stats(model, plan)),
-        communication=_communication(model, sample_batch, num_ranks) if optimized else None,
+        communication=_communication(model, sample_batch, num_ranks) if packed or dynamic_plan else None,
         fused_concats=tuple(model.hybridtf_fused_concats) if optimized else (),
         fused_dense=tuple(model.hybridtf_fused_dense) if optimized else (),
-        shared_uniques=dict(model._htf_runtime.shared_uniques) if optimized else {},
+        shared_uniques=dict(model._htf_runtime.shared_uniques) if packed else {},
         interleaving=_interleaving(model) if optimized else None,
         dynamic_tables=dynamic_tables(model),
+        dynamic_plan=dynamic_plan,
     )
 
 

@@ -131,6 +131,10 @@ def _compile_args(model, optimizer: str, loss: str):
         tf.keras.optimizers.get(optimizer)
     except ValueError as err:
         raise UsageError(f"--optimizer {optimizer!r} is not a Keras optimizer name ({err}).") from err
+    try:
+        tf.keras.losses.get(loss)
+    except ValueError as err:
+        raise UsageError(f"--loss {loss!r} is not a Keras loss name ({err}).") from err
     if any(isinstance(layer, DynamicEmbedding) for layer in model._flatten_layers()):  # tables train through it
         return (lambda: dynamic_optimizer(tf.keras.optimizers.get(optimizer))), loss
     return (lambda: tf.keras.optimizers.get(optimizer)), loss
@@ -148,6 +152,12 @@ def build_pair(args, source: ModelSource):
         "interleave_groups": args.interleave_groups,
     }
     if source.example is not None:
+        given = [f"--{flag}" for flag in ("optimizer", "loss") if getattr(args, flag) is not None]
+        if given:
+            raise UsageError(
+                f"{' and '.join(given)} set the training of a user model (--model module:function); the built-in "
+                f"example {source.example!r} trains with the benchmark's Adagrad and binary cross-entropy."
+            )
         fields = examples.example_fields(args.fields, din=source.example == "din")
         batch = examples.example_batch(fields, args.batch)
         plain = examples.build_example(source.example, fields, batch[0])
@@ -159,7 +169,7 @@ def build_pair(args, source: ModelSource):
         return plain, model, batch, config
     builder = load_builder(source)
     plain = _user_model(builder, source.name)
-    make_optimizer, loss = _compile_args(plain, args.optimizer, args.loss)
+    make_optimizer, loss = _compile_args(plain, args.optimizer or "adagrad", args.loss or "binary_crossentropy")
     model = hybridtf.keras.optimize(_user_model(builder, source.name), **options)
     for m in (plain, model):
         m.compile(optimizer=make_optimizer(), loss=loss)
@@ -192,8 +202,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
     )
-    p.add_argument("--optimizer", default="adagrad", help="Keras optimizer of an uncompiled user model")
-    p.add_argument("--loss", default="binary_crossentropy", help="Keras loss of an uncompiled user model")
+    p.add_argument("--optimizer", default=None, help="Keras optimizer of an uncompiled user model (default adagrad)")
+    p.add_argument("--loss", default=None, help="Keras loss of an uncompiled user model (default binary_crossentropy)")
     p.add_argument("--micro-batches", type=int, default=1, help="D-interleaving: micro-batches per step")
     p.add_argument("--interleave-from", choices=("embedding", "mlp", "mlp_fused"), default="embedding")
     p.add_argument("--interleave-groups", type=int, default=None, help="K-interleaving: number of groups")
@@ -252,8 +262,9 @@ def main(argv=None) -> int:
     except HybridTFError as err:  # hybridtf refuses the model with these options: its message names the fix
         print(f"{args_parser.prog}: error: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
+    # timed first: the dynamic tables' statistics then show the timed steps
     timing = _timing(args, source, model, batch) if args.timing else None
+    result = report(model, batch, baseline=plain, num_ranks=args.ranks or None)
     if args.json:
         d = result.to_dict()
         d["config"] = config

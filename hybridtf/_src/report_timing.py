@@ -5,7 +5,8 @@ the median wall time of a few unprofiled steps, then one step under the TF
 profiler (``rewrite/warmup.py``'s ``measure_step``, the same measurement the
 ``"auto"`` warm-up takes) whose op time is split into each packed table's
 chain (forward, gradient and fused update ops carry the packed table's name
-scope; under D-interleaving every micro-batch's chain does too) and the rest
+scope, or the packed HybridHash store's; under D-interleaving every micro-batch's
+chain does too) and the rest
 (dense layers, loss, optimizer, exchange, and the fused concatenation /
 first-layer ops, which carry their layer's name). ``timing_section`` puts two such
 timings side by side: the model with its interleaving and the same model
@@ -64,7 +65,7 @@ def step_timing(model, batch, *, steps: int = 5, label: str = "") -> StepTiming:
     """Times ``steps`` training steps of the compiled, optimized ``model`` on ``batch`` (see the module docstring).
 
     Args:
-        model: a model returned by ``hybridtf.keras.optimize`` and compiled.
+        model: a model returned by ``hybridtf.keras.optimize`` (packed or not) and compiled.
         batch: ``(features, labels)``.
         steps: unprofiled steps to take the median of (after two untimed steps).
         label: the name printed for this timing.
@@ -79,11 +80,13 @@ def step_timing(model, batch, *, steps: int = 5, label: str = "") -> StepTiming:
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}.")
     runtime = getattr(model, "_htf_runtime", None)
-    if runtime is None:
+    plan = runtime.plan if runtime is not None else getattr(model, "_htf_plan", None)
+    if plan is None:
         raise ValueError(
-            f"step_timing needs a model returned by hybridtf.keras.optimize (with packed tables); got "
+            f"step_timing needs a model returned by hybridtf.keras.optimize; got "
             f"{type(model).__name__} {getattr(model, 'name', '')!r}."
         )
+    stores = [g.name for g in getattr(model, "hybridtf_dynamic_plan", None) or ()]
     x, y = batch
     for _ in range(2):  # tracing and, for "auto" interleaving, the measured warm-up step
         model.train_on_batch(x, y)
@@ -92,7 +95,7 @@ def step_timing(model, batch, *, steps: int = 5, label: str = "") -> StepTiming:
         start = time.perf_counter()
         model.train_on_batch(x, y)
         seconds.append(time.perf_counter() - start)
-    _, measured = warmup.measure_step(lambda: model.train_on_batch(x, y), runtime.plan)
+    _, measured = warmup.measure_step(lambda: model.train_on_batch(x, y), plan, chains=stores)
     chains = {k: float(v) for k, v in measured.op_seconds.items() if k}
     micro, groups = _interleaving_shape(model)
     return StepTiming(

@@ -62,3 +62,42 @@ def test_report_of_a_user_model_holds_its_dynamic_tables():
     assert table["size"] == table["inserts"] == 3 and table["evictions"] == 0
     assert "dynamic tables (HybridHash): 1" in str(rep) and "user_hash: 3 rows" in str(rep)
     assert htf_report.Report.from_json(rep.to_json()) == rep
+
+
+def _dynamic_only_model():
+    ids = tf.keras.Input(shape=(2,), dtype=tf.int64, name="ids")
+    fields = [
+        tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(4, hot_rows=8, name=name)(ids[:, f : f + 1]))
+        for f, name in enumerate(("user", "item"))
+    ]
+    out = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.Concatenate()(fields))
+    return tf.keras.Model(ids, out)
+
+
+def test_a_model_with_only_dynamic_tables_reports_its_store_traffic_and_timing():
+    """Packed into one HybridHash store and nothing static: the report says optimized, names the store and its
+    members (text and JSON), estimates the ranks' traffic, and the timing counts the store's chain."""
+    model = htf.keras.optimize(_dynamic_only_model())
+    model.compile(optimizer="adagrad", loss="binary_crossentropy")
+    x, y = np.array([[5, 2**62], [7, 5], [9, 11], [5, 3]], np.int64), np.ones((4, 1), np.float32)
+    timing = htf_report.step_timing(model, (x, y), steps=1)
+    assert set(timing.chain_seconds) == {"hybridtf_dynamic_d4"} and timing.chains_total > 0
+    rep = htf_report.report(model, (x, y), num_ranks=2)
+    assert rep.optimized and "(optimized by hybridtf)" in str(rep)
+    assert rep.dynamic_plan == ({"name": "hybridtf_dynamic_d4", "dim": 4, "members": ["user", "item"]},)
+    assert "hybridtf_dynamic_d4 (dim 4: user, item)" in str(rep)
+    assert rep.communication["tables"]["hybridtf_dynamic_d4"]["placement"] == "sharded by id (dynamic)"
+    assert rep.dynamic_tables["user"]["size"] == 3 + 4  # the timed steps' (member, id) pairs, per store
+    assert htf_report.Report.from_json(rep.to_json()) == rep
+
+
+def test_a_model_with_nothing_packable_is_reported_and_timed():
+    ids = tf.keras.Input(shape=(1,), dtype=tf.int64)
+    table = tf.keras.layers.Embedding(10, 2, embeddings_constraint="non_neg")  # left unpacked, with the reason
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(table(ids))))
+    model = htf.keras.optimize(model)
+    model.compile(optimizer="sgd", loss="mse")
+    x, y = np.array([[1], [2]], np.int64), np.ones((2, 1), np.float32)
+    assert htf_report.step_timing(model, (x, y), steps=1).chain_seconds == {}
+    rep = htf_report.report(model, (x, y))
+    assert rep.optimized and "nothing packed" in str(rep) and len(rep.skipped) == 1

@@ -196,6 +196,7 @@ def test_report_on_an_uncompiled_model_with_dynamic_tables_on_two_ranks(tmp_path
     "argv, message",
     [
         (["--optimizer", "bogus"], "--optimizer 'bogus' is not a Keras optimizer name"),
+        (["--loss", "bogus"], "--loss 'bogus' is not a Keras loss name"),
         (["--micro-batches", "0"], "--micro-batches must be >= 1"),
         (["--ranks", "-1"], "--ranks must be >= 0"),
     ],
@@ -205,6 +206,14 @@ def test_bad_flags_are_usage_errors(user_file, capsys, argv, message):
         htf_report.main(["--model", f"{user_file}:build_model", *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_training_flags_of_a_built_in_example_are_usage_errors(capsys):
+    """The examples train with the benchmark's Adagrad: --optimizer / --loss are refused, not silently ignored."""
+    with pytest.raises(SystemExit) as exit_info:
+        htf_report.main(["--model", "wdl", "--optimizer", "adam"])
+    assert exit_info.value.code == 2
+    assert "--optimizer set the training of a user model" in capsys.readouterr().err
 
 
 def test_model_none_without_the_dynamic_section_is_a_usage_error(capsys):

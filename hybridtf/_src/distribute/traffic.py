@@ -51,8 +51,9 @@ def _recorded_requests(model, features):
         lambda x: x if isinstance(x, (tf.Tensor, tf.RaggedTensor, tf.SparseTensor)) else tf.convert_to_tensor(x),
         features,
     )
+    call = super(_HybridModelMixin, model).call if isinstance(model, _HybridModelMixin) else model.call
     with discarding_losses(model), context.recording() as rec:
-        super(_HybridModelMixin, model).call(features, training=False)
+        call(features, training=False)
     return rec.requests
 
 
@@ -81,8 +82,8 @@ def estimate_traffic(model, features, num_ranks: int) -> dict:
     """
     if num_ranks < 2:
         raise ValueError(f"num_ranks must be >= 2 to estimate hybrid-parallel traffic, got {num_ranks}.")
-    runtime = model._htf_runtime
-    plan = runtime.plan
+    runtime = getattr(model, "_htf_runtime", None)  # None: nothing static packed (dynamic stores only)
+    plan = runtime.plan if runtime is not None else model.hybridtf_plan
     requests = _recorded_requests(model, features)
     if not requests:
         raise ValueError("the model issued no packed lookups on this batch.")
@@ -145,7 +146,7 @@ def estimate_traffic(model, features, num_ranks: int) -> dict:
                 if o != r:
                     sent_a2a[o] += int(np.sum(owners == o)) * row_bytes  # the owner serves the rows
         tables[store] = {"placement": "sharded by id (dynamic)", "unique_ids_per_rank": uniques}
-    table_vars = {id(v) for v in runtime.storage.packed.values()}
+    table_vars = {id(v) for v in runtime.storage.packed.values()} if runtime is not None else set()
     dense = sum(
         int(np.prod(v.shape)) * v.dtype.size
         for v in model.trainable_variables

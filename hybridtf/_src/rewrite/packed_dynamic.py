@@ -278,7 +278,12 @@ class DynamicGroup:
         return f"hybridtf_dynamic_{self.plan.name}"
 
     def apply_gradient(self, grad, optimizer, kind: str):
-        """The store's fused update for the buffer's gradient (called by the hooked optimizer)."""
+        """The store's fused update for the buffer's gradient (called by the hooked optimizer), under the
+        store's name scope (the report's timing counts it in the store's chain)."""
+        with tf.name_scope(self.plan.name):
+            return self._apply_gradient(grad, optimizer, kind)
+
+    def _apply_gradient(self, grad, optimizer, kind: str):
         from hybridtf._src.run import sparse_apply
 
         ids = self.ids_buffer.read_value()

@@ -157,15 +157,16 @@ def measure_host_memory(step, optimizer):
     return result, float(max(peak - before - slots, 0))
 
 
-def measure_step(step, plan):
+def measure_step(step, plan, chains=()):
     """Runs ``step()`` once, measured; returns ``(its result, StepMeasurement)``.
 
     Args:
         step: a callable running one training step.
         plan: the model's ``PackingPlan`` (its packed tables name the chains).
+        chains: more name scopes timed as chains (packed HybridHash stores).
     """
     device = memory_device()
-    names = [pt.name for pt in plan.packed_tables]
+    names = [pt.name for pt in plan.packed_tables] + [c for c in chains if c]
     if device != "CPU:0":
         tf.config.experimental.reset_memory_stats(device)
         before = tf.config.experimental.get_memory_info(device)["current"]
