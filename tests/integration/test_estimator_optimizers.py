@@ -339,3 +339,24 @@ def test_distinct_by_construction_is_only_a_unique_ops_distinct_ids():
         assert not distinct_by_construction(ids)
         assert not distinct_by_construction(tf.concat([unique.unique_ids, unique.unique_ids], 0))
         assert not distinct_by_construction(unique.inverse)
+
+
+@pytest.mark.parametrize("make_optimizer", [tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad])
+def test_a_keras_optimizers_slots_are_not_reported_as_lookups_hybridtf_does_not_manage(caplog, make_optimizer):
+    """A Keras optimizer's sparse update gathers from its slot variables: they are not the model's lookups."""
+
+    def model_fn(features, labels, mode):
+        emb = tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=_init(0), name="e0")
+        dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=2))
+        logit = dense(emb(features["C0"]))
+        loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
+        tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+        variables = emb.trainable_variables + dense.trainable_variables
+        train_op = make_optimizer(0.1).apply_gradients(zip(tf.gradients(loss, variables), variables))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        _, _, report = _graph_spec(htf_estimator.model_fn(model_fn))
+    assert [m.name for pt in report.plan.packed_tables for m in pt.members] == ["e0"]
+    assert report.unpacked_lookups == []
+    assert "does not manage" not in caplog.text

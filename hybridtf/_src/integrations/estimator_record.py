@@ -137,7 +137,9 @@ class Record:
         return {name: info.variable for name, info in self.tables.items()}
 
     def unpacked_lookups(self) -> list[str]:
-        """Variables gathered from in the scratch graph that hybridtf does not manage."""
+        """Trainable variables gathered from in the scratch graph that hybridtf does not manage (not optimizer
+        slots, which a Keras optimizer's sparse update gathers from)."""
+        trainable = {v.op.name for v in self.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
         known = {info.variable.op.name for info in self.tables.values()} | self.skipped_variables
         for tables in self.tables_sets:
             known.update(v.op.name for v in tables.variables)
@@ -149,7 +151,7 @@ class Record:
             src = op.inputs[0].op
             if src.type == "ReadVariableOp":
                 src = src.inputs[0].op
-            if src.type == "VarHandleOp" and src.name not in known and src.name not in found:
+            if src.type == "VarHandleOp" and src.name in trainable and src.name not in known and src.name not in found:
                 found.append(src.name)
         return found
 
