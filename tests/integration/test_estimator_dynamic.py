@@ -437,3 +437,30 @@ def test_micro_batch_gradients_over_a_dynamic_table_equal_the_whole_batch(uninte
     """Each micro-batch's lookup appends to the layer's buffer (TF1 graph: explicit dependencies), one update."""
     est = _estimator(htf_estimator.model_fn(micro_batched_model_fn), tmp_path, kind="adagrad")
     np.testing.assert_allclose(_train(est, 20), uninterrupted[1][:20], rtol=1e-5)
+
+
+def test_adam_train_calls_that_run_their_input_to_the_end_equal_plain(tmp_path):
+    """Each train call ends with the step that finds the end of its input: the plain model_fn's TF1 Adam decays
+    every row's moments there (data-free ops still run), and so do the dynamic tables before the last checkpoint
+    of the call; periodic checkpoints in between (every 4 steps) change nothing."""
+
+    def calls(fn, model_dir, **params):
+        config = tf.estimator.RunConfig(
+            tf_random_seed=1, save_checkpoints_steps=4, save_summary_steps=None, log_step_count_steps=None
+        )
+        est = tf.estimator.Estimator(fn, model_dir=str(model_dir), config=config, params=params)
+        losses = []
+        for call in range(3):  # 10, 10 and 7 batches, steps=None: every call meets the end of its input
+            hook = LossHook()
+            est.train(lambda c=call: _input_fn(10 * c).take(10 if c < 2 else 7), steps=None, hooks=[hook])
+            losses += hook.losses
+        return np.array(losses)
+
+    dyn = calls(htf_estimator.model_fn(dynamic_model_fn), tmp_path / "dyn", kind="adam")
+    plain = calls(plain_model_fn, tmp_path / "plain", kind="adam")
+    assert len(dyn) == 27 and tf.train.load_variable(str(tmp_path / "dyn"), "global_step") == 27
+    np.testing.assert_allclose(dyn, plain, rtol=1e-5)
+    ids = tf.train.load_variable(str(tmp_path / "dyn"), "hybridtf_dynamic/items/ids")
+    slots = tf.train.load_variable(str(tmp_path / "dyn"), "hybridtf_dynamic/items/slots")
+    m = tf.train.load_variable(str(tmp_path / "plain"), "items/embeddings/Adam")
+    np.testing.assert_allclose(slots[:, 0], m[ids], rtol=1e-4, atol=1e-7)  # slots: [rows, (m, v), dim]

@@ -25,6 +25,9 @@ scales it by ``1 / size`` instead of allreducing it).
 
 The table updates run inside the optimizer's ``apply_gradients`` (before
 ``_finish``), so ``global_step`` advances after them, as for any variable.
+Adam's data-free decay of every row's moments, which the plain model_fn
+also runs in the step that finds the end of the input, is applied by
+``integrations/estimator_end_of_data.py``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import tensorflow as tf
 
 from hybridtf._src.caching import fills
 from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.integrations import estimator_end_of_data
 
 _V1 = tf.compat.v1.train
 
@@ -91,6 +95,7 @@ def v1_table_update(optimizer, kind: str, owner, grad):
     beta2 = _hyper(optimizer, optimizer._beta2)
     beta1_power, beta2_power = (tf.cast(p, tf.float32) for p in optimizer._get_beta_accumulators())
     alpha = _hyper(optimizer, optimizer._lr) * tf.sqrt(1.0 - beta2_power) / (1.0 - beta1_power)
+    estimator_end_of_data.note_adam(table, 1.0 - beta1, 1.0 - beta2)  # run only if the input ends in a step
     return table.apply_adam(ids, grad, alpha, 1.0 - beta1, 1.0 - beta2, _hyper(optimizer, optimizer._epsilon))
 
 

@@ -45,7 +45,7 @@ from tensorflow.python.training.saving import saveable_object
 from hybridtf._src.capture.context import CaptureError
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations import estimator_dynamic_warm_start
+from hybridtf._src.integrations import estimator_dynamic_warm_start, estimator_end_of_data
 from hybridtf._src.integrations.estimator_hooks import CACHE_MAINTENANCE
 
 PREFIX = estimator_dynamic_warm_start.PREFIX  # checkpoint keys: <PREFIX>/<table>/<field>
@@ -130,6 +130,7 @@ def finish(spec, graph: tf.Graph, mode, report, config):
     """
     owners = finish_graph(graph, mode, report)
     check_checkpoint(owners, config)
+    spec = estimator_end_of_data.with_hook(spec, graph, mode)
     with graph.as_default():
         return estimator_dynamic_warm_start.apply(spec, owners, mode)
 

@@ -20,7 +20,7 @@ from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.distribute.exchange import gather_member
-from hybridtf._src.integrations import atomic_checkpoint
+from hybridtf._src.integrations import atomic_checkpoint, estimator_end_of_data
 
 _log = logging.getLogger("hybridtf")
 
@@ -225,6 +225,7 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
         if global_step is not None and not isinstance(global_step, numbers.Number):
             global_step = training_util.global_step(sess, global_step)
         prefix = f"{save_path}-{int(global_step)}" if global_step is not None else save_path
+        estimator_end_of_data.before_save(sess, global_step)  # a train call that ran its input to the end
         with atomic_checkpoint.protected(os.fspath(prefix), latest_filename):
             return super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename, **kwargs)
 
