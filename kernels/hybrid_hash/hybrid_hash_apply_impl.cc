@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "kernels/common/adam_math.h"
 #include "kernels/hybrid_hash/hybrid_hash_impl.h"
 
 namespace hybridtf {
@@ -205,11 +206,11 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
       for (int64_t c = 0; c < dim; ++c) {
         float mi = m[c];
         float vi = v[c];
-        mi = (mi + (-mi) * c1) + g[c] * c1;
-        vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
+        mi = adam_math::FirstMoment(mi, g[c], c1);
+        vi = adam_math::SecondMoment(vi, g[c], c2);
         m[c] = mi;
         v[c] = vi;
-        w[c] = w[c] - (mi * alpha) / (std::sqrt(vi) + eps);
+        w[c] = adam_math::Step(w[c], mi, vi, alpha, eps);
       }
     });
   }
@@ -245,8 +246,8 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
       float* v = w + 2 * dim;
       const float* g = touched_grad[r];
       for (int64_t c = 0; c < dim; ++c) {
-        m[c] = m[c] + (-m[c]) * c1;
-        v[c] = v[c] + (-v[c]) * c2;
+        m[c] = adam_math::Decay(m[c], c1);
+        v[c] = adam_math::Decay(v[c], c2);
       }
       if (g != nullptr) {
         for (int64_t c = 0; c < dim; ++c) {
@@ -254,7 +255,7 @@ ImplStatus Store::ApplyAdam(const int64_t* ids, const float* grad, int64_t n, fl
           v[c] = v[c] + (g[c] * g[c]) * c2;
         }
       }
-      for (int64_t c = 0; c < dim; ++c) w[c] = w[c] - (m[c] * alpha) / (std::sqrt(v[c]) + eps);
+      for (int64_t c = 0; c < dim; ++c) w[c] = adam_math::Step(w[c], m[c], v[c], alpha, eps);
     }
   });
   return ImplStatus::Ok();
@@ -273,8 +274,8 @@ ImplStatus Store::DecayAdamMoments(float c1, float c2, const ParallelFor& pf) {
       float* m = Floats(h) + dim;
       float* v = m + dim;
       for (int64_t c = 0; c < dim; ++c) {
-        m[c] = m[c] + (-m[c]) * c1;
-        v[c] = v[c] + (-v[c]) * c2;
+        m[c] = adam_math::Decay(m[c], c1);
+        v[c] = adam_math::Decay(v[c], c2);
       }
     }
   });

@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "kernels/common/adam_math.h"
 #include "kernels/common/multiversion.h"
 
 namespace hybridtf {
@@ -74,7 +75,7 @@ HYBRIDTF_MULTIVERSION void AdamRegularized(float* __restrict w, float* __restric
       const float vi = v[i] + (g * g - v[i]) * c2;
       m[i] = mi;
       v[i] = vi;
-      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+      w[i] = adam_math::Step(w[i], mi, vi, alpha, eps);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
@@ -83,7 +84,7 @@ HYBRIDTF_MULTIVERSION void AdamRegularized(float* __restrict w, float* __restric
       const float vi = v[i] + (g * g - v[i]) * c2;
       m[i] = mi;
       v[i] = vi;
-      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+      w[i] = adam_math::Step(w[i], mi, vi, alpha, eps);
     }
   }
 }
@@ -95,19 +96,19 @@ HYBRIDTF_MULTIVERSION void AdamUnregularized(float* __restrict w, float* __restr
   const float c1 = h.c1, c2 = h.c2, alpha = h.alpha, eps = h.eps;
   if (gb != nullptr) {
     for (int64_t i = 0; i < n; ++i) {
-      const float mi = (m[i] + (-m[i]) * c1) + gb[i] * c1;
-      const float vi = (v[i] + (-v[i]) * c2) + (gb[i] * gb[i]) * c2;
+      const float mi = adam_math::FirstMoment(m[i], gb[i], c1);
+      const float vi = adam_math::SecondMoment(v[i], gb[i], c2);
       m[i] = mi;
       v[i] = vi;
-      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+      w[i] = adam_math::Step(w[i], mi, vi, alpha, eps);
     }
   } else {
     for (int64_t i = 0; i < n; ++i) {
-      const float mi = m[i] + (-m[i]) * c1;
-      const float vi = v[i] + (-v[i]) * c2;
+      const float mi = adam_math::Decay(m[i], c1);
+      const float vi = adam_math::Decay(v[i], c2);
       m[i] = mi;
       v[i] = vi;
-      w[i] = w[i] - (mi * alpha) / (std::sqrt(vi) + eps);
+      w[i] = adam_math::Step(w[i], mi, vi, alpha, eps);
     }
   }
 }
@@ -192,11 +193,11 @@ void SparseRow(Kind kind, int64_t u, float* var, float* s1, float* s2, const Spa
       for (int64_t c = 0; c < dim; ++c) {
         float mi = m[c];
         float vi = v[c];
-        mi = (mi + (-mi) * h.c1) + g[c] * h.c1;
-        vi = (vi + (-vi) * h.c2) + (g[c] * g[c]) * h.c2;
+        mi = adam_math::FirstMoment(mi, g[c], h.c1);
+        vi = adam_math::SecondMoment(vi, g[c], h.c2);
         m[c] = mi;
         v[c] = vi;
-        w[c] = w[c] - (mi * h.alpha) / (std::sqrt(vi) + h.eps);
+        w[c] = adam_math::Step(w[c], mi, vi, h.alpha, h.eps);
       }
       break;
     }

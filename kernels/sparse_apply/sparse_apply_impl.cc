@@ -6,6 +6,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/common/adam_math.h"
 #include "kernels/common/dispatch_dim.h"
 #include "kernels/common/multiversion.h"
 
@@ -121,8 +122,8 @@ void Adagrad(float* var, float* acc, const SparseGrad<Idx>& grad, float lr, floa
 HYBRIDTF_MULTIVERSION void DecayMoments(float* __restrict m, float* __restrict v, int64_t begin,
                                         int64_t end, float c1, float c2) {
   for (int64_t i = begin; i < end; ++i) {
-    m[i] = m[i] + (-m[i]) * c1;
-    v[i] = v[i] + (-v[i]) * c2;
+    m[i] = adam_math::Decay(m[i], c1);
+    v[i] = adam_math::Decay(v[i], c2);
   }
 }
 
@@ -130,7 +131,7 @@ HYBRIDTF_MULTIVERSION void MoveAll(float* __restrict var, const float* __restric
                                    const float* __restrict v, int64_t begin, int64_t end,
                                    float alpha, float eps) {
   for (int64_t i = begin; i < end; ++i) {
-    var[i] = var[i] - (m[i] * alpha) / (std::sqrt(v[i]) + eps);
+    var[i] = adam_math::Step(var[i], m[i], v[i], alpha, eps);
   }
 }
 
@@ -166,11 +167,11 @@ inline void LazyAdamRow(float* __restrict w, float* __restrict m, float* __restr
   for (int64_t c = 0; c < d; ++c) {
     float mi = m[c];
     float vi = v[c];
-    mi = (mi + (-mi) * c1) + g[c] * c1;
-    vi = (vi + (-vi) * c2) + (g[c] * g[c]) * c2;
+    mi = adam_math::FirstMoment(mi, g[c], c1);
+    vi = adam_math::SecondMoment(vi, g[c], c2);
     m[c] = mi;
     v[c] = vi;
-    w[c] = w[c] - (mi * alpha) / (std::sqrt(vi) + eps);
+    w[c] = adam_math::Step(w[c], mi, vi, alpha, eps);
   }
 }
 

@@ -445,3 +445,42 @@ def test_a_table_a_layer_indexes_by_weights_in_its_call_stays_unpacked_and_exact
     for _ in range(3):
         x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
         np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
+
+
+class _TiedWithLoss(tf.keras.layers.Layer):
+    """Tied output weights read in ``call``, which also adds a loss (Keras's call context is needed)."""
+
+    def __init__(self, emb, **kwargs):
+        super().__init__(**kwargs)
+        self.emb = emb
+
+    def call(self, h):
+        self.add_loss(1e-3 * tf.reduce_sum(tf.square(h)))
+        return tf.matmul(h, self.emb.embeddings, transpose_b=True)
+
+
+def test_a_call_that_adds_a_loss_is_traced_too_and_the_models_losses_stay():
+    def build():
+        tf.keras.utils.set_random_seed(3)
+        ids = tf.keras.Input((4,), dtype="int32")
+        emb = tf.keras.layers.Embedding(40, 8, name="tok")
+        other = tf.keras.layers.Embedding(40, 8, name="other")
+        h = tf.keras.layers.Add()([emb(ids), other(ids)])
+        h = tf.keras.layers.Dense(8, activity_regularizer="l2")(tf.keras.layers.GlobalAveragePooling1D()(h))
+        model = tf.keras.Model(ids, _TiedWithLoss(emb, name="tied")(h))
+        model(np.zeros((2, 4), "int32"))  # an eager call: model.losses holds its values
+        return model
+
+    plain, optimized = build(), build()
+    before = [float(loss) for loss in optimized.losses]
+    optimized = htf.keras.optimize(optimized)
+    assert [float(loss) for loss in optimized.losses] == before and len(before) == 2
+    [skipped] = optimized.hybridtf_skipped
+    assert skipped.name == "tok" and "the call of 'tied' reads its table variable" in skipped.reason
+    assert [m.name for pt in optimized.hybridtf_plan.packed_tables for m in pt.members] == ["other"]
+    for m in (plain, optimized):
+        m.compile(tf.keras.optimizers.Adam(0.01), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
+        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)

@@ -9,10 +9,11 @@ only, so such a table must stay unpacked. A functional model's graph of layers
 shows the reads it makes through ``TFOpLambda`` layers
 (``keras_capture._variable_readers``); reads inside a ``call`` it does not.
 
-``call_readers`` traces, once, the ``call`` of every layer that holds embedding
-layers (and of a subclassed model), in inference mode, in a scratch graph that
-never runs, from the input signature Keras recorded at the layer's first call. A
-tape watches the variables the trace accesses and is paused inside the embedding
+``call_readers`` calls, once, every layer that holds embedding layers (and a
+subclassed model), through Keras's ``__call__`` in inference mode, in a scratch
+graph that never runs, from the input signature Keras recorded at the layer's
+first call; the losses layers added in their last eager call are kept. A
+tape watches the variables the call accesses and is paused inside the embedding
 layers' own calls: a table variable it saw is read directly. Variable creation
 aborts the trace. A call that cannot be traced (no recorded signature, the trace
 fails) is not judged here: a direct read of a packed table then fails at the
@@ -22,7 +23,6 @@ first training step with an error that names the fix (``exclude=``).
 from __future__ import annotations
 
 import contextlib
-import inspect
 
 import tensorflow as tf
 from tensorflow.python.framework import func_graph
@@ -65,20 +65,15 @@ def _accessed(layer) -> list | None:
     if spec is None:
         return None
     args, kwargs = spec
-    try:
-        parameters = inspect.signature(layer.call).parameters
-    except (TypeError, ValueError):
-        parameters = {}
     graph = func_graph.FuncGraph("hybridtf_call_reads")
     try:
         with graph.as_default(), tf.variable_creator_scope(_refuse_variables):
             args, kwargs = tf.nest.map_structure(_placeholder, (list(args), dict(kwargs)))
-            if "training" in parameters and "training" not in kwargs:
-                kwargs["training"] = False
+            kwargs.setdefault("training", False)  # Keras passes it on only to a call that takes it
             with tf.GradientTape(watch_accessed_variables=True) as tape:
                 _TAPES.append(tape)
                 try:
-                    layer.call(*args, **kwargs)
+                    layer(*args, **kwargs)  # through Keras's __call__: its call context (add_loss in call)
                 finally:
                     _TAPES.pop()
     except Exception:  # any failure only means "cannot tell"
@@ -104,6 +99,12 @@ def call_readers(model: tf.keras.Model, embedding_layers: list) -> dict:
     if not holders:
         return {}
     classes = {id(layer): type(layer) for layer in tables.values()}
+    # the losses a layer added in its last eager call (model.losses): a traced call clears and refills them
+    eager_losses = [
+        (layer, list(getattr(layer._thread_local, "_eager_losses", ())))
+        for layer in model._flatten_layers(include_self=True, recursive=True)
+        if hasattr(layer, "_thread_local")
+    ]
     readers: dict = {}
     try:
         for layer in tables.values():
@@ -117,5 +118,6 @@ def call_readers(model: tf.keras.Model, embedding_layers: list) -> dict:
     finally:
         for layer in tables.values():
             layer.__class__ = classes[id(layer)]
-        model._clear_losses()  # what the probed calls' layers added (activity regularizers) belongs to no step
+        for layer, losses in eager_losses:  # the traced calls' losses (scratch-graph tensors) belong to no step
+            layer._thread_local._eager_losses = losses
     return readers
