@@ -150,31 +150,39 @@ def _variable_readers(model: tf.keras.Model) -> dict:
     return readers
 
 
+_SHARED_WHY = (  # (what reads the variable, given the readers' names; what that would do)
+    (
+        "its table variable is also a weight of {} (tied weights, e.g. an output projection that reads the whole "
+        "table)",
+        "which would keep training the unpacked variable",
+    ),
+    (
+        "the model applies {} to its table variable (e.g. tf.matmul or tf.nn.embedding_lookup on layer.embeddings: "
+        "tied weights, a lookup outside the layer)",
+        "which would read the unpacked variable",
+    ),
+    (
+        "the call of {} reads its table variable (layer.embeddings) as a tensor (tied output weights, sampled "
+        "softmax weights, a lookup outside the layer)",
+        "which a packed table cannot serve",
+    ),
+)
+
+
 def _shared_reason(layer, holders: dict, readers: dict, calls: dict) -> str | None:
-    """Why ``layer``'s table cannot be packed because something else reads its variable (tied weights), or None."""
+    """Why ``layer``'s table cannot be packed because something else reads its variable (tied weights), or None.
+
+    ``holders`` / ``readers`` / ``calls``: ``id(variable) -> layer names`` holding it as a weight, applied to it in
+    a functional model, reading it in their ``call``.
+    """
     table = id(getattr(layer, "embeddings", None))
-    others = [name for name in holders.get(table, ()) if name != layer.name]
-    if others:
-        return (
-            f"its table variable is also a weight of {', '.join(repr(n) for n in others)} (tied weights, e.g. an "
-            "output projection that reads the whole table), which would keep training the unpacked variable: it "
-            "stays unpacked (exact); to pack it, read the table only through this layer's lookups"
-        )
-    ops = [name for name in readers.get(table, ()) if name != layer.name]
-    if ops:
-        return (
-            f"the model applies {', '.join(repr(n) for n in ops)} to its table variable (e.g. tf.matmul or "
-            "tf.nn.embedding_lookup on layer.embeddings: tied weights, a lookup outside the layer), which would read "
-            "the unpacked variable: it stays unpacked (exact); to pack it, read the table only through this layer's "
-            "lookups"
-        )
-    inside = [name for name in calls.get(table, ()) if name != layer.name]
-    if inside:
-        return (
-            f"the call of {', '.join(repr(n) for n in inside)} reads its table variable (layer.embeddings) as a "
-            "tensor (tied output weights, sampled softmax weights, a lookup outside the layer), which a packed table "
-            "cannot serve: it stays unpacked (exact); to pack it, read the table only through this layer's lookups"
-        )
+    for found, (what, effect) in zip((holders, readers, calls), _SHARED_WHY):
+        names = [name for name in found.get(table, ()) if name != layer.name]
+        if names:
+            return (
+                f"{what.format(', '.join(repr(n) for n in names))}, {effect}: it stays unpacked (exact); to pack "
+                "it, read the table only through this layer's lookups"
+            )
     return None
 
 
