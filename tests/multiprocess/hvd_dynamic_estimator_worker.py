@@ -7,7 +7,11 @@ the wrapper says about a ``hybridtf.embedding.Tables`` dynamic table built
 before ``hvd.init()`` (not sharded: refused above one rank, by name; tables
 the model_fn builds are sharded, ``test_horovod_dynamic_tables.py``).
 
-    horovodrun -np 2 -H localhost:2 --gloo python hvd_dynamic_estimator_worker.py OUT_DIR
+    horovodrun -np 2 -H localhost:2 --gloo python hvd_dynamic_estimator_worker.py OUT_DIR [adam_end_of_data]
+
+``adam_end_of_data``: TF1 Adam, and three ``train(steps=None)`` calls that each
+run their input to the end (the end-of-data decay before each call's last
+checkpoint, on every rank's shard).
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def model_fn(features, labels, mode):
     if not train:
         return tf.estimator.EstimatorSpec(mode, loss=loss)
     tf.compat.v1.add_to_collection(LOSS_KEY, loss)
-    optimizer = htf.keras.dynamic_optimizer(tf.compat.v1.train.AdagradOptimizer(0.1))
+    optimizer = tf.compat.v1.train.AdamOptimizer(0.01) if MODE["adam"] else tf.compat.v1.train.AdagradOptimizer(0.1)
+    optimizer = htf.keras.dynamic_optimizer(optimizer)
     if hvd.size() > 1:
         optimizer = htf.horovod.DistributedOptimizer(optimizer)
     train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
@@ -70,6 +75,7 @@ def model_fn(features, labels, mode):
 
 
 EARLY = {}  # a Tables built before hvd.init() (main), which a model_fn then uses
+MODE = {"adam": False}
 
 
 def tables_model_fn(features, labels, mode):
@@ -93,6 +99,7 @@ class LossHook(tf.compat.v1.train.SessionRunHook):
 
 def main():
     out = pathlib.Path(sys.argv[1])
+    MODE["adam"] = sys.argv[2:] == ["adam_end_of_data"]
     with tf.Graph().as_default() as early_graph:
         EARLY["tables"] = htf.embedding.Tables([DynamicTableConfig("users", DIM, hot_rows=8)])
     hvd.init()
@@ -104,7 +111,11 @@ def main():
     model_dir = out / f"est_{size}_{rank}"
     est = tf.estimator.Estimator(htf_estimator.model_fn(model_fn), model_dir=str(model_dir), config=config)
     losses = LossHook()
-    est.train(lambda: input_fn(global_data(STEPS, 3), rank, size), steps=STEPS, hooks=[losses])
+    if MODE["adam"]:  # each call meets the end of its input
+        for seed in (3, 9, 11):
+            est.train(lambda seed=seed: input_fn(global_data(STEPS, seed), rank, size), steps=None, hooks=[losses])
+    else:
+        est.train(lambda: input_fn(global_data(STEPS, 3), rank, size), steps=STEPS, hooks=[losses])
     loss = losses.losses
     if size > 1:
         loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="losses").numpy().tolist()

@@ -52,3 +52,33 @@ def test_estimator_dynamic_tables_sharded_over_two_ranks_train_like_one_process(
             np.testing.assert_allclose(table[field], one[field], rtol=1e-5, atol=1e-7)
         assert "dynamic table 'users' was built before hvd.init()" in result["tables_error"]
         assert "Call hvd.init() before creating the hybridtf.embedding.Tables" in result["tables_error"]
+
+
+def test_estimator_dynamic_adam_train_calls_to_the_end_of_the_input_on_two_ranks_equal_one_process(tmp_path):
+    """Each rank applies the end-of-data decay to its shard before the (gathered) last checkpoint of a call."""
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    _run([sys.executable, WORKER, str(tmp_path), "adam_end_of_data"])
+    _run(
+        [
+            horovodrun,
+            "-np",
+            "2",
+            "-H",
+            "localhost:2",
+            "--gloo",
+            sys.executable,
+            WORKER,
+            str(tmp_path),
+            "adam_end_of_data",
+        ]
+    )
+    single = json.loads((tmp_path / "dynamic_1_0.json").read_text())
+    one = np.load(tmp_path / "table_1_0.npz")
+    assert len(single["losses"]) == 30 and int(one["step"]) == 30
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"dynamic_2_{rank}.json").read_text())
+        np.testing.assert_allclose(result["losses"], single["losses"], rtol=1e-5)
+        table = np.load(tmp_path / f"table_2_{rank}.npz")
+        assert np.array_equal(table["ids"], one["ids"])
+        for field in ("rows", "slots"):
+            np.testing.assert_allclose(table[field], one[field], rtol=1e-5, atol=1e-7)
