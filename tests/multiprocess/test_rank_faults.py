@@ -109,8 +109,10 @@ def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(
     )
     assert found
     # rank 0's own exception time, not the launcher's exit (Horovod's teardown takes seconds on a loaded machine):
-    # within seconds of the abort, or, on the timeout path, within the watchdog's bound (a loaded machine: 20.5 s)
-    bound = BOUND_S if found.group(1) else 10
+    # within the watchdog's bound. The abort comes with rank 1's Horovod shutdown at its exit, which on a loaded
+    # machine can take longer than rank 0's deadline: rank 0's watchdog then fires, and the abort can still arrive
+    # during its diagnosis (CollectiveAbortedError after 20.6 s in one CI run; an idle machine: 0.04 s)
+    bound = BOUND_S
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     left = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
     assert ends[0] - left < bound, f"rank 0 ended {ends[0] - left} s after rank 1 left (launcher: {elapsed} s)"
