@@ -79,8 +79,7 @@ def step_timing(model, batch, *, steps: int = 5, label: str = "") -> StepTiming:
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps!r}.")
-    runtime = getattr(model, "_htf_runtime", None)
-    plan = runtime.plan if runtime is not None else getattr(model, "_htf_plan", None)
+    plan = getattr(model, "hybridtf_plan", None)  # both optimized model classes, packed or not
     if plan is None:
         raise ValueError(
             f"step_timing needs a model returned by hybridtf.keras.optimize; got "

@@ -391,14 +391,19 @@ def _tied_model(by_index=False):
     return model
 
 
+def _same_token_steps(plain, optimized, steps, rtol=1e-6):
+    """``steps`` train_on_batch calls of both models on the same random [16, 4] token batches: equal losses."""
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
+        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=rtol)
+
+
 def test_a_table_tied_to_another_layer_stays_unpacked_and_trains_as_the_plain_model():
     plain, optimized = _tied_model(), htf.keras.optimize(_tied_model())
     [skipped] = optimized.hybridtf_skipped
     assert skipped.name == "tok" and "also a weight of 'tied'" in skipped.reason
-    rng = np.random.default_rng(0)
-    for _ in range(5):
-        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
-        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
+    _same_token_steps(plain, optimized, 5)
     np.testing.assert_allclose(optimized.get_layer("tok").get_weights()[0], plain.get_layer("tok").get_weights()[0])
 
 
@@ -441,10 +446,7 @@ def test_a_table_a_layer_indexes_by_weights_in_its_call_stays_unpacked_and_exact
     plain, optimized = _tied_model(by_index=True), htf.keras.optimize(_tied_model(by_index=True))
     [skipped] = optimized.hybridtf_skipped
     assert skipped.name == "tok" and "the call of 'tied' reads its table variable" in skipped.reason
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
-        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
+    _same_token_steps(plain, optimized, 3)
 
 
 class _TiedWithLoss(tf.keras.layers.Layer):
@@ -480,7 +482,4 @@ def test_a_call_that_adds_a_loss_is_traced_too_and_the_models_losses_stay():
     assert [m.name for pt in optimized.hybridtf_plan.packed_tables for m in pt.members] == ["other"]
     for m in (plain, optimized):
         m.compile(tf.keras.optimizers.Adam(0.01), tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    rng = np.random.default_rng(0)
-    for _ in range(3):
-        x, y = rng.integers(0, 40, (16, 4)).astype("int32"), rng.integers(0, 40, (16,)).astype("int32")
-        np.testing.assert_allclose(optimized.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-6)
+    _same_token_steps(plain, optimized, 3)

@@ -83,7 +83,7 @@ def estimate_traffic(model, features, num_ranks: int) -> dict:
     if num_ranks < 2:
         raise ValueError(f"num_ranks must be >= 2 to estimate hybrid-parallel traffic, got {num_ranks}.")
     runtime = getattr(model, "_htf_runtime", None)  # None: nothing static packed (dynamic stores only)
-    plan = runtime.plan if runtime is not None else model.hybridtf_plan
+    plan = model.hybridtf_plan
     requests = _recorded_requests(model, features)
     if not requests:
         raise ValueError("the model issued no packed lookups on this batch.")

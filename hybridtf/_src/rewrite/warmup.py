@@ -166,7 +166,7 @@ def measure_step(step, plan, chains=()):
         chains: more name scopes timed as chains (packed HybridHash stores).
     """
     device = memory_device()
-    names = [pt.name for pt in plan.packed_tables] + [c for c in chains if c]
+    names = [pt.name for pt in plan.packed_tables] + list(chains)
     if device != "CPU:0":
         tf.config.experimental.reset_memory_stats(device)
         before = tf.config.experimental.get_memory_info(device)["current"]
