@@ -43,7 +43,15 @@ def has_decays(graph: tf.Graph) -> bool:
 
 
 class EndOfDataHook(tf.compat.v1.train.SessionRunHook):
-    """Tracks the last completed step of a ``train`` call, for ``before_save`` (see the module docstring)."""
+    """Tracks the last completed step of a ``train`` call, for ``before_save`` (see the module docstring).
+
+    ``step_after`` reads the global step after the train op (a control
+    dependency), so each step's value arrives with the step's own fetches: no
+    extra ``session.run`` per step.
+    """
+
+    def __init__(self, step_after=None):
+        self._step_after = step_after
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
@@ -60,10 +68,13 @@ class EndOfDataHook(tf.compat.v1.train.SessionRunHook):
 
     def before_run(self, run_context):
         self._open = True
+        return tf.compat.v1.train.SessionRunArgs(self._step_after) if self._step_after is not None else None
 
     def after_run(self, run_context, run_values):
         self._open = False
-        if self._global_step is not None:
+        if self._step_after is not None:
+            self._last = int(run_values.results)
+        elif self._global_step is not None:
             self._last = int(run_context.session.run(self._global_step))
 
     def apply_if_ended(self, session, global_step) -> None:
@@ -85,4 +96,9 @@ def with_hook(spec, graph: tf.Graph, mode):
     """``spec`` with an ``EndOfDataHook`` in its training hooks when ``graph`` has dynamic Adam tables (TRAIN)."""
     if mode != tf.estimator.ModeKeys.TRAIN or not has_decays(graph):
         return spec
-    return spec._replace(training_hooks=(*spec.training_hooks, EndOfDataHook()))
+    global_step = tf.compat.v1.train.get_global_step(graph)
+    step_after = None
+    if global_step is not None and spec.train_op is not None:
+        with graph.as_default(), tf.control_dependencies([spec.train_op]):
+            step_after = tf.identity(global_step.read_value(), name="hybridtf_global_step_after_train_op")
+    return spec._replace(training_hooks=(*spec.training_hooks, EndOfDataHook(step_after)))
