@@ -35,7 +35,7 @@ import tensorflow as tf
 
 from hybridtf._src.caching import fills, serving
 from hybridtf._src.caching.buffer_guard import guard
-from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args, training_gather
+from hybridtf._src.caching.layer import DynamicEmbedding, _initializer_args, check_graph_mode, training_gather
 from hybridtf._src.caching.table import HybridHashTable, default_hot_rows
 from hybridtf._src.caching.table import TableConfig as HashConfig
 from hybridtf._src.capture.ids import prepare_ids
@@ -194,6 +194,7 @@ class DynamicTable(tf.Module):
         """Embeddings of ``ids`` (see ``Tables.lookup``); training: find-or-insert, count, fill the buffers."""
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             ids = tf.convert_to_tensor(ids)
+        check_graph_mode("dynamic table", self.name)
         self.table.check_ids(ids)
         self._check_sharding()
         world = self._shard_world

@@ -86,6 +86,26 @@ def _in_legacy_hdf5(max_depth: int = 12) -> bool:
     return False
 
 
+def check_graph_mode(kind: str, name: str) -> None:
+    """Refuses a dynamic table's lookup in a TF1 graph that ``hybridtf.estimator.model_fn`` is not building.
+
+    There (an unwrapped Estimator model_fn, a ``tf.compat.v1.Session`` loop)
+    nothing registers the table with the graph's Saver: it trains, but no
+    checkpoint holds it, so the next ``train`` / ``evaluate`` / ``predict``
+    call starts from a fresh table, and an export needs hybridtf's ops.
+    """
+    if tf.compat.v1.executing_eagerly_outside_functions() or context.in_wrapped_model_fn():
+        return
+    raise context.CaptureError(
+        f"{kind} {name!r} is looked up in a TF1 graph that hybridtf.estimator.model_fn is not building (an "
+        "unwrapped Estimator model_fn, or a tf.compat.v1 Session graph). There no checkpoint would hold the table: "
+        "what it learns would be lost at the next train / evaluate / predict call. Wrap the model_fn: "
+        "tf.estimator.Estimator(hybridtf.estimator.model_fn(model_fn), ...), which saves and restores dynamic tables, "
+        "flushes and exports them; outside Estimator, train dynamic tables in TF2 (Keras fit, tf.function or "
+        "hybridtf.function)."
+    )
+
+
 def training_gather(owner, unique, inverse, counts):
     """A training lookup of a DynamicEmbedding or ``Tables`` dynamic table: ``owner``'s distinct ids
     ``unique`` are found or inserted (their ``counts`` feed Algorithm 1), written into its buffers
@@ -245,6 +265,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         ids = inputs
         if not isinstance(ids, (tf.RaggedTensor, tf.SparseTensor)):
             ids = tf.convert_to_tensor(ids)
+        check_graph_mode("DynamicEmbedding", self.name)
         self.table.check_ids(ids)
         ids = prepare_ids(ids, self.combiner or "none", self.name)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])

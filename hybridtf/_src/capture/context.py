@@ -114,6 +114,19 @@ def in_plain_ops() -> bool:
 
 
 @contextlib.contextmanager
+def wrapped_model_fn():
+    """Inside: a model_fn wrapped by ``hybridtf.estimator.model_fn`` is building its graph (see
+    ``caching/graph_mode.check_graph_mode``)."""
+    with thread_state.setting(_state, "wrapped_model_fn", True, default=False):
+        yield
+
+
+def in_wrapped_model_fn() -> bool:
+    """Whether ``hybridtf.estimator.model_fn``'s wrapper is building the current graph."""
+    return bool(getattr(_state, "wrapped_model_fn", False))
+
+
+@contextlib.contextmanager
 def recording():
     """Collects the LookupRequests issued inside; yields the recorder."""
     rec = _Recording()

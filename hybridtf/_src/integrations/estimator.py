@@ -487,12 +487,14 @@ def model_fn(
     if "params" in _user_args(user_model_fn):
 
         def wrapped_model_fn(features, labels=None, mode=None, params=None, config=None):
-            return build(user_model_fn, features, labels, mode, params, config, **options)
+            with context.wrapped_model_fn():
+                return build(user_model_fn, features, labels, mode, params, config, **options)
 
     else:  # Estimator warns when a model_fn takes params it is not given
 
         def wrapped_model_fn(features, labels=None, mode=None, config=None):
-            return build(user_model_fn, features, labels, mode, None, config, **options)
+            with context.wrapped_model_fn():
+                return build(user_model_fn, features, labels, mode, None, config, **options)
 
     wrapped_model_fn.__name__ = getattr(user_model_fn, "__name__", "model_fn")
     wrapped_model_fn.__doc__ = getattr(user_model_fn, "__doc__", None)
