@@ -218,7 +218,7 @@ def test_unhooked_optimizer_unset_training_and_wrong_ids_are_clear_errors(tmp_pa
 def test_an_unwrapped_model_fn_with_a_dynamic_table_is_refused(fn, tmp_path):
     # It would train, but the Estimator's checkpoints would not hold the table: the next call starts afresh.
     est = _estimator(fn, tmp_path, kind="adagrad")
-    with pytest.raises(CaptureError, match=r"'items' is looked up in a TF1 graph.*hybridtf.estimator.model_fn\(model_fn"):
+    with pytest.raises(CaptureError, match=r"'items' is looked up in a TF1 graph.*estimator.model_fn\(model_fn"):
         _train(est, 1)
     assert tf.train.latest_checkpoint(str(tmp_path)) is None
 
