@@ -211,3 +211,25 @@ def test_report_of_something_that_is_not_a_keras_model_names_the_alternative():
     for thing in (42, Tables([TableConfig("a", 10, 4)])):
         with pytest.raises(TypeError, match=r"must be a tf\.keras\.Model.*count_graph_ops"):
             htf_report.report(thing)
+
+
+def test_report_on_two_ranks_of_a_subclassed_model_whose_call_takes_no_training_argument():
+    """Keras calls such a model without ``training``; so must the bytes-per-rank estimate."""
+    import numpy as np
+
+    class NoTraining(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = tf.keras.layers.Embedding(20, 4)
+            self.out = tf.keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(tf.reduce_sum(self.emb(x), axis=1))
+
+    x = np.arange(16, dtype="int64").reshape(8, 2)
+    model = NoTraining()
+    model(x)
+    model = htf.keras.optimize(model)
+    model.compile("adagrad", "mse")
+    report = htf_report.report(model, (x, np.zeros((8, 1), "float32")), num_ranks=2)
+    assert report.optimized and report.communication["num_ranks"] == 2

@@ -52,8 +52,9 @@ def _recorded_requests(model, features):
         features,
     )
     call = super(_HybridModelMixin, model).call if isinstance(model, _HybridModelMixin) else model.call
+    kwargs = {"training": False} if getattr(model, "_expects_training_arg", True) else {}  # as Keras calls it
     with discarding_losses(model), context.recording() as rec:
-        call(features, training=False)
+        call(features, **kwargs)
     return rec.requests
 
 
