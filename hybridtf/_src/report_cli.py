@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import os
 import pathlib
 import sys
 
@@ -198,7 +199,12 @@ def parser() -> argparse.ArgumentParser:
         "path/to/file.py:function, returning a built Keras model (default wdl); none: only the --dynamic section",
     )
     p.add_argument("--fields", choices=("criteo", "200", "f200"), default="criteo", help="field set of the examples")
-    p.add_argument("--batch", type=int, default=256, help="batch size of the traced step (default 256)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="global batch size of the traced step (default 256; --ranks splits it over the ranks)",
+    )
     p.add_argument(
         "--ranks", type=int, default=2, help="estimate bytes sent per rank per step on this many ranks (0: skip)"
     )
@@ -227,6 +233,19 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _out(text) -> None:
+    """Prints a section of the report: under ``horovodrun``, on rank 0 only (every rank builds the same report).
+
+    The rank is Horovod's when the model's builder initialized it, else the one ``horovodrun`` gives the process.
+    """
+    from hybridtf._src.distribute.world import current_world
+
+    world = current_world()
+    rank = world.rank if world.distributed else os.environ.get("HOROVOD_RANK", "0")
+    if str(rank) == "0":
+        print(text)
+
+
 def main(argv=None) -> int:
     """Runs the command (see the module docstring); returns the exit status."""
     args_parser = parser()
@@ -249,7 +268,7 @@ def main(argv=None) -> int:
         from hybridtf._src.report_dynamic import dynamic_section
 
         section = dynamic_section(steps=args.dynamic)
-        print(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
+        _out(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
     if args.model == "none":
         return 0
     from hybridtf._src.report import report
@@ -270,13 +289,13 @@ def main(argv=None) -> int:
         d["config"] = config
         if timing is not None:
             d["timing"] = timing.to_dict()
-        print(json.dumps(d))
+        _out(json.dumps(d))
     else:
         label = "/".join(str(config[k]) for k in ("model", "fields", "optimizer") if k in config)
-        print(f"config: {label} (batch {config['batch']})")
-        print(result)
+        _out(f"config: {label} (batch {config['batch']})")
+        _out(result)
         if timing is not None:
-            print(timing)
+            _out(timing)
     return 0
 
 

@@ -89,6 +89,15 @@ def test_report_on_a_user_builder_from_a_file(user_file, capsys):
     assert d["config"]["model"].endswith(":build_model")
 
 
+def test_under_horovodrun_only_rank_0_prints_the_report(user_file, capsys, monkeypatch):
+    # horovodrun gives each process HOROVOD_RANK; the builder need not initialize Horovod
+    args = ("--model", f"{user_file}:build_model", "--batch", "4", "--ranks", "0")
+    monkeypatch.setenv("HOROVOD_RANK", "1")
+    assert _run(capsys, *args) == ""
+    monkeypatch.setenv("HOROVOD_RANK", "0")
+    assert _run(capsys, *args).startswith("config: ")
+
+
 def test_report_on_a_user_builder_by_module_name(user_file, capsys, monkeypatch):
     monkeypatch.chdir(user_file.parent)
     monkeypatch.syspath_prepend(str(user_file.parent))
