@@ -440,10 +440,12 @@ class PackedTables(tf.Module):
         covers the optimizer slot views made with ``slot_view`` (optimizer
         state is checkpointed through them, never as a whole sharded slot).
         """
-        views = [self.view(m.name) for pt in self.plan.packed_tables for m in pt.members]
-        views = [v for v in views + list(self._slot_views.values()) if v.sharded]
+        tables = [v for v in (self.view(m.name) for pt in self.plan.packed_tables for m in pt.members) if v.sharded]
+        slots = [v for v in self._slot_views.values() if v.sharded]
+        views = tables + slots
+        what = f"{len(tables)} sharded tables" + (f" and {len(slots)} optimizer slots of them" if slots else "")
         try:
-            with watchdog.collective_phase(self.world, watchdog.CHECKPOINT_GATHER, f"{len(views)} tables"):
+            with watchdog.collective_phase(self.world, watchdog.CHECKPOINT_GATHER, what):
                 for v in views:
                     v._gathered = v._gather()
             yield
