@@ -92,14 +92,27 @@ def build(kind: str, size: int, mixed: bool = False, compile: bool = True, pack:
     return model
 
 
+def build_shared(size: int):
+    """One DynamicEmbedding (the only one with its settings) called on two inputs, through ``optimize``."""
+    bag = tf.keras.Input((3,), dtype=tf.int64, name="bag")
+    one = tf.keras.Input((1,), dtype=tf.int64, name="one")
+    shared = htf.layers.DynamicEmbedding(DIM, seed=13, name="shared_emb", **TABLE)
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Flatten()(shared(bag)), tf.keras.layers.Flatten()(shared(one))])
+    out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(5))(h)
+    model = htf.keras.optimize(tf.keras.Model({"bag": bag, "one": one}, out))
+    optimizer = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1))
+    model.compile(optimizer=hvdk.DistributedOptimizer(optimizer) if size > 1 else optimizer, loss="mse")
+    return model
+
+
 def train(model, first: int, steps: int, rank: int, size: int, step_fn=None) -> list:
     """Per-step losses of the global batch (the mean of the ranks' local losses)."""
     losses = []
     for step in range(first, first + steps):
         x, y = batch(step)
         x, y = local(x, rank, size), local(y, rank, size)
-        if "small" not in model.input:
-            del x["small"]
+        for key in [k for k in x if k not in model.input]:
+            del x[key]
         loss = model.train_on_batch(x, y) if step_fn is None else float(step_fn(x, y))
         if size > 1:
             loss = hvd.allreduce(tf.constant(loss, tf.float64), op=hvd.Average, name="loss").numpy()
@@ -267,6 +280,10 @@ def main():
             reloaded.load_weights(os.path.join(out_dir, tag, "ckpt"))
             after = export(reloaded, size)
             result[f"{tag}_reload_identical"] = all(np.array_equal(before[k], after[k]) for k in before)
+        # a layer called on two inputs: on 2 ranks a store of its own serves both calls (one exchange per step)
+        shared = build_shared(size)
+        result["shared_losses"] = train(shared, 0, STEPS, rank, size)
+        result["shared_skipped"] = [s.reason for s in shared.hybridtf_skipped]
         result["adagrad_hvd_first_losses"] = train(build("adagrad_hvd_first", size), 0, STEPS, rank, size)
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)

@@ -120,6 +120,15 @@ def test_mixed_static_and_dynamic(runs, tag):
     assert runs["one"]["mixed_reload_identical"] and runs["one"]["mixed_packed_reload_identical"]
 
 
+def test_a_layer_called_on_two_inputs(runs):
+    """Alone in its group: left unpacked in one process (two fills append to its buffer); on 2 ranks a store of its
+    own serves both calls with one exchange (the unpacked sharded layer refuses a second lookup in a step)."""
+    assert any("nothing to pack" in r for r in runs["one"]["shared_skipped"])
+    for rank in (0, 1):
+        assert runs["two"][rank]["shared_skipped"] == []
+        _close(runs["two"][rank]["shared_losses"], runs["one"]["shared_losses"])
+
+
 def test_dynamic_optimizer_of_a_horovod_optimizer(runs):
     """``dynamic_optimizer(hvd.DistributedOptimizer(opt))`` (the other order) trains as one process (it recursed
     forever: Horovod's methods call ``super(self.__class__, self)``)."""

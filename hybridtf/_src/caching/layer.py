@@ -114,7 +114,11 @@ def training_gather(owner, unique, inverse, counts):
     world = owner._shard_world
     if fills.appends(owner):
         if world.distributed:
-            raise ValueError(fills.SHARDED_MESSAGE.format(name=repr(owner.name)))
+            raise ValueError(
+                fills.SHARDED_MESSAGE.format(name=repr(owner.name))
+                + " Or, for a layer called on two inputs: wrap the model with hybridtf.keras.optimize (a table "
+                "without capacity), whose packed store serves every call of a step with one exchange."
+            )
         if owner.table.config.capacity:
             raise ValueError(fills.CAPACITY_MESSAGE.format(name=repr(owner.name)))
     received = getattr(owner, "_received_ids", None)

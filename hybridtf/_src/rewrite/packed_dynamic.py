@@ -495,7 +495,9 @@ def pack_dynamic(model, exclude=()) -> DynamicPacking:
     groups = []
     for k, (key, layers) in enumerate(by_key.items()):
         dim, hot, warmup, flush, decay, policy, ttl = key
-        if len(layers) == 1:
+        # Under Horovod a group of one is packed too: its store's chain serves every call of a step with one
+        # exchange, where the unpacked sharded layer refuses a second call (a layer shared by two inputs).
+        if len(layers) == 1 and not current_world().distributed:
             skipped.append(SkippedLayer(layers[0].name, "the only DynamicEmbedding with its settings: nothing to pack"))
             continue
         name = f"hybridtf_dynamic_d{dim}" + (f"_{k}" if len(by_key) > 1 else "")
