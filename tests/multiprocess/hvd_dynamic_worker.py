@@ -269,6 +269,17 @@ def main():
                 adam.save(os.path.join(out_dir, f"saved_model_{rank}"))
             except NotImplementedError as err:
                 result["save_error"] = str(err)
+            # so is a ModelCheckpoint saving the whole model: when fit starts, before any step
+            x, y = batch(0)
+            x, y = local(x, rank, size), local(y, rank, size)
+            del x["small"]
+            iterations = int(adam.optimizer.iterations)
+            callback = tf.keras.callbacks.ModelCheckpoint(os.path.join(out_dir, f"model_checkpoint_{rank}"))
+            try:
+                adam.fit(x, y, batch_size=len(y), epochs=1, verbose=0, callbacks=[callback])
+            except NotImplementedError as err:
+                result["checkpoint_callback_error"] = str(err)
+            result["checkpoint_callback_steps"] = int(adam.optimizer.iterations) - iterations
         for tag, pack in (("mixed", False), ("mixed_packed", True)):
             model = build("adagrad", size, mixed=True, pack=pack)
             result[f"{tag}_losses"] = train(model, 0, STEPS, rank, size)

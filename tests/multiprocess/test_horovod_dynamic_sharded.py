@@ -142,6 +142,8 @@ def test_custom_loop_and_refusals(runs):
     for rank in (0, 1):
         _close(runs["two"][rank]["loop_losses"], runs["one"]["loop_losses"])
         assert "Call model.save_weights(path) on every rank" in runs["two"][rank]["save_error"]
+        assert "pass save_weights_only=True" in runs["two"][rank]["checkpoint_callback_error"]
+        assert runs["two"][rank]["checkpoint_callback_steps"] == 0  # refused when fit starts
         assert "'early' was built before hvd.init()" in runs["two"][rank]["early_error"]
         # a static model optimized before hvd.init(): refused at compile (ranks trained their own copies)
         assert "before hvd.init()" in runs["two"][rank]["early_static_error"]

@@ -61,7 +61,7 @@ class DynamicTableConfig:
             default: derived from the name.
         count_decay: counts are multiplied by it after each flush (1 = never).
         evict_policy: ``"lfu"`` or ``"lru"`` (with a capacity).
-        ttl_steps: > 0: rows not seen for that many steps are evicted at flushes.
+        ttl_steps: > 0: rows not seen for more than that many steps are evicted at flushes.
 
     Raises:
         ValueError: a bad size or initializer (the message names the table).

@@ -158,7 +158,8 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         seed: the table's seed; default: derived from the layer's name.
         count_decay: counts are multiplied by it after each flush (1 = never).
         evict_policy: ``"lfu"`` or ``"lru"`` (with a capacity).
-        ttl_steps: > 0: rows not seen for that many steps are evicted at flushes.
+        ttl_steps: > 0: rows not seen for more than that many steps are evicted at flushes (a row last seen at
+            step s survives the flushes up to step s + ttl_steps).
         **kwargs: ``tf.keras.layers.Layer`` arguments (``name``, ...).
 
     Raises:

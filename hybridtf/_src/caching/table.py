@@ -100,7 +100,7 @@ class TableConfig:
         init_b: maxval (uniform) or stddev (normal).
         count_decay: counts are multiplied by it after each flush (1 = never).
         evict_policy: ``lfu`` or ``lru`` (when the capacity is reached).
-        ttl_steps: > 0: rows not seen for this many steps are evicted at flushes.
+        ttl_steps: > 0: rows not seen for more than this many steps are evicted at flushes.
     """
 
     name: str

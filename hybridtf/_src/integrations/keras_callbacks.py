@@ -1,7 +1,9 @@
 """Keras callbacks given to an optimized model's ``fit``, adapted to its packed tables.
 
 * ``ModelCheckpoint`` to a legacy ``.h5`` path: refused when ``fit`` starts
-  (``keras_notices.refuse_legacy_hdf5``), not after the first epoch's training.
+  (``keras_notices.refuse_legacy_hdf5``), not after the first epoch's training;
+  so is one saving the whole model (``save_weights_only=False``) of a model
+  whose tables are sharded over Horovod ranks (``model.save`` refuses it).
 * ``TensorBoard(histogram_freq=N)``: Keras logs the histograms of each
   top-level layer's ``weights``; a packed layer holds none (its rows live in
   the packed variable), so each packed table's rows are logged as well, under
@@ -16,8 +18,22 @@ from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.integrations import keras_notices
 
 
+def refuse_sharded_model_saves(model, callbacks) -> None:
+    """A ``ModelCheckpoint`` that saves the whole model (``save_weights_only=False``) of a model with tables
+    sharded over Horovod ranks: refused when ``fit`` starts (``model.save`` refuses it), not at its first save."""
+    from hybridtf._src.integrations.keras_unpacked import sharded_save_error, sharded_size
+
+    for callback in callbacks or ():
+        if isinstance(callback, tf.keras.callbacks.ModelCheckpoint) and not callback.save_weights_only:
+            size = sharded_size(model)
+            if size:
+                error = sharded_save_error(size)
+                raise NotImplementedError(f"{error} (ModelCheckpoint: pass save_weights_only=True.)")
+
+
 def adapt_callbacks(model, callbacks) -> None:
     """Checks and adapts ``fit``'s callbacks for the optimized ``model`` (see the module docstring)."""
+    refuse_sharded_model_saves(model, callbacks)
     for callback in callbacks or ():
         if isinstance(callback, tf.keras.callbacks.ModelCheckpoint):
             keras_notices.refuse_legacy_hdf5(callback.filepath, None)

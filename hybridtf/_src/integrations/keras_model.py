@@ -41,7 +41,12 @@ from hybridtf._src.integrations import (
 )
 from hybridtf._src.integrations import keras_optimize_steps as steps
 from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, user_class
-from hybridtf._src.integrations.keras_unpacked import FusionListsMixin, UnpackedModelMixin, sharded_save_error
+from hybridtf._src.integrations.keras_unpacked import (
+    FusionListsMixin,
+    UnpackedModelMixin,
+    sharded_save_error,
+    sharded_size,
+)
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
@@ -218,9 +223,9 @@ class _HybridModelMixin(
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
         keras_notices.refuse_legacy_hdf5(filepath, save_format)
-        storage = self._htf_runtime.storage
-        if storage.sharded or dynamic_exchange.sharded_tables(self):
-            raise sharded_save_error(storage.world.size)
+        size = sharded_size(self)
+        if size:
+            raise sharded_save_error(size)
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)

@@ -20,7 +20,7 @@ from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optim
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
+from hybridtf._src.integrations import atomic_checkpoint, keras_callbacks, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_optimizers import user_class
 from hybridtf._src.plan.packing import PackingPlan
 
@@ -32,6 +32,15 @@ def sharded_save_error(size: int) -> NotImplementedError:
         "the model in one process (hybridtf.keras.optimize without Horovod, or the plain model) and save or "
         "export that."
     )
+
+
+def sharded_size(model) -> int | None:
+    """The number of Horovod ranks ``model``'s tables (static or dynamic) are sharded over; None if not sharded."""
+    storage = getattr(getattr(model, "_htf_runtime", None), "storage", None)
+    if storage is not None and storage.sharded:
+        return storage.world.size
+    dynamic = dynamic_exchange.sharded_tables(model)
+    return dynamic[0].world.size if dynamic else None
 
 
 def fusions_traced(model, kind: str) -> list[str]:
@@ -91,10 +100,14 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         super().compile(*args, **kwargs)
         hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
 
+    def fit(self, *args, **kwargs):
+        keras_callbacks.refuse_sharded_model_saves(self, kwargs.get("callbacks"))
+        return super().fit(*args, **kwargs)
+
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
-        dynamic = dynamic_exchange.sharded_tables(self)
-        if dynamic:
-            raise sharded_save_error(dynamic[0].world.size)
+        size = sharded_size(self)
+        if size:
+            raise sharded_save_error(size)
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
