@@ -141,6 +141,21 @@ def horovods_own_optimizer_error(rank, size):
         _HOROVODS_OWN = False
 
 
+def seconds_schedule_error(out, rank, size, train):
+    """The error of a train call under tf.estimator.RunConfig's default schedule (a save every 600 s; None: it ran).
+
+    Each rank would save when its own clock says so, entering the checkpoint gather at another step.
+    """
+    est = tf.estimator.Estimator(
+        htf.estimator.model_fn(model_fn), model_dir=os.path.join(out, f"secs_{size}_{rank}"), config=None
+    )
+    try:
+        est.train(lambda: input_fn(train, rank, size), steps=1)
+        return None
+    except ValueError as error:
+        return str(error)
+
+
 def with_horovods_broadcast_hook(out, rank, size, config, train):
     """The losses of 5 steps with Horovod's own BroadcastGlobalVariablesHook (its recipe) among the hooks.
 
@@ -202,6 +217,7 @@ def main():
     if size > 1:
         result["hvd_optimizer_error"] = horovods_own_optimizer_error(rank, size)
         result["hvd_broadcast_hook_losses"] = with_horovods_broadcast_hook(args.out, rank, size, config, train)
+        result["seconds_schedule_error"] = seconds_schedule_error(args.out, rank, size, train)
         result["unaveraged_warnings"] = [unaveraged_warnings(rank, size, unwrapped) for unwrapped in (False, True)]
     with open(os.path.join(args.out, f"estimator_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)

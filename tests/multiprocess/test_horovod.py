@@ -170,6 +170,8 @@ def test_estimator_under_horovod_equals_one_process(runs):
         assert r["checkpoint_shapes"] == single["checkpoint_shapes"]
         assert len(r["predictions"]) == len(single["predictions"]) > 0
         np.testing.assert_allclose(r["predictions"], single["predictions"], rtol=RTOL)
+        # RunConfig's default schedule saves every 600 s, at another step on each rank: refused, naming the fix
+        assert "save_checkpoints_steps=N" in (r["seconds_schedule_error"] or ""), r["seconds_schedule_error"]
         # hvd.DistributedOptimizer would average the shards' gradients: refused when the graph is built
         assert "instead of hvd.DistributedOptimizer" in (r["hvd_optimizer_error"] or ""), r["hvd_optimizer_error"]
         # Horovod's BroadcastGlobalVariablesHook broadcast every rank's shards from rank 0: now left out of it

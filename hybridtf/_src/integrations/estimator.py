@@ -315,6 +315,7 @@ def build(
         with context.plain_ops() if plain_predict else contextlib.nullcontext():
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
+        estimator_horovod.check_save_schedule(real_graph, config, mode)
         spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
@@ -356,6 +357,7 @@ def build(
             if sharded:  # refuses Horovod's own broadcast hook, which would overwrite the shards
                 spec = spec._replace(training_hooks=(*spec.training_hooks, ShardBroadcastGuardHook()))
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
+    estimator_horovod.check_save_schedule(real_graph, config, mode)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}
         members = {}

@@ -2,7 +2,8 @@
 
 A shard's rows are this rank's own, so Horovod must not average its gradient
 (refused); the dense variables' gradients must be averaged, or the ranks train
-apart (warned).
+apart (warned); checkpoints, which gather the shards, must be saved by steps
+(a schedule in seconds is refused).
 """
 
 from __future__ import annotations
@@ -42,6 +43,32 @@ def check_shards_stay_local(packed: dict, sharded: set) -> None:
                     "htf.horovod.DistributedOptimizer instead of hvd.DistributedOptimizer (it keeps the shards "
                     "local and scales their gradients by 1 / size)."
                 )
+
+
+def check_save_schedule(graph: tf.Graph, config, mode) -> None:
+    """Refuses a time-based checkpoint schedule when the TRAIN graph has tables sharded over Horovod ranks.
+
+    Every save gathers the shards, a collective that every rank must enter at
+    the same step. ``save_checkpoints_secs`` (``tf.estimator.RunConfig``'s
+    default: 600 s) saves when each rank's own clock says so, at different
+    steps: the ranks would wait for each other forever.
+    """
+    from hybridtf._src.distribute.world import current_world
+    from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+    secs = getattr(config, "save_checkpoints_secs", None)
+    if mode != tf.estimator.ModeKeys.TRAIN or secs is None or not graph.get_collection(LOCAL_VARIABLES):
+        return
+    world = current_world()
+    if not world.distributed:
+        return
+    raise ValueError(
+        f"hybridtf.estimator: RunConfig(save_checkpoints_secs={secs}) on {world.size} Horovod ranks. Every "
+        "checkpoint gathers the tables sharded over the ranks, a collective all ranks must enter at the same step; "
+        "a schedule in seconds saves at a different step on each rank, and the ranks would wait for each other "
+        "forever. Save by steps: tf.estimator.RunConfig(save_checkpoints_steps=N) (tf.estimator.RunConfig() "
+        "saves every 600 s by default)."
+    )
 
 
 def warn_unaveraged_dense(packed: dict, world) -> None:
