@@ -172,6 +172,29 @@ def test_drop_remainder_gives_static_batch_dimension(tmp_path):
     assert [int(lab.shape[0]) for _, lab in loose] == [8] * 6 + [2]
 
 
+def test_an_input_without_batches_or_with_uneven_ranks_is_named_in_a_warning(tmp_path, caplog):
+    # Keras's fit on an empty dataset only says "Expected input data to be non-empty"; uneven ranks leave one
+    # Horovod rank waiting in a collective step
+    for name in ("empty", "some"):
+        (tmp_path / name).mkdir()
+    empty, _ = make_files(tmp_path / "empty", [0])
+    some, _ = make_files(tmp_path / "some", [5])
+    cases = [
+        (dict(paths=empty, batch_size=4), "holds no rows"),
+        (dict(paths=some, batch_size=8, drop_remainder=True), "give rank 0 of 1 no batch of 8"),
+        (dict(paths=some, batch_size=2, rank=1, size=2), "rank 0: 1, rank 1: 2 of 2 rows each"),
+    ]
+    for kwargs, message in cases:
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hybridtf"):
+            hd.parquet_dataset(spec=SPEC, **kwargs)
+        assert message in caplog.text, (kwargs, caplog.text)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        hd.parquet_dataset(some, spec=SPEC, batch_size=2, rank=1, size=2, drop_remainder=True)
+    assert "hybridtf.data" not in caplog.text
+
+
 def test_empty_bags_and_large_ids_survive(tmp_path):
     path = str(tmp_path / "bags.parquet")
     bags = [[], [2**62 + 5], [], [0, 1, 1, 7], []]

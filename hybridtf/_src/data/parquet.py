@@ -24,6 +24,7 @@ How a dataset is built (``parquet_dataset``):
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +37,8 @@ from hybridtf._src.data.errors import DataValueError, ParquetFileError, ParquetS
 from hybridtf._src.data.layout import ID_BYTES, FeatureSpec
 from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths, stat_file
 from hybridtf._src.distribute.world import current_world
+
+_log = logging.getLogger("hybridtf")
 
 _CONTAINER = "hybridtf.data"
 _READER_SLOTS = 4  # independent tensorflow-io readers per file, so chunks of one file read in parallel
@@ -115,6 +118,35 @@ def shard_rows(total: int, batch_size: int, rank: int, size: int, drop_remainder
         batches = total // (size * batch_size)
         return begin, begin + batches * batch_size, batches
     return begin, end, -(-(end - begin) // batch_size)
+
+
+def _check_batches(files, total: int, batch_size: int, rank: int, size: int, drop_remainder: bool) -> None:
+    """Warns when the input yields no batch on this rank (Keras's ``fit`` would only say "Expected input data to
+    be non-empty") and when ranks would run different numbers of batches."""
+    shown = ", ".join(m.path for m in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    counts = [shard_rows(total, batch_size, r, size, drop_remainder)[2] for r in range(size)]
+    if total == 0:
+        _log.warning("hybridtf.data: the Parquet input (%s) holds no rows: the dataset is empty.", shown)
+    elif counts[rank] == 0:
+        _log.warning(
+            "hybridtf.data: the Parquet input (%s) has %d rows, which give rank %d of %d no batch of %d%s: the dataset "
+            "is empty. Lower batch_size or add rows.",
+            shown,
+            total,
+            rank,
+            size,
+            batch_size,
+            " (drop_remainder=True keeps full batches only)" if drop_remainder else "",
+        )
+    elif len(set(counts)) > 1:
+        _log.warning(
+            "hybridtf.data: the ranks get different numbers of batches (%s of %d rows each, %d rows in all): a "
+            "Horovod rank that runs out first leaves the others in a collective step. Pass drop_remainder=True "
+            "(every rank then reads the same number of full batches).",
+            ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)),
+            batch_size,
+            total,
+        )
 
 
 def plan_chunks(
@@ -373,6 +405,7 @@ def parquet_dataset(
 
     total = sum(m.num_rows for m in files)
     begin, end, num_batches = shard_rows(total, int(batch_size), rank, size, drop_remainder)
+    _check_batches(files, total, int(batch_size), rank, size, drop_remainder)
     chunks = plan_chunks([m.row_groups for m in files], begin, end, int(read_rows))
     arr = np.array(chunks, dtype=np.int64).reshape(-1, 3)
     reader = _Reader(files, spec, physical, dense_key)
