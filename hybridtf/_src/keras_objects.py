@@ -5,8 +5,9 @@ Keras finds a saved layer or optimizer (``hybridtf>EmbeddingBag``, ``hybridtf>Dy
 the registration is the decorator run when its module is imported. ``import hybridtf`` keeps
 TensorFlow out (the planner and the NumPy ops need none), so it registers them through
 ``register_after_tensorflow``: at once when TensorFlow is already imported, or else right after
-the import of TensorFlow (or of the stand-alone ``keras`` package) finishes. This module itself
-imports no TensorFlow until ``register`` runs.
+the import of TensorFlow (or of the stand-alone ``keras`` package) finishes. Then it also loads the
+op library, so that a SavedModel holding hybridtf's ops (a ``Tables`` set's dynamic tables) loads
+after ``import hybridtf``. This module itself imports no TensorFlow until ``register`` runs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def _register_quietly() -> None:
             "hybridtf.keras before loading a saved model that holds them.",
             err,
         )
+    try:  # a SavedModel holding hybridtf's ops (a Tables set's HybridHash store) then loads after `import hybridtf`
+        from hybridtf._src.run.loader import load_ops
+
+        load_ops()
+    except Exception as err:  # an unbuilt library is reported where an op is first used
+        logging.getLogger("hybridtf").debug("hybridtf's op library not loaded at TensorFlow's import: %s", err)
 
 
 # The imports after which Keras can be used: TensorFlow's, and the stand-alone ``keras`` package's (which

@@ -183,3 +183,33 @@ def test_an_unhooked_optimizer_is_a_clear_error_not_a_silent_buffer_update():
 
     with pytest.raises(ValueError, match=r"dynamic table 'items' is trained by optimizer SGD, which is not hooked"):
         step(tf.constant([1, 2, 3], tf.int64))
+
+
+def test_a_saved_model_of_a_module_with_dynamic_tables_loads_after_import_hybridtf(tmp_path):
+    """Its functions hold the HybridHash store's ops: ``import hybridtf`` (before or after TensorFlow) registers
+    them, with no hybridtf lookup run in the loading process."""
+    import subprocess
+    import sys
+
+    class Scorer(tf.Module):
+        def __init__(self):
+            self.tables = Tables([DynamicTableConfig("items", D, **DYN)])
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+        def serve(self, ids):
+            return self.tables.lookup("items", ids, training=False)
+
+    module = Scorer()
+    module.tables.lookup("items", tf.constant([3, 2**40], tf.int64), training=True)  # two stored rows
+    ids = np.array([3, 2**40, 11], np.int64)
+    want = module.serve(tf.constant(ids)).numpy()
+    tf.saved_model.save(module, str(tmp_path / "scorer"))
+    np.save(tmp_path / "want.npy", want)
+    for first in ("import hybridtf, tensorflow as tf", "import tensorflow as tf, hybridtf"):
+        code = (
+            f"{first}; import numpy as np; loaded = tf.saved_model.load({str(tmp_path / 'scorer')!r}); "
+            f"got = loaded.serve(tf.constant({ids.tolist()}, tf.int64)).numpy(); "
+            f"np.testing.assert_array_equal(got, np.load({str(tmp_path / 'want.npy')!r}))"
+        )
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
