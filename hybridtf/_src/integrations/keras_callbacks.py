@@ -3,7 +3,8 @@
 * ``ModelCheckpoint`` to a legacy ``.h5`` path: refused when ``fit`` starts
   (``keras_notices.refuse_legacy_hdf5``), not after the first epoch's training;
   so is one saving the whole model (``save_weights_only=False``) of a model
-  whose tables are sharded over Horovod ranks (``model.save`` refuses it).
+  whose tables are sharded over Horovod ranks (``model.save`` refuses it;
+  ``keras_unpacked.refuse_sharded_model_saves``, which both model classes call).
 * ``TensorBoard(histogram_freq=N)``: Keras logs the histograms of each
   top-level layer's ``weights``; a packed layer holds none (its rows live in
   the packed variable), so each packed table's rows are logged as well, under
@@ -16,19 +17,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.integrations import keras_notices
-
-
-def refuse_sharded_model_saves(model, callbacks) -> None:
-    """A ``ModelCheckpoint`` that saves the whole model (``save_weights_only=False``) of a model with tables
-    sharded over Horovod ranks: refused when ``fit`` starts (``model.save`` refuses it), not at its first save."""
-    from hybridtf._src.integrations.keras_unpacked import sharded_save_error, sharded_size
-
-    for callback in callbacks or ():
-        if isinstance(callback, tf.keras.callbacks.ModelCheckpoint) and not callback.save_weights_only:
-            size = sharded_size(model)
-            if size:
-                error = sharded_save_error(size)
-                raise NotImplementedError(f"{error} (ModelCheckpoint: pass save_weights_only=True.)")
+from hybridtf._src.integrations.keras_unpacked import refuse_sharded_model_saves
 
 
 def adapt_callbacks(model, callbacks) -> None:

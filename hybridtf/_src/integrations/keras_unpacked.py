@@ -20,7 +20,7 @@ from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optim
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.integrations import atomic_checkpoint, keras_callbacks, keras_end_of_data, keras_notices, keras_slots
+from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_optimizers import user_class
 from hybridtf._src.plan.packing import PackingPlan
 
@@ -41,6 +41,17 @@ def sharded_size(model) -> int | None:
         return storage.world.size
     dynamic = dynamic_exchange.sharded_tables(model)
     return dynamic[0].world.size if dynamic else None
+
+
+def refuse_sharded_model_saves(model, callbacks) -> None:
+    """A ``ModelCheckpoint`` that saves the whole model (``save_weights_only=False``) of a model with tables
+    sharded over Horovod ranks: refused when ``fit`` starts (``model.save`` refuses it), not at its first save."""
+    for callback in callbacks or ():
+        if isinstance(callback, tf.keras.callbacks.ModelCheckpoint) and not callback.save_weights_only:
+            size = sharded_size(model)
+            if size:
+                error = sharded_save_error(size)
+                raise NotImplementedError(f"{error} (ModelCheckpoint: pass save_weights_only=True.)")
 
 
 def fusions_traced(model, kind: str) -> list[str]:
@@ -101,7 +112,7 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
 
     def fit(self, *args, **kwargs):
-        keras_callbacks.refuse_sharded_model_saves(self, kwargs.get("callbacks"))
+        refuse_sharded_model_saves(self, kwargs.get("callbacks"))
         return super().fit(*args, **kwargs)
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
