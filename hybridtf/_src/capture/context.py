@@ -116,7 +116,7 @@ def in_plain_ops() -> bool:
 @contextlib.contextmanager
 def wrapped_model_fn():
     """Inside: a model_fn wrapped by ``hybridtf.estimator.model_fn`` is building its graph (see
-    ``caching/graph_mode.check_graph_mode``)."""
+    ``caching/layer.check_graph_mode``)."""
     with thread_state.setting(_state, "wrapped_model_fn", True, default=False):
         yield
 

@@ -74,8 +74,6 @@ class EndOfDataHook(tf.compat.v1.train.SessionRunHook):
         self._open = False
         if self._step_after is not None:
             self._last = int(run_values.results)
-        elif self._global_step is not None:
-            self._last = int(run_context.session.run(self._global_step))
 
     def apply_if_ended(self, session, global_step) -> None:
         """Runs the decay when a step failed after the step ``global_step`` is being saved for."""
@@ -98,7 +96,7 @@ def with_hook(spec, graph: tf.Graph, mode):
         return spec
     global_step = tf.compat.v1.train.get_global_step(graph)
     step_after = None
-    if global_step is not None and spec.train_op is not None:
+    if global_step is not None:  # a TRAIN spec always has its train op
         with graph.as_default(), tf.control_dependencies([spec.train_op]):
             step_after = tf.identity(global_step.read_value(), name="hybridtf_global_step_after_train_op")
     return spec._replace(training_hooks=(*spec.training_hooks, EndOfDataHook(step_after)))
