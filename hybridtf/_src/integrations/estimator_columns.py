@@ -11,7 +11,8 @@ variable creator sees it, like a layer's ``add_weight``) and look it up with
 * ``column_owner(kwargs)``: which feature column's table a variable creation
   is, found from the Python stack (``EmbeddingColumn`` /
   ``_SharedEmbeddingColumn`` reading ``embedding_weights``, or
-  ``linear_model``'s per-column ``weights`` of a categorical column). The
+  ``linear_model``'s per-column ``weights`` of a categorical column, also
+  those of the canned v2 Estimators' linear model layer). The
   returned ``ColumnTable`` stands for the owning layer: the wrapper captures
   the table as it captures a layer's, under the name of the variable's scope
   (``input_layer/C1_embedding``), with the plain variable's name as its
@@ -41,7 +42,7 @@ from tensorflow.python.feature_column import feature_column as fc_old
 from tensorflow.python.feature_column import feature_column_v2 as fc_v2
 
 from hybridtf._src.capture.ids import prepare_ids
-from hybridtf._src.integrations.estimator_capture import CapturedTable, frame_owner, is_table_layer
+from hybridtf._src.integrations.estimator_capture import CapturedTable, _frame_locals, frame_owner, is_table_layer
 
 _BAG_COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -56,7 +57,8 @@ class ColumnTable:
         column: the feature column.
         kind: ``"embedding_column" | "dense_features" | "shared_embedding_columns" | "shared_embeddings" |
             "linear_model"``.
-        keras_layer: the ``DenseFeatures`` layer that lists the table among its weights (or None).
+        keras_layer: the ``DenseFeatures`` (or v2 linear model) layer that lists the table among its weights
+            (or None).
     """
 
     name: str
@@ -85,7 +87,28 @@ def _column_of(name: str):
         column = getattr(wrapper, "_feature_column", None)
         if isinstance(column, fc_old._CategoricalColumn):
             return column, "linear_model", name.rsplit("/", 1)[0]
+        column = _linear_layer_column()
+        if column is not None:
+            return column, "linear_model", name.rsplit("/", 1)[0]
     return None, None, None
+
+
+def _linear_layer_column():
+    """The categorical column whose ``weights`` a v2 linear model layer is creating, or None.
+
+    The canned v2 Estimators' linear part (``LinearClassifier``, ``DNNLinearCombinedClassifier``:
+    tensorflow_estimator's ``LinearModel`` layer) creates each categorical column's ``[num_buckets,
+    units]`` weights through its feature-column ``StateManager.create_variable`` and looks them up
+    with ``safe_embedding_lookup_sparse``, as v1 ``linear_model`` does.
+    """
+    for frame in _frame_locals("create_variable"):
+        manager, column = frame.get("self"), frame.get("feature_column")
+        if isinstance(manager, fc_v2.StateManager) and frame.get("name") == "weights":
+            layer = getattr(manager, "_layer", None)
+            if isinstance(column, fc_v2.CategoricalColumn) and type(layer).__name__ == "_LinearModelLayer":
+                return column
+            return None
+    return None
 
 
 def column_owner(kwargs) -> ColumnTable | None:
@@ -103,7 +126,9 @@ def column_owner(kwargs) -> ColumnTable | None:
     column, kind, table = _column_of(full)
     if column is None:
         return None
-    keras_layer = frame_owner("add_weight", tf.keras.layers.Layer) if kind == "dense_features" else None
+    # DenseFeatures, or the canned v2 linear model layer: the Keras layer listing the table among its weights
+    layered = kind in ("dense_features", "linear_model")
+    keras_layer = frame_owner("add_weight", tf.keras.layers.Layer) if layered else None
     return ColumnTable(table, kwargs.get("trainable") is not False, column, kind, keras_layer)
 
 

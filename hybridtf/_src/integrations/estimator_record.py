@@ -18,7 +18,12 @@ from tensorflow.python.framework import ops
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, LookupRequest
 from hybridtf._src.integrations import estimator_capture as capture
-from hybridtf._src.integrations import estimator_columns, estimator_dynamic, estimator_updates
+from hybridtf._src.integrations import (
+    estimator_columns,
+    estimator_dynamic,
+    estimator_optimizer_state,
+    estimator_updates,
+)
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
@@ -87,6 +92,7 @@ class Record:
                 context.recording() as rec,
                 views_as_variables,
                 from_checkpoint,
+                estimator_optimizer_state.untouched(self.graph),
             ):
                 rec.requests = _RecordedRequests(self)
                 setattr(rec, RUNS_LOOKUPS_ATTR, True)

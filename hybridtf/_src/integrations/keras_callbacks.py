@@ -9,6 +9,8 @@
   top-level layer's ``weights``; a packed layer holds none (its rows live in
   the packed variable), so each packed table's rows are logged as well, under
   the plain model's tag (``emb_user/embeddings_0/histogram``).
+* ``EarlyStopping(restore_best_weights=True)``: the dynamic tables are kept
+  and restored with the weights (``keras_best_weights``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.integrations import keras_notices
+from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_unpacked import refuse_sharded_model_saves
 
 
@@ -28,6 +31,7 @@ def adapt_callbacks(model, callbacks) -> None:
             keras_notices.refuse_legacy_hdf5(callback.filepath, None)
         if isinstance(callback, tf.keras.callbacks.TensorBoard) and callback.histogram_freq:
             _log_packed_tables_too(callback, model)
+        keep_best_tables(callback, model)
 
 
 def _log_packed_tables_too(callback, model) -> None:

@@ -21,6 +21,7 @@ from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
+from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_optimizers import user_class
 from hybridtf._src.plan.packing import PackingPlan
 
@@ -113,6 +114,8 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
 
     def fit(self, *args, **kwargs):
         refuse_sharded_model_saves(self, kwargs.get("callbacks"))
+        for callback in kwargs.get("callbacks") or ():
+            keep_best_tables(callback, self)  # EarlyStopping(restore_best_weights=True): the dynamic tables too
         return super().fit(*args, **kwargs)
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
