@@ -269,6 +269,16 @@ def test_a_non_fusable_optimizer_is_refused_naming_the_table_and_the_setting(kin
         model.fit(x, y, batch_size=BATCH, verbose=0)
 
 
+def test_a_packed_stores_refusal_names_the_users_layers_not_the_store():
+    x, y = _data(steps=2)
+    ids = tf.keras.Input((FIELDS,), dtype=tf.int64)
+    parts = [tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(D, name=n)(ids)) for n in ("items", "users")]
+    model = htf.keras.optimize(tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()(parts))))
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1, clipnorm=1.0), loss="mse")
+    with pytest.raises(ValueError, match=r"DynamicEmbedding tables \['items', 'users'\] cannot train .*clipnorm"):
+        model.fit(x, y, batch_size=BATCH, verbose=0)
+
+
 UNHOOKED = {
     "sgd": lambda: tf.keras.optimizers.SGD(0.1),
     "adam": lambda: tf.keras.optimizers.Adam(0.01),

@@ -157,3 +157,18 @@ def test_weight_decay_excluding_only_some_tables_of_a_packed_variable_names_them
 def test_lazy_adam_refuses_amsgrad_when_built_with_the_fix():
     with pytest.raises(ValueError, match=r"amsgrad=True.*tf\.keras\.optimizers\.Adam\(amsgrad=True\)"):
         htf.keras.LazyAdam(0.01, amsgrad=True)
+
+
+def test_the_clipping_warning_says_why_clipping_is_not_exact_here():
+    """Under Horovod the warning names Horovod (a probe could not tell why one process was exact and 2 ranks not)."""
+    import types
+
+    from hybridtf._src.integrations.keras_optimizers import _clipping_context, inexact_settings
+
+    optimizer = tf.keras.optimizers.Adam(0.01, clipnorm=1.0)
+    two_ranks = _clipping_context(types.SimpleNamespace(distributed=True, size=2))
+    (reason,) = inexact_settings(optimizer, False, two_ranks)
+    assert "under Horovod (2 ranks)" in reason and "in one process" in reason and reason.startswith("clipnorm")
+    (reason,) = inexact_settings(optimizer, False, _clipping_context(types.SimpleNamespace(distributed=False)))
+    assert "micro-batches" in reason and "Horovod" not in reason
+    assert inexact_settings(optimizer, True, two_ranks) == []  # exact clipping: nothing to warn

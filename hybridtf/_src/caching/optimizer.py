@@ -40,6 +40,14 @@ def _layer_of(variable):
     return getattr(variable, "_htf_dynamic_embedding", None)
 
 
+def _user_names(owner) -> list:
+    """The layer names a user knows ``owner`` by: a packed store's member layers, else its own name."""
+    members = getattr(owner, "layers", None)  # packed_dynamic.DynamicGroup
+    if isinstance(members, (list, tuple)) and members:
+        return [getattr(layer, "name", str(layer)) for layer in members]
+    return [owner.name]
+
+
 def update_kind(optimizer) -> str | None:
     """The table update that reproduces ``optimizer`` ("sgd", "adagrad", "adam", "lazy_adam"), or None."""
     return fusable(optimizer, skip=(_DynamicOptimizerMixin,))
@@ -67,7 +75,7 @@ class _DynamicOptimizerMixin:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         kind = update_kind(self)
         if kind is None:
-            tables = sorted({_layer_of(v).name for _, v in dynamic})
+            tables = sorted({name for _, v in dynamic for name in _user_names(_layer_of(v))})
             raise ValueError(
                 f"DynamicEmbedding tables {tables} cannot train with optimizer {self.name!r} "
                 f"({user_class(self, (_DynamicOptimizerMixin,)).__name__}: {', '.join(_unsupported(self))}): their "

@@ -147,7 +147,20 @@ def clipping_can_be_exact(model, optimizer=None) -> bool:
     return not any(getattr(v, "_htf_dynamic_embedding", None) is not None for v in model.trainable_variables)
 
 
-def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
+def _clipping_context(world) -> str:
+    """Why a packed model's clipping is not made exact: named in the warning (one process is, mostly)."""
+    if world.distributed:
+        return (
+            f"under Horovod ({world.size} ranks) hybridtf does not clip the packed tables as Keras would (in one "
+            "process, without micro-batches or dynamic tables, it does)"
+        )
+    return (
+        "with micro-batches, dynamic tables or a loss-scale optimizer hybridtf does not clip the packed tables "
+        "as Keras would (without them it does)"
+    )
+
+
+def inexact_settings(optimizer, exact_clipping: bool = False, clip_context: str = "") -> list[str]:
     """The settings of ``optimizer`` whose math differs on packed tables, each with the reason and the fix.
 
     Keras hands an embedding table's gradient to the optimizer as one row per
@@ -159,6 +172,8 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     found = []
     base = user_class(optimizer)
     clip_fix = "clip the dense layers' gradients yourself in a custom step, or train without clipping"
+    if clip_context:  # why hybridtf's exact clipping is off in this model
+        clip_fix = f"{clip_context}; {clip_fix}"
     if getattr(optimizer, "clipnorm", None) is not None and not exact_clipping:
         found.append(
             "clipnorm: Keras clips each variable's gradient by its own norm, taken over the per-lookup rows; a "
@@ -189,9 +204,12 @@ def inexact_settings(optimizer, exact_clipping: bool = False) -> list[str]:
     return found
 
 
-def warn_inexact(optimizer, exact_clipping: bool = False) -> None:
-    """Logs one warning naming ``optimizer``'s settings that are not exact on packed tables, if any."""
-    inexact = inexact_settings(optimizer, exact_clipping)
+def warn_inexact(optimizer, exact_clipping: bool = False, clip_context: str = "") -> None:
+    """Logs one warning naming ``optimizer``'s settings that are not exact on packed tables, if any.
+
+    ``clip_context``: why hybridtf's exact clipping is off here (shown with the clipping settings).
+    """
+    inexact = inexact_settings(optimizer, exact_clipping, clip_context)
     if inexact:
         _log.warning(
             "hybridtf: the optimizer's packed-table updates will NOT equal the plain model's:\n%s",
@@ -539,7 +557,7 @@ def hybridize_optimizer(
     if exact_clipping is False:
         object.__setattr__(storage, "gradient_norms", None)
     if not isinstance(optimizer, _HybridOptimizerMixin) and storage.packed:
-        warn_inexact(optimizer, bool(exact_clipping))
+        warn_inexact(optimizer, bool(exact_clipping), _clipping_context(world))
     pending = None
     if not isinstance(optimizer, _HybridOptimizerMixin) and getattr(optimizer, "_built", False):
         pending = _take_plain_state(optimizer)
