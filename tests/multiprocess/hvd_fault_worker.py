@@ -15,6 +15,9 @@ Scenarios (rank 1 always has fewer batches, or fails):
 * ``interleaved``: both fit 6 batches with 2 micro-batches and 2 K-interleaving groups; rank 1's
   fourth step fails inside the graph, in its second micro-batch's loss (a NaN label meets
   ``tf.debugging.assert_all_finite``), after that micro-batch's lookups and exchange;
+* ``estimator_uneven``: a wrapped Estimator model_fn with sharded tables, ``train`` until the input
+  ends: rank 0's input has 6 batches, rank 1's 3; rank 1 goes to its final checkpoint (a gather of
+  the shards) while rank 0 waits in its next step;
 * ``even``: both fit 6 batches and save (must succeed).
 
 Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
@@ -99,11 +102,49 @@ def custom_loop(model, data):
             step(x, y)
 
 
+def estimator_model_fn(features, labels, mode):
+    init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=1)
+    embedded = [
+        tf.keras.layers.Embedding(f.vocab, f.dim, embeddings_initializer=init)(features[f.name]) for f in FIELDS
+    ]
+    logit = tf.keras.layers.Dense(1)(tf.concat([tf.reshape(e, [-1, 4]) for e in embedded], 1))
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.reshape(labels, [-1, 1]), logits=logit))
+    optimizer = htf.horovod.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05))
+    train_op = optimizer.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+
+class DivergesAtTheEnd(tf.compat.v1.train.SessionRunHook):
+    """Notes the time rank 1 ran its last batch (its input then ends and it saves its final checkpoint)."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def after_run(self, run_context, run_values):
+        self.steps += 1
+        if hvd.rank() == 1 and self.steps == 3:
+            print(f"hybridtf-fault-test: rank 1 diverges at {time.time():.3f}", flush=True)
+
+
+def estimator_uneven(out, rank):
+    def input_fn():
+        return dataset(6 if rank == 0 else 3, seed=10 + rank).map(lambda x, y: ({k: x[k] for k in ("a", "b")}, y))
+
+    config = tf.estimator.RunConfig(save_checkpoints_steps=2, save_summary_steps=None, log_step_count_steps=None)
+    model_dir = os.path.join(out, f"estimator_{rank}")
+    est = tf.estimator.Estimator(htf.estimator.model_fn(estimator_model_fn), model_dir=model_dir, config=config)
+    est.train(input_fn, hooks=[DivergesAtTheEnd()])
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     hvd.init()
     rank = hvd.rank()
     hvd.allreduce(tf.constant(0), name="start")  # ranks start up at different speeds: align before timing anything
+    if scenario == "estimator_uneven":
+        estimator_uneven(out, rank)
+        print(f"hybridtf-fault-test: rank {rank} done", flush=True)
+        return
     model = ctr_models.wide_and_deep(FIELDS, 2, hidden=(8,), seed=3)
     if scenario == "interleaved":
         model = htf.keras.optimize(model, micro_batches=2, interleave_from="embedding", interleave_groups=2)

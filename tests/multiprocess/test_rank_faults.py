@@ -3,7 +3,8 @@
 ``hvd_fault_worker.py`` runs one scenario per launch with
 ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
-training step), or ends its script, or raises in a callback, or is killed, or its
+training step), or saves an Estimator's final checkpoint, or ends its script, or raises in a
+callback, or is killed, or its
 step fails inside the graph in the middle of an interleaved (micro-batched,
 K-interleaved) step. Every rank must
 end with a non-zero status and an error naming the collective and the ranks
@@ -30,7 +31,16 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_grou
 
 WORKER = os.path.join(os.path.dirname(__file__), "hvd_fault_worker.py")
 TIMEOUT_S = 8
-SCENARIOS = ("uneven_save", "uneven_evaluate", "uneven_predict", "uneven_exit", "raise", "kill", "interleaved")
+SCENARIOS = (
+    "uneven_save",
+    "uneven_evaluate",
+    "uneven_predict",
+    "uneven_exit",
+    "raise",
+    "kill",
+    "interleaved",
+    "estimator_uneven",
+)
 # timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
 # exit, with slack for a loaded machine
 BOUND_S = 2.5 * TIMEOUT_S + 10
@@ -116,6 +126,22 @@ def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(
     ends = {int(r): float(t) for r, t in re.findall(r"hybridtf-fault-test: rank (\d) ends at ([\d.]+)", output)}
     left = float(re.search(r"hybridtf-fault-test: rank 1 diverges at ([\d.]+)", output).group(1))
     assert ends[0] - left < bound, f"rank 0 ended {ends[0] - left} s after rank 1 left (launcher: {elapsed} s)"
+
+
+def test_an_estimator_whose_ranks_have_uneven_data_ends_every_rank(launches):
+    """Rank 1's input ends first: its final checkpoint gathers the shards while rank 0 waits in its next step.
+
+    The gather is armed (only until every rank joined it: a long write is not timed); it hung before."""
+    code, output, elapsed = launches["estimator_uneven"]
+    assert code != 0, output[-3000:]
+    assert elapsed is not None and elapsed < BOUND_S, f"ended {elapsed} s after the ranks diverged\n{output[-3000:]}"
+    assert "done" not in re.findall(r"hybridtf-fault-test: rank \d (done)", output)
+    assert re.search(
+        r"rank 1 ends at [\d.]+ with CollectiveTimeoutError: hybridtf: rank 1 of 2 waited [\d.]+ s in the collective "
+        r"checkpoint gather \(Estimator checkpoint\)",
+        output,
+    ), output[-3000:]
+    assert re.search(r"rank 0 ends at [\d.]+ with \w+Error", output), output[-3000:]
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):

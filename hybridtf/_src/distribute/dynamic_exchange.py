@@ -317,6 +317,8 @@ def checkpoint_tensors(table, world: World) -> dict:
         ids, rows, slots, counts, slot_init, step = gathered
     elif world.distributed:
         ids, rows, slots, counts, slot_init, step = full_export(table, world)
+        if not tf.executing_eagerly():  # an Estimator's save: once gathered, every rank joined (watchdog)
+            ids = watchdog.joined_marker(ids)
     else:
         ids, rows, slots, counts, slot_init, step = table.export()
     return {

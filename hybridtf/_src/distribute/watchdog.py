@@ -7,8 +7,9 @@ training — each rank waits in a different collective and, under Gloo, nothing
 ever ends the job (Horovod 0.28's stall inspector stays silent there).
 
 Every collective *phase* hybridtf runs from Python (a Keras training,
-evaluation or prediction call, the checkpoint gather, the initial broadcast,
-a custom step guarded with ``hybridtf.horovod.collective_phase``) is
+evaluation or prediction call, the checkpoint gather — also an Estimator's
+checkpoint save, until its gather completed: ``joined_marker`` —, the initial
+broadcast, a custom step guarded with ``hybridtf.horovod.collective_phase``) is
 *armed* here: a deadline of ``collective_timeout()`` seconds
 (``HYBRIDTF_COLLECTIVE_TIMEOUT_S``, default 35; ``0`` disables). Arming and
 disarming cost two dictionary updates under a lock; one daemon thread per
@@ -52,6 +53,8 @@ import os
 import sys
 import threading
 import time
+
+import numpy as np
 
 from hybridtf._src.distribute.world import World
 from hybridtf._src.errors import CollectiveAbortedError, CollectiveTimeoutError
@@ -334,6 +337,7 @@ _closer: threading.Thread | None = None  # the watchdog's hvd.shutdown(), once o
 _local = threading.local()
 _watchdogs: dict[int, _Watchdog] = {}
 _counters: dict[str, int] = {}
+_joinable: dict[int, _Watchdog] = {}  # armed session-run phases (key -> watchdog) that joined_marker disarms
 
 
 def _watchdog(world: World) -> _Watchdog:
@@ -352,7 +356,9 @@ def next_seq(counter: str) -> int:
 
 
 @contextlib.contextmanager
-def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, first: bool = False):
+def collective_phase(
+    world: World, phase: str, detail: str = "", seq: int = 0, first: bool = False, session_run: bool = False
+):
     """Arms the watchdog while the body waits on the other ranks (eager code, ``world`` distributed).
 
     Args:
@@ -364,6 +370,9 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
         first: the first call of a step function: the deadline is
             ``diagnosis_grace(timeout) / 2`` later (the other ranks may trace
             more slowly).
+        session_run: the body runs a TF1 ``Session`` (an Estimator's checkpoint save),
+            armed in graph mode too; ``joined_marker`` ops in the run's graph disarm it
+            once every rank joined (see ``joined_marker``).
 
     Raises:
         CollectiveTimeoutError: this rank's deadline passed (the diagnosis
@@ -374,12 +383,15 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
     if phase not in PHASES:
         raise ValueError(f"unknown collective phase {phase!r}; one of {PHASES}.")
     timeout = collective_timeout() if world.distributed else None
-    if timeout is None or getattr(_local, "depth", 0) or not _executing_eagerly():
+    if timeout is None or getattr(_local, "depth", 0) or not (session_run or _executing_eagerly()):
         yield  # nested phases are covered by the outer one
         return
     dog = _watchdog(world)
     key, armed = dog.arm(phase, detail, seq, timeout, first)
     _local.depth = 1
+    if session_run:
+        with _lock:
+            _joinable[key] = dog
     try:
         yield
     except Exception as err:
@@ -398,10 +410,39 @@ def collective_phase(world: World, phase: str, detail: str = "", seq: int = 0, f
         raise
     finally:
         _local.depth = 0
+        with _lock:
+            _joinable.pop(key, None)
         dog.disarm(key)
     if armed.message is not None:  # returned just as the deadline passed: Horovod is shut down anyway
         await_shutdown()
         raise CollectiveTimeoutError(armed.message)
+
+
+def _mark_joined(_values) -> np.int64:
+    """Disarms the session-run phases armed now: a collective of their run completed on every rank."""
+    with _lock:
+        joined = list(_joinable.items())
+        _joinable.clear()
+    for key, dog in joined:
+        dog.disarm(key)
+    return np.int64(0)
+
+
+def joined_marker(tensor):
+    """``tensor``, passed on only after an op has disarmed the session-run phases armed when it runs.
+
+    For a collective's output in a TF1 graph (an Estimator checkpoint's gather of sharded tables): once it
+    exists every rank has joined, so what the run does after it (writing the files, as long as it takes) is
+    not timed. The phase thus bounds a rank that waits in the gather for ranks that never come.
+    """
+    import tensorflow as tf
+
+    # An element of the tensor's values, not its size: a static size is folded to a constant, and the marker
+    # would run before the collective.
+    first = tf.reshape(tensor, [-1])[:1]
+    done = tf.numpy_function(_mark_joined, [first], tf.int64, name="hybridtf_collective_joined")
+    with tf.control_dependencies([done]):
+        return tf.identity(tensor)
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ and the plain model_fn (and between packings) in both directions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import numbers
 import os
@@ -19,7 +20,9 @@ import tensorflow as tf
 from tensorflow.python.training import training_util
 from tensorflow.python.training.saving import saveable_object
 
+from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.exchange import gather_member
+from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, estimator_end_of_data
 
 _log = logging.getLogger("hybridtf")
@@ -53,7 +56,8 @@ class PackedSaveable(saveable_object.SaveableObject):
             def tensor(offset=offset, num=num):
                 if shard is None:
                     return variable.read_value()[offset : offset + num]
-                return gather_member(variable.read_value(), *shard, offset, num)
+                # the gather is a collective: once it is done every rank joined, and the save's write is not timed
+                return watchdog.joined_marker(gather_member(variable.read_value(), *shard, offset, num))
 
             specs.append(saveable_object.SaveSpec(tensor, "", key, dtype=variable.dtype, device=variable.device))
         super().__init__(variable, specs, variable.op.name)
@@ -226,13 +230,30 @@ class CrashSafeSaver(tf.compat.v1.train.Saver):
             global_step = training_util.global_step(sess, global_step)
         prefix = f"{save_path}-{int(global_step)}" if global_step is not None else save_path
         estimator_end_of_data.before_save(sess, global_step)  # a train call that ran its input to the end
-        with atomic_checkpoint.protected(os.fspath(prefix), latest_filename):
+        with atomic_checkpoint.protected(os.fspath(prefix), latest_filename), _gather_phase(sess):
             return super().save(sess, save_path, global_step=global_step, latest_filename=latest_filename, **kwargs)
 
     def restore(self, sess, save_path):
         if isinstance(save_path, (str, os.PathLike)):
             save_path = atomic_checkpoint.resolve(save_path)
         return super().restore(sess, save_path)
+
+
+def _gather_phase(sess):
+    """The watchdog's checkpoint-gather phase around a save whose graph gathers tables sharded over Horovod ranks.
+
+    A rank whose input ended before the others' saves its last checkpoint while they wait in their next step:
+    its gather would wait forever. Armed, it ends the job after ``HYBRIDTF_COLLECTIVE_TIMEOUT_S`` with the
+    watchdog's error. The gathers' ``joined_marker`` ops disarm it once every rank joined (the write is not
+    timed). Nothing is armed in one process or without sharded tables.
+    """
+    from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+
+    world = current_world()
+    graph = getattr(sess, "graph", None)
+    if not world.distributed or graph is None or not graph.get_collection(LOCAL_VARIABLES):
+        return contextlib.nullcontext()
+    return watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, "Estimator checkpoint", session_run=True)
 
 
 def _config_saver(config, **kwargs) -> CrashSafeSaver:
