@@ -231,6 +231,7 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
             "layer.embeddings, ...): exact, but unpacked; for an L2 term use a Keras embeddings_regularizer, which "
             "packs"
         )
+    value.claim_weights()  # unpacked: the owning Keras layer's weights list the table's variable, not this view
     return value.rows_as(dtype)
 
 
@@ -242,6 +243,7 @@ tf.register_tensor_conversion_function(CapturedTable, _to_tensor, priority=90)
 def _embedding_lookup(params, ids, max_norm=None, name=None):
     if max_norm is not None:
         params.dense_use = "embedding_lookup with max_norm clips rows"
+        params.claim_weights()
         return tf.nn.embedding_lookup(params.read_value(), ids, max_norm=max_norm, name=name)
     base = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
     if not isinstance(base, tf.Tensor) or base.dtype not in (tf.int32, tf.int64):

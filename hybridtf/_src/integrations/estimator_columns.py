@@ -143,6 +143,7 @@ def table_owner(kwargs):
 def _unpacked(table: CapturedTable, reason: str):
     if table.dense_use is None:
         table.dense_use = f"{reason}: exact, but unpacked"
+    table.claim_weights()  # a Keras layer's weights (a canned Estimator's optimizer reads them) list the variable
     return table.read_value()
 
 
