@@ -138,8 +138,11 @@ def test_canned_estimator_packs_every_table_and_trains_like_the_plain_one(tmp_pa
     np.testing.assert_allclose(ev_wrapped["auc"], ev_plain["auc"], rtol=1e-4)
 
 
-def _model_fn_with(optimizer):
+def _model_fn_with(held):
     def model_fn(features, labels, mode):
+        if not held:  # made on the first call and kept (a lazily made module-level optimizer)
+            held.append(tf.keras.optimizers.legacy.Adagrad(0.05))
+        optimizer = held[0]
         emb = tf.keras.layers.Embedding(VOCAB, 4, embeddings_initializer=tf.keras.initializers.RandomUniform(seed=2))
         x = tf.concat([tf.reshape(emb(features[f"C{i}"]), [-1, 4]) for i in range(FIELDS - 1)], axis=1)
         dense = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))
@@ -153,17 +156,18 @@ def _model_fn_with(optimizer):
     return model_fn
 
 
-def test_a_legacy_optimizer_made_outside_the_model_fn_is_left_as_the_plain_model_fn_finds_it(tmp_path):
+@pytest.mark.parametrize("made", ["before", "on_first_call"])
+def test_a_legacy_optimizer_made_outside_the_model_fn_is_left_as_the_plain_model_fn_finds_it(tmp_path, made):
     config = tf.estimator.RunConfig(tf_random_seed=1, save_summary_steps=None, log_step_count_steps=None)
     losses = {}
     for wrap in (False, True):
-        optimizer = tf.keras.optimizers.legacy.Adagrad(0.05)  # made once, outside: as a module-level one
-        fn = _model_fn_with(optimizer)
+        held = [tf.keras.optimizers.legacy.Adagrad(0.05)] if made == "before" else []
+        fn = _model_fn_with(held)
         est = tf.estimator.Estimator(htf_estimator.model_fn(fn) if wrap else fn, str(tmp_path / str(wrap)), config)
         hook = LossHook()
         est.train(input_fn, steps=10, hooks=[hook])
         losses[wrap] = np.array(hook.losses)
         # the optimizer holds the real graph's weights only: the record pass's scratch graph left nothing on it
-        assert all(w.graph is optimizer.iterations.graph for w in optimizer.weights)
+        assert all(w.graph is held[0].iterations.graph for w in held[0].weights)
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
     assert losses[False][-1] < losses[False][0] - 1e-3

@@ -9,11 +9,13 @@ graph. The real pass then failed ("Cannot set `iterations` to a new Variable aft
 weights have been created") or used variables of another graph, where the plain Estimator, which
 calls the model_fn once per graph, trains.
 
-``untouched(graph)`` watches the calls through which such an optimizer changes its state
-(attribute assignment, ``add_weight``, ``add_slot``) while ``graph`` is the default graph of the
+``untouched(graph)`` watches the calls through which such an optimizer starts to be used
+(``add_weight``, ``add_slot``, setting ``iterations``) while ``graph`` is the default graph of the
 calling thread, keeps a copy of the optimizer's attributes from before the first one, and writes
-that copy back on exit, so the real pass meets the optimizer as the plain model_fn would.
-Containers (dicts, lists, sets) in the attributes are copied; the objects in them are not.
+that copy back on exit, so the real pass meets the optimizer as the plain model_fn would. One the
+model_fn makes on its first call and keeps (a lazily made module-level optimizer) is put back as
+its ``__init__`` left it. Containers (dicts, lists, sets) in the attributes are copied; the
+objects in them are not.
 """
 
 from __future__ import annotations
@@ -55,8 +57,12 @@ def _note(optimizer):
 
 
 def _watching(original):
+    setter = original.__name__ == "__setattr__"
+
     def method(self, *args, **kwargs):
-        if getattr(_watches, "active", None):
+        # first use: a weight, a slot, or its step counter set (an optimizer made in the pass has left its
+        # __init__ by then, and is put back as it came out of it)
+        if getattr(_watches, "active", None) and (not setter or args[0] == "iterations"):
             _note(self)
         return original(self, *args, **kwargs)
 
