@@ -101,11 +101,13 @@ def _linear_layer_column():
     units]`` weights through its feature-column ``StateManager.create_variable`` and looks them up
     with ``safe_embedding_lookup_sparse``, as v1 ``linear_model`` does.
     """
+    from tensorflow_estimator.python.estimator.canned.linear import _LinearModelLayer
+
     for frame in _frame_locals("create_variable"):
         manager, column = frame.get("self"), frame.get("feature_column")
         if isinstance(manager, fc_v2.StateManager) and frame.get("name") == "weights":
             layer = getattr(manager, "_layer", None)
-            if isinstance(column, fc_v2.CategoricalColumn) and type(layer).__name__ == "_LinearModelLayer":
+            if isinstance(column, fc_v2.CategoricalColumn) and isinstance(layer, _LinearModelLayer):
                 return column
             return None
     return None

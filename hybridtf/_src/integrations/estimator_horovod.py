@@ -53,14 +53,11 @@ def check_save_schedule(graph: tf.Graph, config, mode) -> None:
     default: 600 s) saves when each rank's own clock says so, at different
     steps: the ranks would wait for each other forever.
     """
-    from hybridtf._src.distribute.world import current_world
-    from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+    from hybridtf._src.integrations.horovod_hooks import sharded_world
 
     secs = getattr(config, "save_checkpoints_secs", None)
-    if mode != tf.estimator.ModeKeys.TRAIN or secs is None or not graph.get_collection(LOCAL_VARIABLES):
-        return
-    world = current_world()
-    if not world.distributed:
+    world = sharded_world(graph) if mode == tf.estimator.ModeKeys.TRAIN and secs is not None else None
+    if world is None:
         return
     raise ValueError(
         f"hybridtf.estimator: RunConfig(save_checkpoints_secs={secs}) on {world.size} Horovod ranks. Every "

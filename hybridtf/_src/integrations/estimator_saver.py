@@ -22,7 +22,6 @@ from tensorflow.python.training.saving import saveable_object
 
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.exchange import gather_member
-from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, estimator_end_of_data
 
 _log = logging.getLogger("hybridtf")
@@ -247,11 +246,11 @@ def _gather_phase(sess):
     watchdog's error. The gathers' ``joined_marker`` ops disarm it once every rank joined (the write is not
     timed). Nothing is armed in one process or without sharded tables.
     """
-    from hybridtf._src.integrations.horovod_hooks import LOCAL_VARIABLES
+    from hybridtf._src.integrations.horovod_hooks import sharded_world
 
-    world = current_world()
     graph = getattr(sess, "graph", None)
-    if not world.distributed or graph is None or not graph.get_collection(LOCAL_VARIABLES):
+    world = sharded_world(graph) if graph is not None else None
+    if world is None:
         return contextlib.nullcontext()
     return watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, "Estimator checkpoint", session_run=True)
 

@@ -21,6 +21,13 @@ from hybridtf._src.distribute.world import current_world
 LOCAL_VARIABLES = "hybridtf_local_variables"
 
 
+def sharded_world(graph):
+    """The Horovod job when ``graph`` (a TF1 graph) holds tables sharded over its ranks (``LOCAL_VARIABLES``),
+    else None: their checkpoints gather the shards, a collective every rank must enter."""
+    world = current_world()
+    return world if world.distributed and graph.get_collection(LOCAL_VARIABLES) else None
+
+
 def graph_local_variables(graph=None) -> list:
     """The shards of ``graph`` (default graph) and their optimizer slots (``<shard>/...`` of the same shape)."""
     import tensorflow as tf

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridtf._src.caching.layer import DynamicEmbedding
+from hybridtf._src.caching.metrics import dynamic_layers
 
 
 def _tables(model) -> list:
     """Each dynamic table of ``model`` once (a packed store's members share it)."""
     tables = {}
-    for layer in getattr(model, "submodules", ()):
-        table = getattr(layer, "table", None) if isinstance(layer, DynamicEmbedding) else None
-        table = getattr(table, "store", table)  # a packed member's view: its store
-        if table is not None and hasattr(table, "export_with_members"):
+    for layer in dynamic_layers(model):
+        table = getattr(layer.table, "store", layer.table)  # a packed member's view: its store
+        if hasattr(table, "export_with_members"):
             tables.setdefault(id(table), table)
     return list(tables.values())
 
@@ -46,9 +45,8 @@ def keep_best_tables(callback, model) -> None:
         on_epoch_end(callback, epoch, logs)
         if callback.model is not model:
             return
-        tables = _tables(model)
         if callback.best_weights is not before and callback.best_weights is not None:
-            kept[:] = [(table, table.export_with_members()) for table in tables]
+            kept[:] = [(table, table.export_with_members()) for table in _tables(model)]
         elif callback.stopped_epoch == epoch and epoch > 0 and callback.best_weights is not None and kept:
             for table, (ids, rows, slots, counts, slot_init, step, members) in kept:
                 table.import_(ids, rows, slots, counts, slot_init, step, members=members)
