@@ -141,7 +141,12 @@ def test_an_estimator_whose_ranks_have_uneven_data_ends_every_rank(launches):
         r"checkpoint gather \(Estimator checkpoint\)",
         output,
     ), output[-3000:]
-    assert re.search(r"rank 0 ends at [\d.]+ with \w+Error", output), output[-3000:]
+    # rank 0 (in a training step, which the watchdog does not time in an Estimator) ends with Horovod's error once
+    # rank 1 shut Horovod down, or, on a loaded machine, horovodrun terminates it first when rank 1 exits non-zero
+    # (seen in CI): either way it ends, never a hang
+    ended = re.search(r"rank 0 ends at [\d.]+ with \w+Error", output)
+    terminated = re.search(r"^\[0\]<stderr>:Terminated$", output, re.MULTILINE)
+    assert ended or terminated, output[-3000:]
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):
