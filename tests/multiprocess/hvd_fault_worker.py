@@ -17,7 +17,10 @@ Scenarios (rank 1 always has fewer batches, or fails):
   ``tf.debugging.assert_all_finite``), after that micro-batch's lookups and exchange;
 * ``estimator_uneven``: a wrapped Estimator model_fn with sharded tables, ``train`` until the input
   ends: rank 0's input has 6 batches, rank 1's 3; rank 1 goes to its final checkpoint (a gather of
-  the shards) while rank 0 waits in its next step;
+  the shards) while rank 0 waits in its next step (both armed: the gather, and the step by the wrapped
+  model_fn's ``StepWatchdogHook``);
+* ``estimator_evaluate``: a wrapped Estimator model_fn with sharded tables; both ranks ``train`` 3
+  batches, then rank 1 ``evaluate``s while rank 0 ``train``s 3 more (both steps armed);
 * ``even``: both fit 6 batches and save (must succeed).
 
 Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
@@ -136,13 +139,30 @@ def estimator_uneven(out, rank):
     est.train(input_fn, hooks=[DivergesAtTheEnd()])
 
 
+def estimator_evaluate(out, rank):
+    """Both train 3 batches (and save); then rank 1 evaluates while rank 0 trains 3 more."""
+
+    def input_fn(batches, seed):
+        return lambda: dataset(batches, seed=seed).map(lambda x, y: ({k: x[k] for k in ("a", "b")}, y))
+
+    config = tf.estimator.RunConfig(save_checkpoints_steps=100, save_summary_steps=None, log_step_count_steps=None)
+    model_dir = os.path.join(out, f"estimator_evaluate_{rank}")
+    est = tf.estimator.Estimator(htf.estimator.model_fn(estimator_model_fn), model_dir=model_dir, config=config)
+    est.train(input_fn(3, 10 + rank))
+    print(f"hybridtf-fault-test: rank {rank} diverges at {time.time():.3f}", flush=True)
+    if rank == 1:
+        est.evaluate(input_fn(3, 99))
+    else:
+        est.train(input_fn(3, 20))
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     hvd.init()
     rank = hvd.rank()
     hvd.allreduce(tf.constant(0), name="start")  # ranks start up at different speeds: align before timing anything
-    if scenario == "estimator_uneven":
-        estimator_uneven(out, rank)
+    if scenario.startswith("estimator_"):
+        {"estimator_uneven": estimator_uneven, "estimator_evaluate": estimator_evaluate}[scenario](out, rank)
         print(f"hybridtf-fault-test: rank {rank} done", flush=True)
         return
     model = ctr_models.wide_and_deep(FIELDS, 2, hidden=(8,), seed=3)

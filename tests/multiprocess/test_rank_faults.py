@@ -3,7 +3,8 @@
 ``hvd_fault_worker.py`` runs one scenario per launch with
 ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
-training step), or saves an Estimator's final checkpoint, or ends its script, or raises in a
+training step), or saves an Estimator's final checkpoint, or evaluates an Estimator while rank 0 trains, or
+ends its script, or raises in a
 callback, or is killed, or its
 step fails inside the graph in the middle of an interleaved (micro-batched,
 K-interleaved) step. Every rank must
@@ -40,6 +41,7 @@ SCENARIOS = (
     "kill",
     "interleaved",
     "estimator_uneven",
+    "estimator_evaluate",
 )
 # timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
 # exit, with slack for a loaded machine
@@ -131,22 +133,47 @@ def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(
 def test_an_estimator_whose_ranks_have_uneven_data_ends_every_rank(launches):
     """Rank 1's input ends first: its final checkpoint gathers the shards while rank 0 waits in its next step.
 
-    The gather is armed (only until every rank joined it: a long write is not timed); it hung before."""
+    Both are armed: the gather (only until every rank joined it: a long write is not timed) and rank 0's
+    training step (``estimator_step_watchdog.StepWatchdogHook``); each prints the diagnosis. Before, the gather
+    hung; then rank 0's step was not timed and only Horovod's shutdown by rank 1 ended it."""
     code, output, elapsed = launches["estimator_uneven"]
     assert code != 0, output[-3000:]
     assert elapsed is not None and elapsed < BOUND_S, f"ended {elapsed} s after the ranks diverged\n{output[-3000:]}"
     assert "done" not in re.findall(r"hybridtf-fault-test: rank \d (done)", output)
-    assert re.search(
-        r"rank 1 ends at [\d.]+ with CollectiveTimeoutError: hybridtf: rank 1 of 2 waited [\d.]+ s in the collective "
-        r"checkpoint gather \(Estimator checkpoint\)",
-        output,
-    ), output[-3000:]
-    # rank 0 (in a training step, which the watchdog does not time in an Estimator) ends with Horovod's error once
-    # rank 1 shut Horovod down, or, on a loaded machine, horovodrun terminates it first when rank 1 exits non-zero
-    # (seen in CI): either way it ends, never a hang
-    ended = re.search(r"rank 0 ends at [\d.]+ with \w+Error", output)
-    terminated = re.search(r"^\[0\]<stderr>:Terminated$", output, re.MULTILINE)
-    assert ended or terminated, output[-3000:]
+    phases = ((0, r"training step #\d+ \(Estimator train\)"), (1, r"checkpoint gather \(Estimator checkpoint\)"))
+    for rank, own in phases:
+        lines = _rank_lines(output, rank)
+        # printed on stderr before this rank shuts Horovod down: before any rank can end and horovodrun terminate
+        # the others
+        timed_out = re.search(rf"rank {rank} of 2 waited [\d.]+ s in the collective {own}", lines)
+        assert timed_out, f"rank {rank} printed no clear error:\n{lines[-4000:]}"
+        assert re.search(r"rank 0: training step #\d+", lines) and "rank 1: checkpoint gather" in lines, lines[-4000:]
+        assert "The ranks reached different collectives." in lines
+    # and raises it (rank 0: its session's coordinator raises it at the close), unless horovodrun terminated the
+    # rank first when the other exited (a loaded machine)
+    for rank in (0, 1):
+        ended = re.search(rf"rank {rank} ends at [\d.]+ with CollectiveTimeoutError", output)
+        terminated = re.search(rf"^\[{rank}\]<stderr>:Terminated$", output, re.MULTILINE)
+        assert ended or terminated, output[-3000:]
+
+
+def test_an_estimator_evaluated_on_one_rank_while_another_trains_ends_every_rank(launches):
+    """Rank 1's evaluation steps exchange rows of the sharded tables; rank 0 is in its next train call (its
+    first checkpoint's gather or a training step). Both are armed; before, only rank 0's gather was, and rank 1
+    ended with Horovod's shutdown error, without the diagnosis."""
+    code, output, elapsed = launches["estimator_evaluate"]
+    assert code != 0, output[-3000:]
+    assert elapsed is not None and elapsed < BOUND_S, f"ended {elapsed} s after the ranks diverged\n{output[-3000:]}"
+    assert "done" not in re.findall(r"hybridtf-fault-test: rank \d (done)", output)
+    own = {0: r"(training step #\d+ \(Estimator train\)|checkpoint gather \(Estimator checkpoint\))"}
+    own[1] = r"evaluation step #\d+ \(Estimator eval\)"
+    for rank in (0, 1):
+        lines = _rank_lines(output, rank)
+        assert re.search(rf"rank {rank} of 2 waited [\d.]+ s in the collective {own[rank]}", lines), lines[-4000:]
+        assert re.search(r"rank 1: evaluation step #\d+", lines), lines[-4000:]
+        ended = re.search(rf"rank {rank} ends at [\d.]+ with CollectiveTimeoutError", output)
+        terminated = re.search(rf"^\[{rank}\]<stderr>:Terminated$", output, re.MULTILINE)
+        assert ended or terminated, output[-3000:]
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):

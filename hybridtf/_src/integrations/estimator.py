@@ -48,6 +48,7 @@ from hybridtf._src.integrations import (
     estimator_columns,
     estimator_dynamic,
     estimator_horovod,
+    estimator_step_watchdog,
     estimator_storage,
     estimator_updates,
     estimator_warm_start,
@@ -316,6 +317,7 @@ def build(
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         estimator_horovod.check_save_schedule(real_graph, config, mode)
+        spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
         spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
@@ -358,6 +360,7 @@ def build(
                 spec = spec._replace(training_hooks=(*spec.training_hooks, ShardBroadcastGuardHook()))
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     estimator_horovod.check_save_schedule(real_graph, config, mode)
+    spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}
         members = {}
