@@ -317,7 +317,8 @@ def build(
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         estimator_horovod.check_save_schedule(real_graph, config, mode)
-        spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
+        if not plain_predict:  # plain lookups read the rank's own checkpoint: no collective
+            spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
         spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
         report.batch_size = graph_util.batch_size_tensor(features)
