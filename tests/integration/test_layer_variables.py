@@ -203,3 +203,55 @@ def test_a_keras_weights_file_of_a_two_optimizer_step_loads_as_into_the_plain_mo
         told = [r.getMessage() for r in caplog.records if "not loading the state of optimizer" in r.getMessage()]
         assert len(told) == 2 and "starts afresh" in told[0]  # the compiled Adagrad and the step's own Ftrl
     assert np.isfinite(_train(resumed, batches[4:])).all()
+
+
+class TwoTowers(tf.keras.Model):
+    """A two-tower model whose ``train_step`` trains each tower (a sub-model) with its own optimizer."""
+
+    def __init__(self, split_by_layer):
+        super().__init__()
+        self.split_by_layer = split_by_layer
+        self.towers = []
+        for name in ("user", "item"):
+            ids = tf.keras.Input((1,), dtype=tf.int64)
+            out = L.Dense(4)(L.Flatten()(L.Embedding(VOCAB, 4, name=f"{name}_emb")(ids)))
+            self.towers.append(tf.keras.Model(ids, out, name=f"{name}_tower"))
+
+    def call(self, x):
+        user, item = self.towers[0](x["f0"]), self.towers[1](x["f1"])
+        return tf.sigmoid(tf.reduce_sum(user * item, axis=1, keepdims=True))
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = self.compiled_loss(y, self(x, training=True))
+        if self.split_by_layer:
+            user = htf.keras.layer_variables(self, [self.towers[0]])
+            item = [v for v in self.trainable_variables if all(v is not u for u in user)]
+        else:
+            user, item = self.towers[0].trainable_variables, self.towers[1].trainable_variables
+        user_grads, item_grads = tape.gradient(loss, [user, item])
+        self.optimizer.apply_gradients(zip(user_grads, user))
+        self.item_optimizer.apply_gradients(zip(item_grads, item))
+        return {"loss": loss}
+
+
+@pytest.mark.parametrize("split_by_layer", [False, True], ids=["sub-models", "layer_variables"])
+def test_a_fit_train_step_splitting_its_sub_models_among_two_optimizers_is_told(split_by_layer, caplog):
+    """The towers' own ``trainable_variables`` hold no packed table: such a split leaves the tables untrained, which
+    ``fit`` must not do silently (found by a probe: a two-tower model's tables stayed at their initial rows)."""
+    tf.keras.utils.set_random_seed(5)
+    model = TwoTowers(split_by_layer)
+    batches = _batches(2)
+    model(batches[0][0])
+    model = htf.keras.optimize(model, force_groups={"u": ["user_emb"], "i": ["item_emb"]})
+    model.item_optimizer = tf.keras.optimizers.Adam(0.01)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        _train(model, batches)
+    told = [r.getMessage() for r in caplog.records if "trained with 2 optimizers" in r.getMessage()]
+    if split_by_layer:
+        assert told == []
+    else:
+        assert len(told) == 1 and "a sub-model's (a tower's) trainable_variables hold none" in told[0], told
+        assert "layer_variables(model, layers)" in told[0] and "user_emb" in told[0]

@@ -414,11 +414,11 @@ def test_hybridtfs_own_step_classes_do_not_count_as_a_train_step_override():
     """Under Horovod the collective watchdog's run-time class wraps train_step: micro-batches named it the
     user's override (and hid the real reason, e.g. sharded dynamic tables)."""
     from hybridtf._src.integrations import horovod_hooks
-    from hybridtf._src.rewrite.micro_batch import _overrides_train_step
+    from hybridtf._src.rewrite.micro_batch import overrides_train_step
 
     model = wide_and_deep()
     horovod_hooks.guard_collectives(model)
-    assert not _overrides_train_step(model)
+    assert not overrides_train_step(model)
 
     class Custom(tf.keras.Model):
         def train_step(self, data):
@@ -427,4 +427,4 @@ def test_hybridtfs_own_step_classes_do_not_count_as_a_train_step_override():
     ids = tf.keras.Input((1,), dtype=tf.int64)
     custom = Custom(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(5, 2)(ids))))
     horovod_hooks.guard_collectives(custom)
-    assert _overrides_train_step(custom)
+    assert overrides_train_step(custom)

@@ -47,7 +47,7 @@ from hybridtf._src.integrations.keras_unpacked import (
     sharded_save_error,
     sharded_size,
 )
-from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers
+from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers, note_split_train_step
 from hybridtf._src.plan.packing import PackingPlan
 from hybridtf._src.rewrite import dataflow_fusion, packed_dynamic
 from hybridtf._src.rewrite.packed_storage import TableView
@@ -120,6 +120,11 @@ class _HybridModelMixin(
             exact_clipping=clipping_can_be_exact(self),
         )
         hook_attribute_optimizers(self)  # a custom train_step's own optimizers (self.wide_optimizer)
+
+    def train_step(self, data):
+        result = super().train_step(data)  # traced: a layer_variables call in the user's step has marked the model
+        note_split_train_step(self)
+        return result
 
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage

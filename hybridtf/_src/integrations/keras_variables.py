@@ -152,9 +152,21 @@ def hook_attribute_optimizers(model) -> None:
     hook_optimizers(model, [v for v in list(vars(model).values()) if v is not model.optimizer])
 
 
+def note_split_train_step(model) -> None:
+    """``note_split_optimizers`` for a ``train_step`` of the user's (traced by ``fit``): the compiled optimizer and
+    the Keras optimizers the model holds as attributes (``self.item_optimizer``)."""
+    from hybridtf._src.rewrite.micro_batch import overrides_train_step
+
+    if getattr(model, "_htf_split_warned", False) or not overrides_train_step(model):
+        return
+    attributes = [v for v in list(vars(model).values()) if isinstance(v, _OPTIMIZER_TYPES)]
+    note_split_optimizers(model, [getattr(model, "optimizer", None), *attributes])
+
+
 def note_split_optimizers(model, candidates) -> None:
     """Warns once per model when a step trains optimized ``model`` with several optimizers among ``candidates``
-    (called after ``hybridtf.function``'s record pass: not when that pass called ``layer_variables``).
+    (called after ``hybridtf.function``'s record pass, or after ``fit`` traced the user's ``train_step``: not when
+    they called ``layer_variables``).
 
     Such a step splits the model's variables among them, and a split by variable name or position
     (``"emb_" in v.name``, ``grads[:3]``) silently goes wrong on the optimized model: its
@@ -177,7 +189,8 @@ def note_split_optimizers(model, candidates) -> None:
         "hybridtf: model %r is trained with %d optimizers (%s). Its trainable_variables hold the packed "
         "variables %s in place of those tables' own variables (after the model's other variables), so a "
         "split of the variables among the optimizers by name or by position sees the packed variables, not "
-        "the tables: a filter on a table's name matches nothing. Split by layer with "
+        "the tables: a filter on a table's name matches nothing, and a sub-model's (a tower's) "
+        "trainable_variables hold none of its packed tables. Split by layer with "
         "hybridtf.keras.layer_variables(model, layers), which gives on the plain and the optimized model the "
         "variables holding those layers' weights.",
         model.name,
@@ -191,4 +204,10 @@ _log = logging.getLogger("hybridtf")
 _OPTIMIZER_TYPES = (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)
 
 
-__all__ = ["hook_attribute_optimizers", "hook_optimizers", "layer_variables", "note_split_optimizers"]
+__all__ = [
+    "hook_attribute_optimizers",
+    "hook_optimizers",
+    "layer_variables",
+    "note_split_optimizers",
+    "note_split_train_step",
+]

@@ -84,7 +84,7 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
         object.__setattr__(model, "_htf_split", micro_batch_split.split_model(model, interleave_from))
     if num_micro_batches == 1:
         return
-    if _overrides_train_step(model):
+    if overrides_train_step(model):
         raise MicroBatchError(
             f"{type(model).__name__} overrides train_step; hybridtf's micro-batched step replaces Keras's train_step "
             "and would skip yours. Use micro_batches=1, or micro-batch inside your own train_step."
@@ -92,7 +92,7 @@ def check_model(model, num_micro_batches: int, interleave_from: str) -> None:
     check_layers(model)
 
 
-def _overrides_train_step(model) -> bool:
+def overrides_train_step(model) -> bool:
     """Whether the model's class (or a class of the user's between it and Keras) defines ``train_step``;
     hybridtf's own run-time classes (e.g. the Horovod collective watchdog's) do not count."""
     for cls in type(model).__mro__:
