@@ -342,6 +342,29 @@ def test_unsupported_layers_are_reported_not_packed():
     assert "'with_reg'" in report.summary()
 
 
+def test_a_model_fn_whose_tables_all_stay_unpacked_says_so_with_each_fix():
+    """Not "no packable Embedding" when there are Embedding layers, each skipped with its reason (found by a probe)."""
+
+    def fn(features, labels, mode):
+        bag = tf.keras.layers.Embedding(VOCAB + 1, DIM, embeddings_initializer=_init(3), name="bag")
+        bag.build((None, 1))
+        tied = tf.keras.layers.Embedding(VOCAB, DIM, embeddings_initializer=_init(4), name="tied")
+        ids = tf.sparse.from_dense(tf.cast(features["C0"], tf.int64) + 1)  # no example without an id
+        pooled = tf.nn.embedding_lookup_sparse(bag.embeddings, ids, None, combiner="mean")
+        x = tf.concat([pooled, tf.reshape(tied(features["C1"]), [-1, DIM])], axis=1)
+        logit = tf.reduce_sum(tf.matmul(x[:, DIM:], tied.embeddings, transpose_b=True), 1, keepdims=True)
+        return _head(mode, labels, logit + _mlp(x))
+
+    _, _, report = _graph_spec(htf_estimator.model_fn(fn))
+    skipped = dict(report.skipped)
+    assert "tf.nn.safe_embedding_lookup_sparse" in skipped["bag"] and "called by the model_fn" in skipped["bag"]
+    assert "used as a tensor" in skipped["tied"]
+    assert report.summary().splitlines()[0] == (
+        "hybridtf: nothing packed in this model_fn: its 2 embedding table(s) stay unpacked (each reason below); it "
+        "runs unchanged."
+    )
+
+
 def test_partitioned_feature_column_lookups_are_named_in_one_warning(caplog):
     """Feature-column tables pack (test_estimator_feature_columns.py) except partitioned ones, which are named."""
 

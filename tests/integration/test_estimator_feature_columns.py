@@ -289,6 +289,6 @@ def test_lookups_on_a_chain_of_their_own_and_unsafe_lookups_are_reported_as_they
     assert "run a packed chain of their own" in summary and "'input_layer/C5_embedding'" in summary
     assert list(dict(report.skipped)) == ["input_layer/C7_embedding"]
     assert dict(report.skipped)["input_layer/C7_embedding"].startswith(
-        "it is looked up through tf.nn.embedding_lookup_sparse (an embedding_column with "
-        "use_safe_embedding_lookup=False)"
+        "it is looked up through tf.nn.embedding_lookup_sparse (called by the model_fn, or by an embedding_column "
+        "with use_safe_embedding_lookup=False)"
     )

@@ -69,6 +69,11 @@ class EstimatorReport:
         lines = []
         if not self.packed and self.dynamic_tables:
             lines.append("hybridtf: no fixed-vocabulary embedding lookups to pack in this model_fn.")
+        elif not self.packed and self.skipped:
+            lines.append(
+                f"hybridtf: nothing packed in this model_fn: its {len(self.skipped)} embedding table(s) stay unpacked "
+                "(each reason below); it runs unchanged."
+            )
         elif not self.packed:
             lines.append(
                 "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups and no packable "
