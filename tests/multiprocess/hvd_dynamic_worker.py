@@ -82,6 +82,9 @@ def build(kind: str, size: int, mixed: bool = False, compile: bool = True, pack:
         optimizer = htf.keras.dynamic_optimizer(hvdk.DistributedOptimizer(opt) if size > 1 else opt)
         model.compile(optimizer=optimizer, loss="mse")
         return model
+    if kind == "adagrad_plain":  # a plain Keras optimizer, no Horovod one: hybridtf averages the dense gradients
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="mse")
+        return model
     optimizer = htf.keras.dynamic_optimizer(inner[kind]())
     if not compile:
         return model, optimizer
@@ -296,6 +299,9 @@ def main():
         result["shared_losses"] = train(shared, 0, STEPS, rank, size)
         result["shared_skipped"] = [s.reason for s in shared.hybridtf_skipped]
         result["adagrad_hvd_first_losses"] = train(build("adagrad_hvd_first", size), 0, STEPS, rank, size)
+        plain_optimizer = build("adagrad_plain", size)
+        result["adagrad_plain_losses"] = train(plain_optimizer, 0, STEPS, rank, size)
+        result["adagrad_plain_dense"] = [float(np.sum(np.abs(w))) for w in plain_optimizer.get_layer(index=-1).weights]
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
         if mode == "train":

@@ -8,8 +8,9 @@ Three launches of ``hvd_dynamic_worker.py`` (one process, ``horovodrun -np 2
   store is sharded by id: one alltoall per step for the group), with Adagrad
   and with Adam (``hvd.DistributedOptimizer``), and in a custom loop
   (``htf.horovod.DistributedGradientTape``); left unpacked (each table sharded
-  on its own) with a static table beside them (hybridtf averages); flushes
-  during the runs;
+  on its own) with a static table beside them (hybridtf averages); with a plain
+  Keras optimizer and only dynamic tables (hybridtf averages); flushes during
+  the runs;
 * checkpoints 1 -> 2 ranks of the packed model: the 2 ranks' restored tables,
   gathered, are the one process's checkpoint bit for bit (ids, rows, slots,
   counts, step), through ``save_weights`` and ``tf.train.Checkpoint`` alike,
@@ -135,6 +136,15 @@ def test_dynamic_optimizer_of_a_horovod_optimizer(runs):
     for rank in (0, 1):
         _close(runs["two"][rank]["adagrad_hvd_first_losses"], runs["one"]["adagrad_hvd_first_losses"])
     _close(runs["one"]["adagrad_hvd_first_losses"], runs["one"]["adagrad_losses"])  # the same model and steps
+
+
+def test_a_plain_keras_optimizer_without_horovods_trains_as_one_process(runs):
+    """Only dynamic tables and ``compile(optimizer=Adagrad)``: hybridtf averages the dense gradients (each rank
+    trained its own dense layers, silently; found by a probe), as with static tables."""
+    for rank in (0, 1):
+        _close(runs["two"][rank]["adagrad_plain_losses"], runs["one"]["adagrad_losses"])
+    assert runs["two"][0]["adagrad_plain_dense"] == runs["two"][1]["adagrad_plain_dense"]  # the same dense layers
+    _close(runs["one"]["adagrad_plain_losses"], runs["one"]["adagrad_losses"])
 
 
 def test_custom_loop_and_refusals(runs):

@@ -22,9 +22,14 @@ import tensorflow as tf
 from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
+from hybridtf._src.distribute import gradients
 from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
 from hybridtf._src.integrations import keras_end_of_data
-from hybridtf._src.integrations.keras_horovod_classes import horovod_class_with, is_horovod_class
+from hybridtf._src.integrations.keras_horovod_classes import (
+    horovod_class_with,
+    is_horovod_class,
+    is_horovod_distributed,
+)
 from hybridtf._src.integrations.keras_optimizers import (
     LazyAdam,
     current_learning_rate,
@@ -69,7 +74,7 @@ class _DynamicOptimizerMixin:
         return super().build([v for v in var_list if _layer_of(v) is None])
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
-        grads_and_vars = list(grads_and_vars)
+        grads_and_vars = _averaged_over_ranks(self, list(grads_and_vars))
         dynamic = [(g, v) for g, v in grads_and_vars if _layer_of(v) is not None]
         if not dynamic:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
@@ -108,6 +113,37 @@ class _DynamicOptimizerMixin:
             if rest:
                 return super().apply_gradients(rest, *args, **kwargs)
             return self.iterations.assign_add(1)
+
+
+def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
+    """The step's gradients averaged over the ranks when nothing else averages them.
+
+    A model whose only tables are dynamic ones sharded by id, trained on several ranks by an optimizer that is not
+    a ``hvd.DistributedOptimizer``, in a step that did not average (no Horovod tape, no ``average_gradients``):
+    hybridtf averages, as it does for a model with static tables (whose hook, ``_htf_storage``, averages the
+    buffers too). Without it each rank trained its own dense layers, silently (found by a probe). An eager step's
+    gradients cannot show whether a tape averaged them: warned once, left as they are.
+    """
+    if getattr(optimizer, "_htf_storage", None) is not None or is_horovod_distributed(optimizer):
+        return grads_and_vars
+    buffers = [v for g, v in grads_and_vars if g is not None and is_sharded_dynamic_buffer(v)]
+    if not buffers:
+        return grads_and_vars
+    if tf.executing_eagerly():
+        if not getattr(optimizer, "_htf_eager_unaveraged_told", False):
+            object.__setattr__(optimizer, "_htf_eager_unaveraged_told", True)
+            _log.warning(
+                "hybridtf: optimizer %r trains dynamic tables sharded over the Horovod ranks in an eager step: "
+                "hybridtf cannot tell whether the step averaged the dense gradients over the ranks, and leaves them "
+                "as they are. Average them with htf.horovod.DistributedGradientTape(tape, model), or wrap the "
+                "optimizer with hvd.DistributedOptimizer, or run the step traced (tf.function / Keras fit without "
+                "run_eagerly), where hybridtf averages them.",
+                optimizer.name,
+            )
+        return grads_and_vars
+    if gradients.already_averaged(grads_and_vars, set()):
+        return grads_and_vars
+    return gradients.reduce_gradients(grads_and_vars, set(), _layer_of(buffers[0]).table.world)
 
 
 def _unsupported(optimizer) -> list[str]:
