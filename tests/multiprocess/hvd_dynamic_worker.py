@@ -304,6 +304,19 @@ def main():
         result["adagrad_plain_dense"] = [float(np.sum(np.abs(w))) for w in plain_optimizer.get_layer(index=-1).weights]
         loop_model, step = custom_loop(size)
         result["loop_losses"] = train(loop_model, 0, STEPS, rank, size, step)
+        if size > 1:  # ranks that restore different checkpoints: refused on every rank, naming the fix
+            for tag, mixed in (("different_ckpt_mixed", True), ("different_ckpt_dynamic", False)):
+                model = build("adagrad", size, mixed=mixed)
+                model.save_weights(os.path.join(out_dir, tag, "init", "ckpt"))
+                train(model, 0, 1, rank, size)
+                model.save_weights(os.path.join(out_dir, tag, "later", "ckpt"))
+                try:
+                    build("adagrad", size, mixed=mixed).load_weights(
+                        os.path.join(out_dir, tag, "later" if rank == 0 else "init", "ckpt")
+                    )
+                    result[f"{tag}_error"] = None
+                except ValueError as err:
+                    result[f"{tag}_error"] = str(err)
         if mode == "train":
             save(adam, out_dir, "c1", rank, size)  # the Adam model after STEPS steps
             result["after_c1"] = train(adam, STEPS, 6, rank, size)

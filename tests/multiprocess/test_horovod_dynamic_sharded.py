@@ -147,6 +147,16 @@ def test_a_plain_keras_optimizer_without_horovods_trains_as_one_process(runs):
     _close(runs["one"]["adagrad_plain_losses"], runs["one"]["adagrad_losses"])
 
 
+@pytest.mark.parametrize("tag", ["different_ckpt_mixed", "different_ckpt_dynamic"])
+def test_ranks_that_restore_different_checkpoints_are_refused(runs, tag):
+    """Rank 0 loads the checkpoint after a step, rank 1 the one before it: each would train its own dense layers,
+    silently (found by a probe); ``load_weights`` compares the ranks' replicated values (both model classes)."""
+    for rank in (0, 1):
+        error = runs["two"][rank][f"{tag}_error"]
+        assert error is not None and "the ranks restored different checkpoints" in error, error
+        assert "'iteration:0'" in error and "ranks [1] differ from rank 0" in error
+
+
 def test_custom_loop_and_refusals(runs):
     """``htf.horovod.DistributedGradientTape`` over a packed store; what is refused, with the fix."""
     for rank in (0, 1):

@@ -10,6 +10,7 @@ collective. ``check_same_settings`` compares a digest of each setting over the r
 from __future__ import annotations
 
 import hashlib
+import zlib
 
 import numpy as np
 import tensorflow as tf
@@ -51,6 +52,61 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
             + "; each rank reports its own). Every rank must build the same model and call hybridtf.keras.optimize "
             "with the same arguments: the packing decides which rows each rank holds and exchanges."
         )
+
+
+def check_same_restored_values(world: World, variables: list, what: str) -> None:
+    """Raises ValueError when the ranks hold different values of replicated ``variables`` after a restore.
+
+    Every rank of a data-parallel job must restore the same checkpoint: a rank that read another one (a local
+    copy of another step, an initial checkpoint) would train other dense layers than the others, silently. One
+    allgather of a digest (CRC-32 of the bytes, shape and dtype) per variable.
+
+    Args:
+        world: the job (nothing is checked in one process).
+        variables: the replicated variables (not the rank-local shards), in the same order on every rank.
+        what: the call, for the message.
+    """
+    if not world.distributed:
+        return
+    names = [v.name for v in variables]
+    local = np.array([[digest(names)] + [_value_digest(v) for v in variables]], np.int64)
+    with watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, f"{what}: the ranks' restored values"):
+        gathered = np.asarray(world.hvd.allgather(tf.constant(local), name="hybridtf_restored_values"))
+    if gathered.shape[1] != local.shape[1] or (gathered[:, 0] != gathered[0, 0]).any():
+        raise ValueError(
+            f"{what}: the Horovod ranks hold different sets of variables; every rank must build the same model."
+        )
+    differ = [names[k] for k in range(len(names)) if (gathered[:, k + 1] != gathered[0, k + 1]).any()]
+    if differ:
+        ranks = sorted({int(r) for r in range(gathered.shape[0]) if (gathered[r, 1:] != gathered[0, 1:]).any()})
+        raise ValueError(
+            f"{what}: after the restore the Horovod ranks hold different values of {len(differ)} replicated "
+            f"variable(s) ({', '.join(repr(n) for n in differ[:5])}{', ...' if len(differ) > 5 else ''}; ranks "
+            f"{ranks} differ from rank 0): the ranks restored different checkpoints. Every rank must load the same "
+            "checkpoint (the same path on a shared file system, or identical copies), or each would train its own "
+            "dense layers."
+        )
+
+
+def check_model_restored(model, world: World, local: list) -> None:
+    """``check_same_restored_values`` over a Keras model's variables and its optimizer's, but ``local`` ones."""
+    if not world.distributed:
+        return
+    optimizer = getattr(model, "optimizer", None)
+    optimizer_variables = getattr(optimizer, "variables", None) if optimizer is not None else None
+    optimizer_variables = optimizer_variables() if callable(optimizer_variables) else optimizer_variables
+    skip = {id(v) for v in local}
+    chosen, seen = [], set()
+    for variable in [*model.variables, *(optimizer_variables or [])]:
+        if id(variable) not in skip and id(variable) not in seen and hasattr(variable, "numpy"):
+            seen.add(id(variable))
+            chosen.append(variable)
+    check_same_restored_values(world, chosen, f"model {model.name!r}: load_weights")
+
+
+def _value_digest(variable) -> int:
+    value = np.ascontiguousarray(variable.numpy())
+    return zlib.crc32(value.tobytes(), zlib.crc32(repr((value.shape, value.dtype.str)).encode()))
 
 
 def _shown(name: str, value, limit: int = 1200) -> str:

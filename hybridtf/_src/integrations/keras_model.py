@@ -28,7 +28,7 @@ from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optim
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import runtime_subclass
-from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute import agreement, dynamic_exchange
 from hybridtf._src.integrations import (
     atomic_checkpoint,
     horovod_hooks,
@@ -219,7 +219,11 @@ class _HybridModelMixin(
             atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
-        return super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
+        result = super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
+        storage = self._htf_runtime.storage
+        local = [*storage.local_variables(), *dynamic_exchange.sharded_dynamic_buffers(self)]
+        agreement.check_model_restored(self, storage.world, local)  # every rank restored the same checkpoint
+        return result
 
     def _htf_optimizer_plain_variables(self) -> None:
         optimizer = getattr(self, "optimizer", None)

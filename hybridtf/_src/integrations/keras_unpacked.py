@@ -19,7 +19,7 @@ import tensorflow as tf
 from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
-from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute import agreement, dynamic_exchange
 from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_optimizers import user_class
@@ -155,7 +155,11 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
             atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(os.fspath(filepath))  # the newest complete checkpoint
-        return super().load_weights(filepath, *args, **kwargs)
+        result = super().load_weights(filepath, *args, **kwargs)
+        tables = dynamic_exchange.sharded_tables(self)
+        if tables:  # every rank restored the same checkpoint
+            agreement.check_model_restored(self, tables[0].world, dynamic_exchange.sharded_dynamic_buffers(self))
+        return result
 
     @property
     def hybridtf_plan(self) -> PackingPlan:
