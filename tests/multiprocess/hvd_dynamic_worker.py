@@ -229,6 +229,13 @@ def main():
         train(model, 0, 4 - 2 * rank, rank, size)
         model.save_weights(os.path.join(out_dir, "diverged", "ckpt"))
         return
+    if mode == "export_alone":  # rank 0 exports (a gather of the whole tables) while rank 1 trains on
+        model = build("adagrad", size)
+        train(model, 0, 2, rank, size)
+        if rank == 0:
+            model.export(os.path.join(out_dir, "export_alone"))
+        train(model, 2, 2, rank, size)
+        return
     if mode.startswith("train"):
         for kind in ("adagrad", "adam"):
             model = build(kind, size)

@@ -39,7 +39,7 @@ from tensorflow.python.saved_model import save_context
 
 from hybridtf._src.caching.table import HybridHashTable
 from hybridtf._src.capture import context
-from hybridtf._src.distribute import dynamic_exchange
+from hybridtf._src.distribute import dynamic_exchange, watchdog
 from hybridtf._src.distribute.world import World
 
 # Name-based (TF1 Saver) checkpoint keys of a dynamic table: <CHECKPOINT_PREFIX>/<table>/<field>.
@@ -70,8 +70,9 @@ def serving_snapshot(layer, for_next_save: bool = False) -> tf.Module:
             object.__setattr__(layer, "_serving_options", _NEXT_SAVE)
             return current
         world = layer._shard_world
-        if world.distributed:  # every rank exports (a collective): the whole table
-            ids, rows = dynamic_exchange.full_export(layer.table, world)[:2]
+        if world.distributed:  # every rank exports (a collective): the whole table; a rank alone ends with the error
+            with watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, f"export of table {layer.name!r}"):
+                ids, rows = dynamic_exchange.full_export(layer.table, world)[:2]
         else:
             ids, rows = layer.table.export()[:2]
         serving = tf.Module(name=f"{layer.name}_serving")

@@ -326,8 +326,9 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
         )
     lines.append(
         "Likely cause: the ranks ran different numbers of batches (uneven data per rank) or not every rank "
-        "called save_weights / load_weights / evaluate / predict. Give every rank the same number of batches "
-        "(split the data evenly, drop_remainder=True, or steps_per_epoch / steps) and call these on every rank. "
+        "called save_weights / load_weights / evaluate / predict / an export (model.export, tf.saved_model.save). "
+        "Give every rank the same number of batches (split the data evenly, drop_remainder=True, or "
+        "steps_per_epoch / steps) and call these on every rank. "
         "A callback deciding on a rank's own metrics (ModelCheckpoint(save_best_only=True), EarlyStopping, "
         "ReduceLROnPlateau) decides differently on each rank: put hvd.callbacks.MetricAverageCallback() before it."
     )
