@@ -1,7 +1,7 @@
 """The watchdog's Estimator step hook in one process, armed as a rank of two (the rank faults: tests/multiprocess).
 
-Each case runs in a subprocess: the watchdog shuts Horovod down, and the hook's session must raise its error
-when it closes, or, when a step failed for another reason, leave nothing armed.
+Each case runs in a subprocess: the watchdog shuts Horovod down, and the step's run must raise its error; a step
+that failed for another reason leaves nothing armed; one failed by another rank's shutdown names this rank's step.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tensorflow as tf
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import World
 from hybridtf._src.integrations import estimator_step_watchdog
-from hybridtf.errors import CollectiveTimeoutError
+from hybridtf.errors import CollectiveAbortedError, CollectiveTimeoutError
 
 hvd.init()
 world = World(0, 2, hvd)  # armed as a rank of two; a one-process Horovod answers the diagnosis
@@ -32,7 +32,7 @@ def slept(seconds, fail=False):
     def body(x):
         time.sleep(seconds)
         if fail:
-            raise ValueError("the step failed on purpose")
+            raise ValueError(fail if isinstance(fail, str) else "the step failed on purpose")
         return x
 
     return tf.py_function(body, [tf.constant(1.0)], tf.float32)
@@ -66,6 +66,10 @@ try:
     run(0.0, 1, fail=True)
 except Exception as err:
     print("failed:", type(err).__name__, flush=True)
+try:  # what a collective's error says when another rank shut Horovod down
+    run(0.0, 1, fail="Horovod has been shut down. This was caused by an exception on one of the ranks")
+except CollectiveAbortedError as err:
+    print("aborted:", str(err).split(" when ")[0], flush=True)
 time.sleep(4)  # past the deadline of the step that failed: its session's close disarmed it
 print("nothing fired", flush=True)
 """
@@ -78,7 +82,7 @@ def _run(script):
     return proc, time.monotonic() - start
 
 
-def test_a_step_past_the_deadline_raises_the_watchdogs_error_when_its_session_closes():
+def test_a_step_past_the_deadline_raises_the_watchdogs_error():
     proc, elapsed = _run(_STUCK_STEP)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
@@ -92,8 +96,12 @@ def test_a_step_past_the_deadline_raises_the_watchdogs_error_when_its_session_cl
     assert elapsed < 60, elapsed
 
 
-def test_a_step_that_fails_otherwise_leaves_nothing_armed():
+def test_a_step_that_fails_otherwise_leaves_nothing_armed_and_an_abort_names_the_step():
     proc, _ = _run(_FAILED_STEP)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.splitlines() == ["failed: InvalidArgumentError", "nothing fired"], proc.stdout
+    assert proc.stdout.splitlines() == [
+        "failed: InvalidArgumentError",
+        "aborted: hybridtf: rank 0 of 2 was in the collective training step #1 (Estimator train)",
+        "nothing fired",
+    ], proc.stdout
     assert "hybridtf collective watchdog" not in proc.stderr

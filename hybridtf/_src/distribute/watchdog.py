@@ -9,7 +9,7 @@ ever ends the job (Horovod 0.28's stall inspector stays silent there).
 Every collective *phase* hybridtf runs from Python (a Keras training,
 evaluation or prediction call, the checkpoint gather — also an Estimator's
 checkpoint save, until its gather completed: ``joined_marker`` —, an Estimator's
-step, armed by a SessionRunHook: ``arm_session_step``, the initial
+step's ``Session.run`` — ``estimator_step_watchdog`` —, the initial
 broadcast, a custom step guarded with ``hybridtf.horovod.collective_phase``) is
 *armed* here: a deadline of ``collective_timeout()`` seconds
 (``HYBRIDTF_COLLECTIVE_TIMEOUT_S``, default 35; ``0`` disables). Arming and
@@ -54,7 +54,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
@@ -145,7 +144,6 @@ class _Armed:
     thread: int
     paused: int = 0
     message: str | None = None
-    on_fire: Callable[[str], None] | None = None  # told the diagnosis before Horovod shuts down (session steps)
     left: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def describe(self) -> str:
@@ -208,9 +206,6 @@ class _Watchdog:
         others = _diagnose(world, PHASES.index(armed.phase), armed.seq, grace)
         armed.message = _timeout_message(world, armed, others, grace)
         _print(armed.message)
-        if armed.on_fire is not None:
-            with contextlib.suppress(Exception):
-                armed.on_fire(armed.message)
         _shut_down(world)
         if not armed.left.wait(_EXIT_GRACE_S):
             _print(f"hybridtf: rank {world.rank} did not leave the collective after Horovod shut down; exiting.")
@@ -364,7 +359,13 @@ def next_seq(counter: str) -> int:
 
 @contextlib.contextmanager
 def collective_phase(
-    world: World, phase: str, detail: str = "", seq: int = 0, first: bool = False, session_run: bool = False
+    world: World,
+    phase: str,
+    detail: str = "",
+    seq: int = 0,
+    first: bool = False,
+    session_run: bool = False,
+    session_step: bool = False,
 ):
     """Arms the watchdog while the body waits on the other ranks (eager code, ``world`` distributed).
 
@@ -380,6 +381,8 @@ def collective_phase(
         session_run: the body runs a TF1 ``Session`` (an Estimator's checkpoint save),
             armed in graph mode too; ``joined_marker`` ops in the run's graph disarm it
             once every rank joined (see ``joined_marker``).
+        session_step: the body is one ``Session.run`` of an Estimator's step
+            (``estimator_step_watchdog``), armed in graph mode too, for the whole run.
 
     Raises:
         CollectiveTimeoutError: this rank's deadline passed (the diagnosis
@@ -390,11 +393,9 @@ def collective_phase(
     if phase not in PHASES:
         raise ValueError(f"unknown collective phase {phase!r}; one of {PHASES}.")
     timeout = collective_timeout() if world.distributed else None
-    if timeout is None or getattr(_local, "depth", 0) or not (session_run or _executing_eagerly()):
+    if timeout is None or getattr(_local, "depth", 0) or not (session_run or session_step or _executing_eagerly()):
         yield  # nested phases are covered by the outer one
         return
-    if session_run:  # a step armed by a SessionRunHook on this thread has run (its hook's after_run may come later)
-        release_session_step()
     dog = _watchdog(world)
     key, armed = dog.arm(phase, detail, seq, timeout, first)
     _local.depth = 1
@@ -425,45 +426,6 @@ def collective_phase(
     if armed.message is not None:  # returned just as the deadline passed: Horovod is shut down anyway
         await_shutdown()
         raise CollectiveTimeoutError(armed.message)
-
-
-def arm_session_step(world: World, phase: str, detail: str, seq: int, on_fire: Callable[[str], None]) -> bool:
-    """Arms ``phase`` for one TF1 ``Session.run`` of a step, from a SessionRunHook's ``before_run``.
-
-    A hook cannot wrap the run, so the phase is not a context: ``release_session_step`` (the hook's
-    ``after_run``, or its session's close after a failed run) disarms it. When the deadline passes,
-    ``on_fire(diagnosis)`` is called before Horovod is shut down (the hook hands the error to the
-    session's coordinator, which raises it when the session closes). One step per thread is armed at a time.
-
-    Returns:
-        Whether a phase was armed (False in one process or with the timeout disabled).
-    """
-    if phase not in PHASES:
-        raise ValueError(f"unknown collective phase {phase!r}; one of {PHASES}.")
-    release_session_step()
-    timeout = collective_timeout() if world.distributed else None
-    if timeout is None:
-        return False
-    dog = _watchdog(world)
-    key, armed = dog.arm(phase, detail, seq, timeout, first=seq == 1)
-    armed.on_fire = on_fire
-    _local.session_step = (dog, key)
-    return True
-
-
-def release_session_step(thread_step=None) -> None:
-    """Disarms the session step ``arm_session_step`` armed on this thread (or the ``(watchdog, key)`` given)."""
-    step = thread_step if thread_step is not None else getattr(_local, "session_step", None)
-    if thread_step is None:
-        _local.session_step = None
-    if step is not None:
-        dog, key = step
-        dog.disarm(key)
-
-
-def session_step() -> tuple | None:
-    """This thread's armed session step as ``(watchdog, key)``, for ``release_session_step`` from another thread."""
-    return getattr(_local, "session_step", None)
 
 
 def _mark_joined(_values) -> np.int64:

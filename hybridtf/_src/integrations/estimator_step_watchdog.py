@@ -5,27 +5,30 @@ alltoall of tables sharded over the ranks, the allreduce of dense gradients),
 and so do its evaluation and prediction steps when tables are sharded. When
 the ranks' inputs differ in length, a rank whose input ended saves its last
 checkpoint (or evaluates, or leaves) while the others wait in their next step.
-``StepWatchdogHook`` arms each step's ``Session.run`` (``before_run`` to
-``after_run``) with ``watchdog.arm_session_step``: past
-``HYBRIDTF_COLLECTIVE_TIMEOUT_S`` the watchdog prints its diagnosis (which
-rank is in which collective), hands the ``CollectiveTimeoutError`` to the
-session's coordinator and shuts Horovod down. The run then fails, and the
-coordinator raises that error when the Estimator's session closes. A run that
-fails for another reason (another rank shut Horovod down) disarms the step when
-its session closes (the coordinator is joined then).
+
+TensorFlow's Estimator loop calls ``MonitoredSession.run``, which hybridtf
+cannot wrap; a SessionRunHook's ``before_run`` / ``after_run`` come around the
+run but do not see its exception. So ``StepWatchdogHook`` wraps the ``run``
+method of its own session object (an instance attribute, given to
+``after_create_session``), and ``before_run`` marks the next run on that
+thread as the step: that run executes inside ``watchdog.collective_phase``, as
+a Keras step function does. Past ``HYBRIDTF_COLLECTIVE_TIMEOUT_S`` the watchdog
+prints its diagnosis and shuts Horovod down; the run then raises
+``CollectiveTimeoutError``, and a run that fails because another rank shut
+Horovod down raises ``CollectiveAbortedError`` naming this rank's step. The
+other runs of the session (checkpoint saves, other hooks' fetches) pass
+through unarmed.
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 import threading
-import time
 
 import tensorflow as tf
 
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.errors import CollectiveTimeoutError
 
 _PHASES = {
     tf.estimator.ModeKeys.TRAIN: watchdog.TRAINING_STEP,
@@ -37,59 +40,40 @@ _HOOK_FIELDS = {
     tf.estimator.ModeKeys.EVAL: "evaluation_hooks",
     tf.estimator.ModeKeys.PREDICT: "prediction_hooks",
 }
-_CLOSE_POLL_S = 0.05
 
 
 class StepWatchdogHook(tf.compat.v1.train.SessionRunHook):
-    """Arms the watchdog's collective phase around each step's ``Session.run`` (see the module docstring)."""
+    """Runs each step's ``Session.run`` inside the watchdog's collective phase (see the module docstring)."""
 
     def __init__(self, world, phase: str, detail: str):
         self._world = world
         self._phase = phase
         self._detail = detail
         self._counter = f"estimator-step.{id(self)}"
-        self._coord = None
-        self._step = None
+        self._next = threading.local()  # set by before_run: the thread's next run of the session is the step
 
     def after_create_session(self, session, coord):
-        self._coord = coord
-        threading.Thread(
-            target=self._release_at_close, args=(coord,), name="hybridtf-estimator-step-watchdog", daemon=True
-        ).start()
+        run = session.run
+        if getattr(run, "_htf_step_watchdog", None) is self:
+            return
+
+        @functools.wraps(run)
+        def guarded(*args, **kwargs):
+            if not getattr(self._next, "step", False):
+                return run(*args, **kwargs)
+            self._next.step = False
+            seq = watchdog.next_seq(self._counter)
+            with watchdog.collective_phase(self._world, self._phase, self._detail, seq, seq == 1, session_step=True):
+                return run(*args, **kwargs)
+
+        guarded._htf_step_watchdog = self
+        session.run = guarded  # this session object only (the Estimator makes one per train/evaluate/predict)
 
     def before_run(self, run_context):
-        coord = self._coord
-        seq = watchdog.next_seq(self._counter)
-        if watchdog.arm_session_step(self._world, self._phase, self._detail, seq, lambda m: _stop_with(coord, m)):
-            self._step = watchdog.session_step()
+        self._next.step = True
 
     def after_run(self, run_context, run_values):
-        self._release()
-
-    def end(self, session):
-        self._release()
-
-    def _release(self):
-        step, self._step = self._step, None
-        if step is not None:
-            watchdog.release_session_step(step)
-
-    def _release_at_close(self, coord) -> None:
-        """A failed run skips ``after_run``: its session's close stops and joins the coordinator."""
-        coord.wait_for_stop()
-        while not coord.joined:
-            time.sleep(_CLOSE_POLL_S)
-        self._release()
-
-
-def _stop_with(coord, message: str) -> None:
-    """Hands the watchdog's error to the session's coordinator: the session's close raises it."""
-    if coord is None:
-        return
-    try:
-        raise CollectiveTimeoutError(message)
-    except CollectiveTimeoutError:
-        coord.request_stop(sys.exc_info())
+        self._next.step = False
 
 
 def guard_steps(spec, graph: tf.Graph, mode):
