@@ -317,13 +317,14 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
         lines.append(
             f"  this rank: {armed.describe()}; the other ranks did not report within {grace:g} s: "
             "they are not waiting in a hybridtf collective (a rank finished its data and went on, is in other "
-            "code, or is slow) — their own stderr says where they are."
+            "code — e.g. one rank's long predict —, or is slow); their own stderr may say where they are."
         )
     lines.append(
         "Likely cause: the ranks ran different numbers of batches (uneven data per rank) or not every rank "
         "called save_weights / load_weights / evaluate / predict / an export (model.export, tf.saved_model.save). "
         "Give every rank the same number of batches (split the data evenly, drop_remainder=True, or "
-        "steps_per_epoch / steps) and call these on every rank. "
+        "steps_per_epoch / steps; an Estimator's train / evaluate: the same steps / max_steps) and call these on "
+        "every rank. "
         "A callback deciding on a rank's own metrics (ModelCheckpoint(save_best_only=True), EarlyStopping, "
         "ReduceLROnPlateau) decides differently on each rank: put hvd.callbacks.MetricAverageCallback() before it."
     )
