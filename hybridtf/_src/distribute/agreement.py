@@ -35,16 +35,19 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
     if not world.distributed or not settings:
         return
     names = list(settings)
-    local = tf.constant([[digest(name) for name in names] + [digest(settings[n]) for n in names]], tf.int64)
-    with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"{what}: the ranks' optimize settings"):
-        gathered = np.asarray(world.hvd.allgather(local, name="hybridtf_optimize_settings"))
-    if gathered.shape[1] != local.shape[1] or (gathered[:, : len(names)] != gathered[0, : len(names)]).any():
+    differ, _ = _compare(
+        world,
+        names,
+        [digest(settings[n]) for n in names],
+        watchdog.INITIAL_BROADCAST,
+        f"{what}: the ranks' optimize settings",
+        "hybridtf_optimize_settings",
+    )
+    if differ is None:
         raise ValueError(
             f"{what}: the Horovod ranks optimize different sets of settings; build and optimize the same model with "
             "the same hybridtf.keras.optimize arguments on every rank."
         )
-    values = gathered[:, len(names) :]
-    differ = [name for k, name in enumerate(names) if (values[:, k] != values[0, k]).any()]
     if differ:
         raise ValueError(
             f"{what}: the Horovod ranks differ in {', '.join(differ)} (this rank, {world.rank}: "
@@ -69,16 +72,20 @@ def check_same_restored_values(world: World, variables: list, what: str) -> None
     if not world.distributed:
         return
     names = [v.name for v in variables]
-    local = np.array([[digest(names)] + [_value_digest(v) for v in variables]], np.int64)
-    with watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, f"{what}: the ranks' restored values"):
-        gathered = np.asarray(world.hvd.allgather(tf.constant(local), name="hybridtf_restored_values"))
-    if gathered.shape[1] != local.shape[1] or (gathered[:, 0] != gathered[0, 0]).any():
+    differ, values = _compare(
+        world,
+        names,
+        [_value_digest(v) for v in variables],
+        watchdog.CHECKPOINT_GATHER,
+        f"{what}: the ranks' restored values",
+        "hybridtf_restored_values",
+    )
+    if differ is None:
         raise ValueError(
             f"{what}: the Horovod ranks hold different sets of variables; every rank must build the same model."
         )
-    differ = [names[k] for k in range(len(names)) if (gathered[:, k + 1] != gathered[0, k + 1]).any()]
     if differ:
-        ranks = sorted({int(r) for r in range(gathered.shape[0]) if (gathered[r, 1:] != gathered[0, 1:]).any()})
+        ranks = [r for r in range(values.shape[0]) if (values[r] != values[0]).any()]
         raise ValueError(
             f"{what}: after the restore the Horovod ranks hold different values of {len(differ)} replicated "
             f"variable(s) ({', '.join(repr(n) for n in differ[:5])}{', ...' if len(differ) > 5 else ''}; ranks "
@@ -102,6 +109,23 @@ def check_model_restored(model, world: World, local: list) -> None:
             seen.add(id(variable))
             chosen.append(variable)
     check_same_restored_values(world, chosen, f"model {model.name!r}: load_weights")
+
+
+def _compare(world: World, names: list, values: list, phase: str, detail: str, collective: str):
+    """One allgather of each rank's ``(digest(name), value)`` columns, armed as ``phase``.
+
+    Returns:
+        ``(names whose values differ between the ranks, the gathered values [ranks, names])``, or ``(None, ...)``
+        when the ranks' names differ.
+    """
+    local = tf.constant([[digest(n) for n in names] + list(values)], tf.int64)
+    with watchdog.collective_phase(world, phase, detail):
+        gathered = np.asarray(world.hvd.allgather(local, name=collective))
+    k = len(names)
+    if gathered.shape[1] != local.shape[1] or (gathered[:, :k] != gathered[0, :k]).any():
+        return None, gathered
+    values = gathered[:, k:]
+    return [n for i, n in enumerate(names) if (values[:, i] != values[0, i]).any()], values
 
 
 def _value_digest(variable) -> int:
