@@ -125,7 +125,8 @@ def _layers_model_fn(apply=False, pick=None, penalty=None, saver=False):
         tf.compat.v1.add_to_collection(LOSS_KEY, loss)
         variables = pick(layers) if pick else [v for layer in layers for v in layer.trainable_variables]
         step = tf.compat.v1.train.get_global_step()
-        optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+        # locked: a table listed twice gets two updates a step, whose row-wise interleaving would be racy
+        optimizer = tf.compat.v1.train.AdagradOptimizer(0.1, use_locking=True)
         if apply:
             train = optimizer.apply_gradients(list(zip(tf.gradients(loss, variables), variables)), global_step=step)
         else:

@@ -1,7 +1,8 @@
 """One process of the Estimator-under-Horovod test: a wrapped W&D model_fn, trained and evaluated.
 
-The model_fn's tables: Keras Embedding layers, an EmbeddingBag, and feature columns (an
-``embedding_column`` through ``input_layer``, ``linear_model`` weights).
+The model_fn's tables: Keras Embedding layers, an EmbeddingBag, feature columns (an
+``embedding_column`` through ``input_layer``, ``linear_model`` weights) and ``get_variable`` tables
+looked up with ``tf.gather`` and ``tf.nn.embedding_lookup_sparse``.
 
 Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
 global batch; the ranks' mean loss per step must equal one process training
@@ -74,6 +75,17 @@ def model_fn(features, labels, mode):
         column, DIM, initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1, seed=123)
     )
     deep.append(tf.compat.v1.feature_column.input_layer(features, [embedding]))
+    # tables of the model_fn's own (tf.compat.v1.get_variable), only looked up: packed and sharded too
+    raw = [
+        tf.compat.v1.get_variable(
+            f"raw_C{i}", [VOCAB, DIM], initializer=tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=70 + i)
+        )
+        for i in (1, 2)
+    ]
+    deep.append(tf.gather(raw[0], features["C1"]))
+    pairs = tf.sparse.from_dense(tf.stack([features["C2"], features["C3"]], axis=1) + 1)  # no example without ids
+    pairs = tf.SparseTensor(pairs.indices, pairs.values - 1, pairs.dense_shape)
+    deep.append(tf.nn.embedding_lookup_sparse(raw[1], pairs, None, combiner="sqrtn"))
     wide.append(tf.compat.v1.feature_column.linear_model(features, [column]))
     hidden = tf.keras.layers.Dense(16, "relu", kernel_initializer=tf.keras.initializers.GlorotUniform(seed=7))
     out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed=8))

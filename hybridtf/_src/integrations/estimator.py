@@ -56,6 +56,7 @@ from hybridtf._src.integrations import (
 from hybridtf._src.integrations import estimator_graph as graph_util
 from hybridtf._src.integrations import estimator_init_from_checkpoint as init_from_ckpt
 from hybridtf._src.integrations.estimator_hooks import EstimatorReport, ShardBroadcastGuardHook, attach_report
+from hybridtf._src.integrations.estimator_raw_tables import raw_owner
 from hybridtf._src.integrations.estimator_record import Lookup, Record
 from hybridtf._src.integrations.estimator_saver import crash_safe_default_saver, recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
@@ -100,7 +101,7 @@ class _Real:
         tables = capture.tables_being_built()
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
-        layer = estimator_columns.table_owner(kwargs)
+        layer = estimator_columns.table_owner(kwargs) or raw_owner(kwargs, self.record.raw_tables)
         if layer is None or layer.name not in self.packed_names or layer.name in self.claimed:
             return next_creator(**kwargs)
         spec = self.plan.table(layer.name)
@@ -275,6 +276,10 @@ def build(
     real_graph = tf.compat.v1.get_default_graph()
     record = Record(real_graph)
     record.run(user_fn, _own_params(kwargs), real_graph)
+    raw_tables = record.raw_tables_found()
+    if raw_tables:  # the model_fn's own variables looked up as tables: run again, capturing them
+        record = Record(real_graph, raw_tables)
+        record.run(user_fn, _own_params(kwargs), real_graph)
     for lookup in record.lookups:
         if lookup.kind == "tables" and lookup.problem is not None:
             raise CaptureError(

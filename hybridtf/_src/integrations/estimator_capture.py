@@ -221,16 +221,14 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
         return value.rows_as(dtype)
     if value.dense_use is None and next(_frame_locals("embedding_lookup_sparse_impl"), None) is not None:
         value.dense_use = (
-            "it is looked up through tf.nn.embedding_lookup_sparse (called by the model_fn, or by an embedding_column "
-            "with use_safe_embedding_lookup=False): exact, but unpacked; tf.nn.safe_embedding_lookup_sparse (an "
-            "embedding_column's default, use_safe_embedding_lookup=True) or hybridtf.layers.EmbeddingBag gives the "
-            "same result when every example has at least one id and no id is negative, and packs"
+            "it is looked up through tf.nn.embedding_lookup_sparse as a list of tables ([table]): exact, but "
+            "unpacked; pass the table itself (tf.nn.embedding_lookup_sparse(table, ...)) to pack it"
         )
     if value.dense_use is None:
         value.dense_use = (
             "its embeddings are used as a tensor (tied weights, a one-hot or sparse matmul, an L2 term over "
             "layer.embeddings, ...): exact, but unpacked; for an L2 term use a Keras embeddings_regularizer, which "
-            "packs; lookups of SparseTensor ids pack through tf.nn.safe_embedding_lookup_sparse or "
+            "packs; lookups of SparseTensor ids pack through tf.nn.(safe_)embedding_lookup_sparse or "
             "hybridtf.layers.EmbeddingBag"
         )
     value.claim_weights()  # unpacked: the owning Keras layer's weights list the table's variable, not this view

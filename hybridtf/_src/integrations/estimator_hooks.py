@@ -76,8 +76,9 @@ class EstimatorReport:
             )
         elif not self.packed:
             lines.append(
-                "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups and no packable "
-                "tf.keras.layers.Embedding / hybridtf.layers.EmbeddingBag); it runs unchanged."
+                "hybridtf: nothing to pack in this model_fn (no hybridtf.embedding.Tables lookups, no packable "
+                "tf.keras.layers.Embedding / hybridtf.layers.EmbeddingBag / feature column, no variable only looked "
+                "up); it runs unchanged."
             )
         else:
             chains = self.plan.num_lookup_chains if self.plan is not None else 0
@@ -117,7 +118,9 @@ class EstimatorReport:
                     if columns
                     else ""
                 )
-                + "write them with hybridtf.embedding.Tables, tf.keras.layers.Embedding or "
+                + "a variable of the model_fn's own packs when the model_fn only looks it up (tf.nn.embedding_lookup, "
+                "tf.gather, tf.nn.(safe_)embedding_lookup_sparse: no other read, no partitioner, no constraint, "
+                "float32 [rows, dim]); or write them with hybridtf.embedding.Tables, tf.keras.layers.Embedding or "
                 "hybridtf.layers.EmbeddingBag to pack them."
             )
         return "\n".join(lines)

@@ -22,6 +22,7 @@ from hybridtf._src.integrations import (
     estimator_columns,
     estimator_dynamic,
     estimator_optimizer_state,
+    estimator_raw_tables,
     estimator_updates,
 )
 from hybridtf._src.integrations import estimator_graph as graph_util
@@ -62,7 +63,7 @@ class _RecordedRequests(list):
 class Record:
     """The record pass: runs the model_fn in a scratch graph and notes tables, lookups and Tables sets."""
 
-    def __init__(self, real_graph):
+    def __init__(self, real_graph, raw_tables=frozenset()):
         self.graph = tf.Graph()
         self.graph.seed = real_graph.seed
         self.tables: dict[str, TableInfo] = {}
@@ -73,6 +74,8 @@ class Record:
         self.spec = None
         self.init_noted: dict = {}  # table -> (checkpoint, tensor) of the model_fn's init_from_checkpoint
         self.skipped_variables: set[str] = set()
+        self.raw_tables = frozenset(raw_tables)  # variables of the model_fn's own captured as tables
+        self.raw_candidates: dict[str, tf.Variable] = {}  # full name -> variable (estimator_raw_tables)
 
     def run(self, user_fn, kwargs, real_graph):
         with self.graph.as_default():
@@ -114,9 +117,12 @@ class Record:
         tables = capture.tables_being_built()
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
-        layer = estimator_columns.table_owner(kwargs)
+        layer = estimator_columns.table_owner(kwargs) or estimator_raw_tables.raw_owner(kwargs, self.raw_tables)
         if layer is None:
-            return next_creator(**kwargs)
+            variable = next_creator(**kwargs)
+            if estimator_raw_tables.is_candidate(kwargs):
+                self.raw_candidates.setdefault(estimator_raw_tables.full_name(kwargs), variable)
+            return variable
         variable = next_creator(**kwargs)
         reason = capture.unsupported_reason(layer, kwargs)
         if reason is None and layer.name in self.tables:
@@ -137,14 +143,18 @@ class Record:
         self.lookups.append(Lookup(table.request(ids, combiner), "layer", self.graph, aux=tuple(aux)))
         return None  # the plain lookup on the table's own variable
 
+    def raw_tables_found(self) -> frozenset:
+        """The model_fn's own variables that its graph reads only by rows (tables to capture in a second run)."""
+        return frozenset(name for name, var in self.raw_candidates.items() if estimator_raw_tables.looked_up_only(var))
+
     @property
     def variables(self) -> dict:
         """Table name -> the table's own variable in the scratch graph."""
         return {name: info.variable for name, info in self.tables.items()}
 
     def unpacked_lookups(self) -> list[str]:
-        """Trainable variables gathered from in the scratch graph that hybridtf does not manage (not optimizer
-        slots, which a Keras optimizer's sparse update gathers from)."""
+        """Trainable variables looked up in the scratch graph (gathered from, or reduced by sparse segments) that
+        hybridtf does not manage (not optimizer slots, which a Keras optimizer's sparse update gathers from)."""
         trainable = {v.op.name for v in self.graph.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)}
         known = {info.variable.op.name for info in self.tables.values()} | self.skipped_variables
         for tables in self.tables_sets:
@@ -152,7 +162,7 @@ class Record:
         known.update(o._rows_buffer.op.name for o in estimator_dynamic.dynamic_owners(self.graph))
         found = []
         for op in self.graph.get_operations():
-            if op.type not in ("ResourceGather", "GatherV2"):
+            if op.type not in ("ResourceGather", "GatherV2") and op.type not in estimator_raw_tables.SEGMENT_REDUCTIONS:
                 continue
             src = op.inputs[0].op
             if src.type == "ReadVariableOp":
