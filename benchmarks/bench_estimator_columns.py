@@ -1,15 +1,18 @@
-"""Estimator throughput with feature columns: the plain model_fn vs ``hybridtf.estimator.model_fn``.
+"""Estimator throughput of TF1 model_fns: the plain model_fn vs ``hybridtf.estimator.model_fn``.
 
-A TF1-style Wide & Deep model_fn written with feature columns, as Estimator CTR code is:
-``input_layer`` over one ``embedding_column`` per field (identity columns, dim 8, mean
-combiner) and a 256-128 ReLU tower for the deep part, ``linear_model`` over the same
-categorical columns for the wide part, Adagrad. The same model_fn runs plain and wrapped in the
+A TF1-style Wide & Deep model_fn, as Estimator CTR code is written, with a 256-128 ReLU tower and
+Adagrad. ``--tables columns`` (default): feature columns, ``input_layer`` over one ``embedding_column``
+per field (identity columns, dim 8, mean combiner) for the deep part and ``linear_model`` over the
+same categorical columns for the wide part. ``--tables get_variable``: the model_fn's own tables,
+one ``tf.compat.v1.get_variable`` ``[vocab, 8]`` deep and ``[vocab, 1]`` wide table per field,
+looked up with ``tf.nn.embedding_lookup``. The same model_fn runs plain and wrapped in the
 same process on the same batches (Zipf ids); a hook times the steps after the warm-up.
 
 Prints samples/s per variant and one JSON line; writes JSON + PNG to ``--out-dir``.
 ``--repeats N`` alternates the variants N times and keeps each one's best.
 
-    python benchmarks/bench_estimator_columns.py [--fields 26] [--batch 4096] [--steps 30] [--repeats 3]
+    python benchmarks/bench_estimator_columns.py [--tables columns|get_variable] [--fields 26] [--batch 4096]
+        [--steps 30] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -32,15 +35,35 @@ import hybridtf.estimator as htf_estimator
 REPO = Path(__file__).resolve().parent.parent
 
 
-def make_model_fn(fields: int, vocab: int, dim: int):
+def _columns(features, fields: int, vocab: int, dim: int):
+    """Deep input and wide logit through feature columns."""
+    cats = [tf.feature_column.categorical_column_with_identity(f"C{i}", vocab) for i in range(fields)]
+    deep = tf.compat.v1.feature_column.input_layer(features, [tf.feature_column.embedding_column(c, dim) for c in cats])
+    return deep, tf.compat.v1.feature_column.linear_model(features, cats)
+
+
+def _get_variable(features, fields: int, vocab: int, dim: int):
+    """Deep input and wide logit through tables of the model_fn's own (get_variable + embedding_lookup)."""
+    init = tf.compat.v1.truncated_normal_initializer(stddev=0.05)
+    deep, wide = [], []
+    for i in range(fields):
+        ids = tf.reshape(features[f"C{i}"], [-1])
+        table = tf.compat.v1.get_variable(f"deep/C{i}", [vocab, dim], initializer=init)
+        deep.append(tf.nn.embedding_lookup(table, ids))
+        weights = tf.compat.v1.get_variable(f"wide/C{i}", [vocab, 1], initializer=tf.zeros_initializer())
+        wide.append(tf.nn.embedding_lookup(weights, ids))
+    return tf.concat(deep, axis=1), tf.add_n(wide)
+
+
+TABLES = {"columns": _columns, "get_variable": _get_variable}
+
+
+def make_model_fn(fields: int, vocab: int, dim: int, tables: str = "columns"):
     def model_fn(features, labels, mode):
-        cats = [tf.feature_column.categorical_column_with_identity(f"C{i}", vocab) for i in range(fields)]
-        deep = tf.compat.v1.feature_column.input_layer(
-            features, [tf.feature_column.embedding_column(c, dim) for c in cats]
-        )
+        deep, wide = TABLES[tables](features, fields, vocab, dim)
         h = tf.keras.layers.Dense(256, activation="relu")(deep)
         h = tf.keras.layers.Dense(128, activation="relu")(h)
-        logit = tf.keras.layers.Dense(1)(h) + tf.compat.v1.feature_column.linear_model(features, cats)
+        logit = tf.keras.layers.Dense(1)(h) + wide
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logit))
         train_op = tf.compat.v1.train.AdagradOptimizer(0.05).minimize(loss, tf.compat.v1.train.get_global_step())
         return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
@@ -72,7 +95,7 @@ class _StepTimes(tf.compat.v1.train.SessionRunHook):
 
 
 def run_variant(kind: str, args) -> float:
-    model_fn = make_model_fn(args.fields, args.vocab, args.dim)
+    model_fn = make_model_fn(args.fields, args.vocab, args.dim, args.tables)
     if kind == "hybridtf":
         model_fn = htf_estimator.model_fn(model_fn)
     model_dir = tempfile.mkdtemp(prefix=f"bench_est_{kind}_")
@@ -92,6 +115,7 @@ def run_variant(kind: str, args) -> float:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fields", type=int, default=26)
+    parser.add_argument("--tables", choices=sorted(TABLES), default="columns")
     parser.add_argument("--vocab", type=int, default=10_000)
     parser.add_argument("--dim", type=int, default=8)
     parser.add_argument("--batch", type=int, default=4096)
@@ -104,10 +128,10 @@ def main():
     for _ in range(args.repeats):
         for kind, samples in runs.items():
             samples.append(run_variant(kind, args))
-            print(f"{args.fields} fields, {kind:9s} {samples[-1]:10.0f} samples/s", flush=True)
+            print(f"{args.fields} fields ({args.tables}), {kind:9s} {samples[-1]:10.0f} samples/s", flush=True)
     best = {kind: max(r) for kind, r in runs.items()}
     payload = {
-        "benchmark": "estimator_feature_columns",
+        "benchmark": "estimator_feature_columns" if args.tables == "columns" else "estimator_get_variable",
         "args": {k: str(v) for k, v in vars(args).items()},
         "samples_per_s": best,
         "runs": runs,
@@ -115,7 +139,7 @@ def main():
         "load_average": os.getloadavg(),
     }
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    name = f"bench_estimator_columns-{args.fields}f-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = f"bench_estimator_{args.tables}-{args.fields}f-{time.strftime('%Y%m%d-%H%M%S')}"
     (args.out_dir / f"{name}.json").write_text(json.dumps(payload, indent=1))
     try:
         import matplotlib
@@ -126,7 +150,7 @@ def main():
         fig, ax = plt.subplots(figsize=(5, 4))
         ax.bar(list(best), list(best.values()))
         ax.set_ylabel("samples/s")
-        ax.set_title(f"Estimator, feature columns: {args.fields} fields, batch {args.batch}")
+        ax.set_title(f"Estimator, {args.tables} tables: {args.fields} fields, batch {args.batch}")
         fig.tight_layout()
         fig.savefig(args.out_dir / f"{name}.png", dpi=110)
     except ImportError:

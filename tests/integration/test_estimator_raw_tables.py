@@ -105,6 +105,10 @@ def test_get_variable_tables_are_packed_and_train_like_the_plain_model_fn(tmp_pa
     assert {m.name for pt in report.plan.packed_tables for m in pt.members} == RAW_TABLES
     stats = hooks[0].stats()
     assert stats["step_ops_packed"] < 0.6 * stats["step_ops_plain"], stats
+    # the concatenation of the lookups and the dense layer on it are fused, as in a Keras model
+    concats, dense = report.fusions.concats, report.fusions.dense
+    assert len(concats) == 1 and concats[0].startswith("concat") and dense == ["dense/MatMul"], report.fusions
+    assert "fused 1 concatenation(s) / sum(s) of looked-up fields, 1 dense layer(s) on them" in report.summary()
     # the checkpoint holds the plain variables by their own names, with the same values
     for key in RAW_TABLES:
         np.testing.assert_allclose(wrapped.get_variable_value(key), plain.get_variable_value(key), rtol=1e-4, atol=1e-6)
@@ -180,3 +184,51 @@ def test_variables_used_otherwise_stay_plain_and_looked_up_ones_are_named(tmp_pa
     _, plain = _train(fn, tmp_path / "plain", 60)
     _, wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 60, hooks=hooks)
     _assert_losses_close(wrapped, plain)
+
+
+def test_array_initialized_and_reference_tables_pack_frozen_and_control_flow_ones_are_named(tmp_path):
+    """A table initialized from an array (no shape=), a reference variable (use_resource=False): packed, exact.
+    A frozen table and one looked up inside tf.cond stay plain, each named with its reason (found by a probe)."""
+
+    def fn(features, labels, mode):
+        array = np.random.default_rng(3).uniform(-0.1, 0.1, (VOCAB, DIM)).astype(np.float32)
+        from_array = tf.compat.v1.get_variable("from_array", initializer=array)
+        ref = tf.compat.v1.get_variable("ref", [VOCAB, DIM], initializer=_init(2), use_resource=False)
+        frozen = tf.compat.v1.get_variable("frozen", [VOCAB, DIM], initializer=_init(3), trainable=False)
+        in_cond = tf.compat.v1.get_variable("in_cond", [VOCAB, DIM], initializer=_init(4))
+        ids = [features[f"C{i}"] for i in range(4)]
+        parts = [tf.nn.embedding_lookup(t, i) for t, i in zip((from_array, ref, frozen), ids)]
+        parts.append(
+            tf.cond(
+                tf.reduce_any(ids[3] > 0),
+                lambda: tf.nn.embedding_lookup(in_cond, ids[3]),
+                lambda: tf.zeros([tf.shape(ids[3])[0], DIM]),
+            )
+        )
+        return _head(mode, labels, _mlp(tf.concat(parts, axis=1)))
+
+    _, _, report = _graph_spec(htf_estimator.model_fn(fn))
+    assert sorted(m.name for pt in report.plan.packed_tables for m in pt.members) == ["from_array", "ref"]
+    skipped = dict(report.skipped)
+    assert skipped.keys() == {"frozen", "in_cond"} and report.unpacked_lookups == [], report.summary()
+    assert skipped["frozen"].startswith("frozen") and "tf.cond" in skipped["in_cond"]
+    plain, plain_losses = _train(fn, tmp_path / "plain", 30)
+    wrapped, wrapped_losses = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 30)
+    _assert_losses_close(wrapped_losses, plain_losses)
+    assert dict(tf.train.list_variables(wrapped.model_dir)) == dict(tf.train.list_variables(plain.model_dir))
+    for key in ("from_array", "ref"):
+        np.testing.assert_allclose(wrapped.get_variable_value(key), plain.get_variable_value(key), rtol=1e-4, atol=1e-6)
+
+
+def test_a_lookup_through_a_list_of_one_table_names_the_fix():
+    def fn(features, labels, mode):
+        listed = tf.compat.v1.get_variable("listed", [VOCAB, DIM], initializer=_init(1))
+        sp = _sparse_ids(features["C1"])
+        x = tf.concat(
+            [tf.nn.embedding_lookup([listed], features["C0"]), tf.nn.embedding_lookup_sparse([listed], sp, None)], 1
+        )
+        return _head(mode, labels, _mlp(x))
+
+    _, _, report = _graph_spec(htf_estimator.model_fn(fn))
+    assert report.plan is None
+    assert dict(report.skipped)["listed"].startswith("it is looked up through tf.nn.embedding_lookup(_sparse) as a list")

@@ -60,7 +60,7 @@ from hybridtf._src.integrations.estimator_raw_tables import raw_owner
 from hybridtf._src.integrations.estimator_record import Lookup, Record
 from hybridtf._src.integrations.estimator_saver import crash_safe_default_saver, recorded_keys, with_saver
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
-from hybridtf._src.rewrite import interleave
+from hybridtf._src.rewrite import dataflow_fusion, interleave
 from hybridtf._src.rewrite.runtime import PackedRuntime, lookup_all
 
 
@@ -105,7 +105,7 @@ class _Real:
         if layer is None or layer.name not in self.packed_names or layer.name in self.claimed:
             return next_creator(**kwargs)
         spec = self.plan.table(layer.name)
-        shape = tuple(tf.TensorShape(kwargs.get("shape")).as_list())
+        shape = tuple(capture.declared_shape(kwargs).as_list())
         if shape != (spec.num_rows, spec.dim):
             raise CaptureError(
                 f"hybridtf.estimator: embedding layer {layer.name!r} is {shape} in the real pass but was "
@@ -276,10 +276,11 @@ def build(
     real_graph = tf.compat.v1.get_default_graph()
     record = Record(real_graph)
     record.run(user_fn, _own_params(kwargs), real_graph)
-    raw_tables = record.raw_tables_found()
+    raw_tables, raw_notes = record.raw_tables_found()
     if raw_tables:  # the model_fn's own variables looked up as tables: run again, capturing them
         record = Record(real_graph, raw_tables)
         record.run(user_fn, _own_params(kwargs), real_graph)
+    record.note_skipped(raw_notes)
     for lookup in record.lookups:
         if lookup.kind == "tables" and lookup.problem is not None:
             raise CaptureError(
@@ -339,7 +340,13 @@ def build(
     packed_tables = {m.name for pt in plan.packed_tables for m in pt.members} if plan is not None else set()
     init_noted = {t: source for t, source in record.init_noted.items() if t in packed_tables}
     from_checkpoint = init_from_ckpt.intercepted(init_from_ckpt.real_pass_table(packed_tables), init_noted)
-    with tf.variable_creator_scope(real.creator), context.replaying([], []) as rep, packed_once, from_checkpoint:
+    with (
+        tf.variable_creator_scope(real.creator),
+        context.replaying([], []) as rep,
+        packed_once,
+        from_checkpoint,
+        dataflow_fusion.fusing(forward_only=True) as fusions,
+    ):
         rep.requests = _TablesRequests(real)
         rep.outputs = _TablesOutputs(real)
         try:
@@ -394,6 +401,7 @@ def build(
         for table, why, out in real.own_chains
         if tf.nest.flatten(out, expand_composites=True)[0].op in step
     ]
+    report.fusions = fusions.log if fusions is not None else None
     report.packed_lookups = len(real.outputs) + len(report.own_chain_lookups)
     report.tables_lookups = sum(1 for lk in real.tables_lookups if id(lk) in real.outputs)
     report.step_ops_plain = scratch_ops

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops
 from tensorflow.python.saved_model import save_context
@@ -74,6 +75,17 @@ def is_table_layer(layer) -> bool:
     return isinstance(layer, (tf.keras.layers.Embedding, EmbeddingBag))
 
 
+def declared_shape(kwargs) -> tf.TensorShape:
+    """The shape of the variable a creator's ``kwargs`` make: ``shape=``, else its initial value's (not a callable)."""
+    shape = kwargs.get("shape")
+    if shape is not None:
+        return tf.TensorShape(shape)
+    init = kwargs.get("initial_value")
+    if isinstance(init, (tf.Tensor, np.ndarray)):
+        return tf.TensorShape(init.shape)
+    return tf.TensorShape(None)
+
+
 def unsupported_reason(layer, kwargs) -> str | None:
     """Why the table ``layer`` is creating cannot be packed (checked before it is built), or None."""
     if getattr(layer, "sparse", False):
@@ -97,8 +109,8 @@ def unsupported_reason(layer, kwargs) -> str | None:
     dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
     if dtype != tf.float32:
         return f"dtype {dtype.name} is not supported yet (float32 only)"
-    shape = kwargs.get("shape")
-    if shape is None or len(tf.TensorShape(shape)) != 2:
+    shape = declared_shape(kwargs)
+    if shape.rank != 2:
         return f"table shape {shape} is not [rows, dim]"
     return None
 
@@ -219,10 +231,11 @@ def _to_tensor(value: CapturedTable, dtype=None, name=None, as_ref=False):
     # gradient is dense over the table, as in the plain model); any other use keeps the table unpacked.
     if _in_weight_regularizer(value):
         return value.rows_as(dtype)
-    if value.dense_use is None and next(_frame_locals("embedding_lookup_sparse_impl"), None) is not None:
+    listed = ("embedding_lookup_sparse_impl", "_embedding_lookup_and_transform")
+    if value.dense_use is None and any(next(_frame_locals(f), None) is not None for f in listed):
         value.dense_use = (
-            "it is looked up through tf.nn.embedding_lookup_sparse as a list of tables ([table]): exact, but "
-            "unpacked; pass the table itself (tf.nn.embedding_lookup_sparse(table, ...)) to pack it"
+            "it is looked up through tf.nn.embedding_lookup(_sparse) as a list of tables ([table]): exact, but "
+            "unpacked; pass the table itself (tf.nn.embedding_lookup(table, ...)) to pack it"
         )
     if value.dense_use is None:
         value.dense_use = (

@@ -48,6 +48,8 @@ class EstimatorReport:
             (an int64 vector in ``caching.table.STAT_NAMES`` order).
         interleaving: the K-interleaving plan of the packed chains (groups,
             Capacity_g, members, excluded tables), or None (one group).
+        fusions: what the forward pass fused (``dataflow_fusion.FusionLog``: concatenations and sums
+            of looked-up fields, the dense layer on them, ...), or None.
     """
 
     mode: str
@@ -63,6 +65,7 @@ class EstimatorReport:
     batch_size: Any = None
     dynamic_tables: dict = dataclasses.field(default_factory=dict)
     interleaving: Any = None
+    fusions: Any = None
 
     def summary(self) -> str:
         """One paragraph for logs."""
@@ -87,6 +90,9 @@ class EstimatorReport:
                 f"hybridtf.embedding.Tables lookups); layer tables: {chains} packed chain(s); step ops: plain "
                 f"{self.step_ops_plain} -> hybridtf {self.step_ops_packed}."
             )
+        fused = self._fused()
+        if fused:
+            lines.append(f"hybridtf: fused {fused}.")
         if self.own_chain_lookups:
             tables = ", ".join(repr(t) for t, _ in self.own_chain_lookups[:10])
             more = f" and {len(self.own_chain_lookups) - 10} more" if len(self.own_chain_lookups) > 10 else ""
@@ -124,6 +130,21 @@ class EstimatorReport:
                 "hybridtf.layers.EmbeddingBag to pack them."
             )
         return "\n".join(lines)
+
+    def _fused(self) -> str:
+        """``"2 concatenation(s) / sum(s), 1 dense layer(s)"``: what the forward pass fused, or ""."""
+        log = self.fusions
+        if log is None:
+            return ""
+        kinds = (
+            (log.concats, "concatenation(s) / sum(s) of looked-up fields"),
+            (log.dense, "dense layer(s) on them"),
+            (log.fm, "factorization-machine term(s)"),
+            (log.outer_products, "outer product(s)"),
+            (log.attention, "attention input(s)"),
+            (log.dice, "Dice activation(s)"),
+        )
+        return ", ".join(f"{len(names)} {what}" for names, what in kinds if names)
 
     def warn_unpacked(self) -> None:
         """One warning (training graphs) when tables or lookups were left unpacked, with the reasons and fixes."""

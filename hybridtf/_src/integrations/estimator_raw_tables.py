@@ -37,7 +37,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.lookup_api import Tables, prepare_ids
 from hybridtf._src.integrations import estimator_columns as columns
-from hybridtf._src.integrations.estimator_capture import CapturedTable, _frame_locals, frame_owner
+from hybridtf._src.integrations.estimator_capture import CapturedTable, _frame_locals, declared_shape, frame_owner
 
 SEGMENT_REDUCTIONS = frozenset(
     {
@@ -75,79 +75,132 @@ def full_name(kwargs) -> str | None:
     return f"{scope}/{name}" if scope else name
 
 
+def _declared_dtype(kwargs) -> tf.DType:
+    dtype = kwargs.get("dtype")
+    init = kwargs.get("initial_value")
+    if dtype is None and isinstance(init, (tf.Tensor, np.ndarray)):
+        dtype = init.dtype
+    return tf.as_dtype(dtype or tf.float32).base_dtype
+
+
 def is_candidate(kwargs) -> bool:
     """Whether the variable a creator's ``kwargs`` make could be a table of the model_fn's own.
 
-    A trainable float32 ``[rows, dim]`` variable with a known shape, not a Keras layer's (or another
-    ``tf.Module``'s) weight, not a ``Tables`` set's, not one part of a partitioned variable and without a
-    constraint.
+    A float32 ``[rows, dim]`` variable with a known shape, not a Keras layer's (or another ``tf.Module``'s)
+    weight, not an optimizer's slot, not a ``Tables`` set's, not one part of a partitioned variable and
+    without a constraint. A frozen one (``trainable=False``) is a candidate too: it is reported, not packed.
     """
-    if kwargs.get("trainable") is False or kwargs.get("constraint") is not None:
+    if kwargs.get("constraint") is not None:
         return False
-    shape = kwargs.get("shape")
-    if shape is None:
-        return False
-    shape = tf.TensorShape(shape)
-    if shape.rank != 2 or not shape.is_fully_defined():
-        return False
-    if tf.as_dtype(kwargs.get("dtype") or tf.float32) != tf.float32:
+    shape = declared_shape(kwargs)
+    if shape.rank != 2 or not shape.is_fully_defined() or _declared_dtype(kwargs) != tf.float32:
         return False
     if (
         frame_owner("__init__", Tables) is not None
         or next(_frame_locals("_get_partitioned_variable"), None) is not None
     ):
         return False
-    return not _inside_module()
+    return not _inside_owner()
 
 
-def _inside_module(max_depth: int = 60) -> bool:
-    """Whether a method of a ``tf.Module`` (a Keras layer's ``add_weight`` / ``build`` / ``call``) is on the stack.
+def _optimizer_types() -> tuple:
+    from keras.src.optimizers.legacy.optimizer_v2 import OptimizerV2
+    from keras.src.optimizers.optimizer import Optimizer
 
-    A variable such a method makes is the module's: it tracks the variable itself (a view in its place would
+    return (tf.Module, tf.compat.v1.train.Optimizer, OptimizerV2, Optimizer)
+
+
+def _inside_owner(max_depth: int = 60) -> bool:
+    """Whether a method of a ``tf.Module`` (a Keras layer's ``add_weight`` / ``build`` / ``call``) or of an
+    optimizer (its slots) is on the stack.
+
+    A variable a module makes is the module's: it tracks the variable itself (a view in its place would
     leave its ``trainable_variables``), so it is never captured as a table of the model_fn's own.
     """
+    owners = _optimizer_types()
     frame = sys._getframe(1)
     for _ in range(max_depth):
         if frame is None:
             return False
-        if isinstance(frame.f_locals.get("self"), tf.Module):
+        if isinstance(frame.f_locals.get("self"), owners):
             return True
         frame = frame.f_back
     return False
 
 
-def _read_is_lookup(read: tf.Operation) -> bool:
-    """Whether every use of a ``ReadVariableOp``'s value is a sparse segment reduction's rows or a save."""
-    for consumer in read.outputs[0].consumers():
-        if consumer.type in SEGMENT_REDUCTIONS and consumer.inputs[0] is read.outputs[0]:
-            continue
-        if consumer.type == "Identity" and all(c.type in _SAVES for c in consumer.outputs[0].consumers()):
-            continue
-        if consumer.type in _SAVES:
-            continue
+# -- how the record graph reads a candidate ----------------------------------------------------------------
+_STATE_OPS = frozenset(
+    {"VarIsInitializedOp", "IsVariableInitialized", "VariableShape", "AssignVariableOp", "Assign", "DestroyResourceOp"}
+)
+_CONTROL_FLOW = frozenset(
+    {"If", "StatelessIf", "While", "StatelessWhile", "PartitionedCall", "StatefulPartitionedCall", "Case"}
+    | {"Switch", "Enter", "RefSwitch", "RefEnter"}  # TF1 control flow
+)
+LOOKUP, STATE, CONTROL_FLOW, OTHER = "lookup", "state", "control_flow", "other"
+CONTROL_FLOW_REASON = (
+    "it is read inside tf.cond / tf.while_loop / a tf.function, where hybridtf does not follow it: exact, but "
+    "unpacked; look it up outside the control flow (e.g. compute both branches' ids, then one lookup) to pack it"
+)
+
+
+def _gathers_rows(op: tf.Operation, t: tf.Tensor) -> bool:
+    """Whether ``op`` gathers whole rows of ``t`` (its params): axis 0, no batch dims."""
+    if not op.inputs or op.inputs[0] is not t:
         return False
-    return True
+    if op.type == "Gather":
+        return True
+    if op.type == "ResourceGather":
+        return op.get_attr("batch_dims") == 0
+    if op.type == "GatherV2":
+        return tf.get_static_value(op.inputs[2]) == 0 and op.get_attr("batch_dims") == 0
+    return False
 
 
-def looked_up_only(variable) -> bool:
-    """Whether the graph reads resource ``variable`` only by rows (gathers, sparse segment reductions), at least once.
+def _value_use(op: tf.Operation, value: tf.Tensor) -> str:
+    """How ``op`` uses a read of the variable's whole value."""
+    if _gathers_rows(op, value) or (op.type in SEGMENT_REDUCTIONS and op.inputs[0] is value):
+        return LOOKUP
+    if op.type in _SAVES or (op.type == "Identity" and all(c.type in _SAVES for c in op.outputs[0].consumers())):
+        return STATE
+    if op.type in _CONTROL_FLOW:
+        return CONTROL_FLOW
+    return OTHER
 
-    Its initializer, shape, optimizer updates (which write it through its handle) and savers do not count.
+
+def _use(op: tf.Operation, source: tf.Tensor) -> str:
+    """How ``op`` uses the variable's handle (or reference) ``source``."""
+    if _gathers_rows(op, source):
+        return LOOKUP
+    if op.type in _STATE_OPS or "/update_" in op.name:  # initializer, restore, an optimizer's update
+        return STATE
+    if op.type in _CONTROL_FLOW:
+        return CONTROL_FLOW
+    if op.type in ("ReadVariableOp", "Identity"):  # a read: each use of its value counts
+        uses = {_value_use(c, op.outputs[0]) for c in op.outputs[0].consumers()}
+        for kind in (OTHER, CONTROL_FLOW, LOOKUP):
+            if kind in uses:
+                return kind
+        return STATE
+    return OTHER
+
+
+def table_use(variable) -> str:
+    """How the graph reads ``variable``: ``"lookup"`` (only by rows — gathers, sparse segment reductions — at
+    least once), ``"control_flow"`` (else by rows, but also inside ``tf.cond`` / ``tf.while_loop`` / a
+    ``tf.function``, which hybridtf does not follow), or ``""`` (another use, or not looked up).
+
+    Its initializer, shape, restores, optimizer updates and savers do not count.
     """
-    handle = getattr(variable, "handle", None)
-    if not isinstance(handle, tf.Tensor) or handle.op.type != "VarHandleOp":
-        return False
-    looked_up = False
-    for consumer in handle.consumers():
-        if consumer.type == "ResourceGather":
-            looked_up = True
-        elif consumer.type == "ReadVariableOp":
-            if not consumer.outputs[0].consumers():
-                continue
-            if not _read_is_lookup(consumer):
-                return False
-            looked_up = looked_up or any(c.type in SEGMENT_REDUCTIONS for c in consumer.outputs[0].consumers())
-    return looked_up
+    op = getattr(variable, "op", None)
+    if op is None or op.type not in ("VarHandleOp", "VariableV2") or not op.outputs:
+        return ""
+    source = op.outputs[0]
+    uses = {_use(c, source) for c in source.consumers()}
+    if OTHER in uses:
+        return ""
+    if CONTROL_FLOW in uses:
+        return CONTROL_FLOW
+    return LOOKUP if LOOKUP in uses else ""
 
 
 def raw_owner(kwargs, names) -> RawTable | None:
@@ -225,4 +278,4 @@ def _embedding_lookup_sparse_v1(
     return _sparse_lookup(params, sp_ids, sp_weights, combiner, max_norm, plain)
 
 
-__all__ = ["RawTable", "full_name", "is_candidate", "looked_up_only", "raw_owner"]
+__all__ = ["SEGMENT_REDUCTIONS", "RawTable", "declared_shape", "full_name", "is_candidate", "raw_owner", "table_use"]

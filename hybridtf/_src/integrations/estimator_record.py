@@ -118,6 +118,8 @@ class Record:
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
         layer = estimator_columns.table_owner(kwargs) or estimator_raw_tables.raw_owner(kwargs, self.raw_tables)
+        if isinstance(layer, estimator_raw_tables.RawTable):
+            kwargs["use_resource"] = True  # a reference variable's (use_resource=False) scratch stand-in
         if layer is None:
             variable = next_creator(**kwargs)
             if estimator_raw_tables.is_candidate(kwargs):
@@ -143,9 +145,24 @@ class Record:
         self.lookups.append(Lookup(table.request(ids, combiner), "layer", self.graph, aux=tuple(aux)))
         return None  # the plain lookup on the table's own variable
 
-    def raw_tables_found(self) -> frozenset:
-        """The model_fn's own variables that its graph reads only by rows (tables to capture in a second run)."""
-        return frozenset(name for name, var in self.raw_candidates.items() if estimator_raw_tables.looked_up_only(var))
+    def raw_tables_found(self) -> tuple[frozenset, list]:
+        """The model_fn's own variables that its graph reads only by rows (tables to capture in a second run),
+        and ``(name, reason)`` of those read only by rows that stay unpacked (frozen, or in control flow)."""
+        found, notes = set(), []
+        for name, var in self.raw_candidates.items():
+            use = estimator_raw_tables.table_use(var)
+            if use == estimator_raw_tables.CONTROL_FLOW:
+                notes.append((name, estimator_raw_tables.CONTROL_FLOW_REASON))
+            elif use == estimator_raw_tables.LOOKUP and not var.trainable:
+                notes.append((name, "frozen (trainable=False) tables are not packed"))
+            elif use == estimator_raw_tables.LOOKUP:
+                found.add(name)
+        return frozenset(found), notes
+
+    def note_skipped(self, notes: list) -> None:
+        """Reports ``(variable name, reason)`` as tables left unpacked (once: not also as unpacked lookups)."""
+        self.skipped.extend(notes)
+        self.skipped_variables.update(name for name, _ in notes)
 
     @property
     def variables(self) -> dict:

@@ -58,6 +58,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 
 import tensorflow as tf
 from tensorflow.python.eager import record
@@ -153,11 +154,14 @@ class FusionScope:
         fuse_dense: also turn ``MatMul``s of fused concatenations into StitchConcatMatMul: ``True`` where it
             pays (at most ``DENSE_FUSION_MAX_UNITS`` output columns), ``"always"``, or ``False``.
         model: the model whose forward pass this is (ops of its own ``call`` are named by op name).
+        forward_only: a TF1 model_fn's pass, which also builds its backward pass: ops ``tf.gradients`` or a
+            tape builds and ops on Keras symbolic tensors are left as built; fusions are named by op name.
     """
 
-    def __init__(self, fuse_dense: bool | str = True, model=None):
+    def __init__(self, fuse_dense: bool | str = True, model=None, forward_only: bool = False):
         self.fuse_dense = fuse_dense
         self.model = model
+        self.forward_only = forward_only
         self.log = FusionLog()
         self._pending: dict = {}  # ref of a user's field sum -> (the fields it adds, where it was written)
         self._named: dict = {}  # layer name -> id of the first layer ``where`` gave it to
@@ -177,6 +181,8 @@ class FusionScope:
         rule = RULES.get(op_type)
         if rule is None and not self._pending and op_type not in SUM_OPS:
             return outputs
+        if self.forward_only and (_in_symbolic_gradients() or _keras_symbolic(inputs)):
+            return outputs  # a TF1 model_fn's optimizer builds its backward as usual; Keras records its own graph
         # by name: an earlier callback may have replaced ``outputs`` already
         op = graph.get_operation_by_name(op_name) if op_name else outputs[0].op
         if self._defer_sum(op):
@@ -216,7 +222,7 @@ class FusionScope:
         from keras.src.engine import base_layer_utils
 
         layer = base_layer_utils.call_context().layer
-        if layer is None or layer is self.model:
+        if layer is None or layer is self.model or self.forward_only:  # a TF1 model_fn: its graph's op names
             return op.name
         owner = self._named.setdefault(layer.name, id(layer))
         if owner == id(layer):
@@ -546,8 +552,24 @@ RULES = {
 }
 
 
+def _keras_symbolic(inputs) -> bool:
+    """Whether an op's inputs are a TF1 graph's Keras symbolic tensors: Keras rebuilds such ops from their
+    definitions (a functional model's op layers), which a fused op's cannot be rebuilt from."""
+    return any(getattr(t, "_keras_history", None) is not None for t in inputs)
+
+
+def _in_symbolic_gradients(max_depth: int = 80) -> bool:
+    """Whether ``tf.gradients`` (a TF1 optimizer's) or a tape's ``gradient`` is building ops (the Python stack)."""
+    frame = sys._getframe(2)
+    for _ in range(max_depth):
+        if frame is None or frame.f_code.co_name in ("_GradientsHelper", "imperative_grad"):
+            return frame is not None
+        frame = frame.f_back
+    return False
+
+
 @contextlib.contextmanager
-def fusing(enabled: bool = True, *, fuse_dense: bool | str = True, model=None):
+def fusing(enabled: bool = True, *, fuse_dense: bool | str = True, model=None, forward_only: bool = False):
     """Applies the dataflow fusions to the ops created inside (graph mode only); yields the scope or None.
 
     Eager execution and SavedModel export (``save_context``) run the user's ops
@@ -562,7 +584,7 @@ def fusing(enabled: bool = True, *, fuse_dense: bool | str = True, model=None):
     if not enabled or tf.executing_eagerly() or save_context.in_save_context():
         yield None
         return
-    scope = FusionScope(fuse_dense=fuse_dense, model=model)
+    scope = FusionScope(fuse_dense=fuse_dense, model=model, forward_only=forward_only)
     op_callbacks.add_op_callback(scope)
     try:
         yield scope
