@@ -231,4 +231,5 @@ def test_a_lookup_through_a_list_of_one_table_names_the_fix():
 
     _, _, report = _graph_spec(htf_estimator.model_fn(fn))
     assert report.plan is None
-    assert dict(report.skipped)["listed"].startswith("it is looked up through tf.nn.embedding_lookup(_sparse) as a list")
+    reason = dict(report.skipped)["listed"]
+    assert reason.startswith("it is looked up through tf.nn.embedding_lookup(_sparse) as a list")
