@@ -49,13 +49,14 @@ from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.packed_storage import TableView
 
 
-def _frame_locals(function: str, max_depth: int = 40):
-    """The locals of the frames on the Python stack (nearest first) that run a function named ``function``."""
+def _frame_locals(function: str | None, max_depth: int = 40):
+    """The locals of the frames on the Python stack (nearest first) that run a function named ``function``
+    (every frame's when None)."""
     frame = sys._getframe(1)
     for _ in range(max_depth):
         if frame is None:
             return
-        if frame.f_code.co_name == function:
+        if function is None or frame.f_code.co_name == function:
             yield frame.f_locals
         frame = frame.f_back
 

@@ -167,13 +167,17 @@ def _bags(sparse_ids: tf.SparseTensor, default_id):
     filled, empty = tf.sparse.fill_empty_rows(sparse_ids, tf.cast(default_id or 0, sparse_ids.dtype))
     # fill_empty_rows writes its output in row order, each row in [0, nrows): nothing to validate (the
     # validation's Asserts would also keep the ids from being computed ahead with the other tables').
-    # Built from the row lengths the chain reads (one bincount), not from the row ids (bincount, cumsum,
-    # then the lengths back as the splits' differences).
-    lengths = tf.raw_ops.DenseBincount(
-        input=filled.indices[:, 0], size=filled.dense_shape[0], weights=tf.zeros([0], tf.int64), binary_output=False
-    )
-    bags = tf.RaggedTensor.from_row_lengths(filled.values, lengths, validate=False)
-    return bags, empty, lead
+    return bags_by_row(filled.values, filled.indices[:, 0], filled.dense_shape[0]), empty, lead
+
+
+def bags_by_row(values, rows, nrows):
+    """Ragged ``[nrows, None]`` bags of ``values`` from their (sorted) rows ``rows``, without validation.
+
+    Built from the row lengths the chain reads (one bincount), not from the row ids (bincount, cumsum,
+    then the lengths back as the splits' differences).
+    """
+    lengths = tf.raw_ops.DenseBincount(input=rows, size=nrows, weights=tf.zeros([0], tf.int64), binary_output=False)
+    return tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
 
 
 def _unpacked_reason(sparse_ids, sparse_weights, combiner, max_norm) -> str | None:

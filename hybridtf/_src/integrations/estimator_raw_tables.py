@@ -9,13 +9,15 @@ TF1 model_fns often hold their embeddings in plain variables::
 Nothing but its use says such a variable is a table. The record pass
 (``estimator_record.Record``) therefore runs twice when a model_fn makes one:
 
-1. The first run leaves every variable plain and notes the *candidates*: trainable ``float32``
-   ``[rows, dim]`` variables created outside Keras layers, feature columns, ``Tables`` and
-   partitioned variable scopes (``is_candidate``). Afterwards, ``looked_up_only`` reads the
-   scratch graph: a candidate whose every read is a row gather (``ResourceGather``: ``embedding_lookup``,
-   ``tf.gather``) or a sparse segment reduction (``embedding_lookup_sparse``,
-   ``safe_embedding_lookup_sparse``), apart from its initializer, optimizer updates and savers, is a table.
-2. The second run (and the real pass) gives those variables ``RawTable`` owners: the creator hands
+1. The first run leaves every variable plain and notes the *candidates* (``is_candidate``): float32
+   ``[rows, dim]`` variables (by ``shape=`` or an array initial value; resource or reference) made
+   outside ``tf.Module`` and optimizer methods, ``Tables`` and partitioned variable scopes, without a
+   constraint. Afterwards, ``table_use`` reads the scratch graph: a candidate whose every use is a row
+   gather (``embedding_lookup``, ``tf.gather``) or, through a read, a sparse segment reduction
+   (``embedding_lookup_sparse``, ``safe_embedding_lookup_sparse``), apart from its initializer, restores,
+   optimizer updates and savers, is a table. A frozen one, or one also read inside control flow, is
+   reported with the reason instead.
+2. The second run (and the real pass) gives the trainable tables ``RawTable`` owners: the creator hands
    out ``CapturedTable`` views, packed like a Keras Embedding's table and checkpointed under the
    variable's own name. Any other use found then (a use the graph did not show) converts the view
    and leaves the table unpacked with the reason.
@@ -30,7 +32,6 @@ an id (an example without ids in between gives a zero row), the mean / sum / sqr
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -63,7 +64,6 @@ class RawTable:
 
     name: str
     trainable: bool = True
-    kind: str = "get_variable"
 
 
 def full_name(kwargs) -> str | None:
@@ -118,14 +118,7 @@ def _inside_owner(max_depth: int = 60) -> bool:
     leave its ``trainable_variables``), so it is never captured as a table of the model_fn's own.
     """
     owners = _optimizer_types()
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return False
-        if isinstance(frame.f_locals.get("self"), owners):
-            return True
-        frame = frame.f_back
-    return False
+    return any(isinstance(f.get("self"), owners) for f in _frame_locals(None, max_depth))
 
 
 # -- how the record graph reads a candidate ----------------------------------------------------------------
@@ -246,8 +239,7 @@ def _segments(sp_ids: tf.SparseTensor):
     sp_ids = tf.sparse.reorder(sp_ids)
     segments = sp_ids.indices[:, 0]
     rows = tf.reduce_max(tf.concat([segments + 1, tf.zeros([1], tf.int64)], 0))
-    lengths = tf.raw_ops.DenseBincount(input=segments, size=rows, weights=tf.zeros([0], tf.int64), binary_output=False)
-    return tf.RaggedTensor.from_row_lengths(sp_ids.values, lengths, validate=False)
+    return columns.bags_by_row(sp_ids.values, segments, rows)
 
 
 def _sparse_lookup(table: CapturedTable, sp_ids, sp_weights, combiner, max_norm, plain):
