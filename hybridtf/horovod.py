@@ -141,11 +141,14 @@ def average_gradients(grads, variables, *objs) -> list:
 def DistributedOptimizer(optimizer, **kwargs):
     """``hvd.DistributedOptimizer(optimizer, **kwargs)`` that keeps hybridtf's shards local.
 
-    For ``tf.compat.v1.train`` optimizers in TF1 graphs (an Estimator
-    model_fn): at ``compute_gradients`` (``minimize``) the shards created in
-    the graph are registered as Horovod local variables — not allreduced,
-    scaled by ``1 / size``. Keras optimizers need nothing extra (the compile
-    hook of an optimized model registers them), so this works for them too.
+    For optimizers in TF1 graphs (an Estimator model_fn): before Horovod
+    reduces the gradients, the shards created in the graph are registered as
+    Horovod local variables — not allreduced, scaled by ``1 / size``. That
+    covers ``tf.compat.v1.train`` optimizers (at ``compute_gradients``:
+    ``minimize``) and ``tf.keras.optimizers.legacy`` ones (``get_updates``,
+    ``minimize``: a canned Estimator's ``dnn_optimizer`` / ``linear_optimizer``).
+    Keras ``fit`` of an optimized model needs nothing extra (the compile hook
+    registers them), so this works there too.
 
     Args:
         optimizer: a ``tf.compat.v1.train.Optimizer`` or Keras optimizer.
@@ -157,6 +160,8 @@ def DistributedOptimizer(optimizer, **kwargs):
     Example:
         >>> opt = htf.horovod.DistributedOptimizer(tf.compat.v1.train.AdagradOptimizer(0.05))
         >>> train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_global_step())
+        >>> canned = tf.estimator.DNNClassifier(..., optimizer=lambda: htf.horovod.DistributedOptimizer(
+        ...     tf.keras.optimizers.legacy.Adagrad(0.05)))
     """
     import horovod.tensorflow as hvd
 
@@ -168,19 +173,31 @@ def DistributedOptimizer(optimizer, **kwargs):
         kwargs.get("scale_local_gradients", True),
     )
     distributed = hvd.DistributedOptimizer(optimizer, **kwargs)
-    if not hasattr(distributed, "compute_gradients") or not hasattr(distributed, "register_local_var"):
+    if not hasattr(distributed, "register_local_var"):
         return distributed
-    compute = distributed.compute_gradients
 
-    def compute_gradients(*args, **kw):
+    def register_shards():
         import tensorflow as tf
 
         for var in tf.compat.v1.get_collection(LOCAL_VARIABLES):
             distributed.register_local_var(var)
-        return compute(*args, **kw)
 
-    distributed.compute_gradients = compute_gradients
+    # A TF1 optimizer reduces in compute_gradients (minimize). Horovod's Keras optimizer reduces in _allreduce,
+    # which each of its ways to gradients calls: get_gradients (get_updates: what canned Estimators call),
+    # compute_gradients and _compute_gradients (minimize).
+    for method in ("compute_gradients", "_allreduce"):
+        original = getattr(distributed, method, None)
+        if original is not None:
+            setattr(distributed, method, _registering_first(register_shards, original))
     return distributed
+
+
+def _registering_first(register, method):
+    def call(*args, **kwargs):
+        register()
+        return method(*args, **kwargs)
+
+    return call
 
 
 @contextlib.contextmanager

@@ -2,7 +2,10 @@
 
 The model_fn's tables: Keras Embedding layers, an EmbeddingBag, feature columns (an
 ``embedding_column`` through ``input_layer``, ``linear_model`` weights) and ``get_variable`` tables
-looked up with ``tf.gather`` and ``tf.nn.embedding_lookup_sparse``.
+looked up with ``tf.gather`` and ``tf.nn.embedding_lookup_sparse``. Also a canned
+``DNNLinearCombinedClassifier`` (Ftrl linear part, Adagrad DNN, both Keras legacy optimizers wrapped by
+``htf.horovod.DistributedOptimizer``) through the wrapper, from the checkpoint the single process writes
+first (a canned Estimator's dense layers take no seed, and a sharded table cannot be warm-started).
 
 Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
 global batch; the ranks' mean loss per step must equal one process training
@@ -181,6 +184,72 @@ def with_horovods_broadcast_hook(out, rank, size, config, train):
     return losses.losses
 
 
+CANNED_FIELDS = 4
+
+
+def canned_estimator(model_dir):
+    """A W&D canned Estimator whose Keras legacy optimizers go through htf.horovod.DistributedOptimizer."""
+    cats = [tf.feature_column.categorical_column_with_identity(f"C{i}", VOCAB) for i in range(CANNED_FIELDS)]
+    config = tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+    return tf.estimator.DNNLinearCombinedClassifier(
+        linear_feature_columns=cats,
+        dnn_feature_columns=[tf.feature_column.embedding_column(c, DIM) for c in cats],
+        dnn_hidden_units=[8],
+        linear_optimizer=lambda: htf.horovod.DistributedOptimizer(tf.keras.optimizers.legacy.Ftrl(0.05)),
+        dnn_optimizer=lambda: htf.horovod.DistributedOptimizer(tf.keras.optimizers.legacy.Adagrad(0.05)),
+        model_dir=model_dir,
+        config=config,
+    )
+
+
+def canned_input_fn(data, rank, size):
+    keys = [f"C{i}" for i in range(CANNED_FIELDS)]
+    return input_fn(data, rank, size).map(lambda f, y: ({k: f[k] for k in keys}, y))
+
+
+class CannedLossHook(tf.compat.v1.train.SessionRunHook):
+    def __init__(self):
+        self.losses = []
+
+    def begin(self):
+        self.shards = len(tf.compat.v1.get_collection(LOCAL_VARIABLES))
+        self.loss = tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.LOSSES)[0]
+
+    def before_run(self, run_context):
+        return tf.compat.v1.train.SessionRunArgs(self.loss)
+
+    def after_run(self, run_context, run_values):
+        self.losses.append(float(run_values.results))
+
+
+def canned_run(out, rank, size):
+    """Trains the wrapped canned Estimator from the shared starting checkpoint; its losses, eval loss, predictions."""
+    import shutil
+
+    start = os.path.join(out, "canned_start")
+    if size == 1:  # the starting point of every run: the plain canned Estimator after one step
+        canned_estimator(start).train(lambda: canned_input_fn(global_data(1, seed=9), 0, 1), steps=1)
+    model_dir = os.path.join(out, f"canned_{size}_{rank}")
+    shutil.copytree(start, model_dir)
+    canned = canned_estimator(model_dir)
+    est = tf.estimator.Estimator(htf.estimator.model_fn(canned.model_fn), model_dir=model_dir, config=canned.config)
+    hook = CannedLossHook()
+    est.train(lambda: canned_input_fn(global_data(20, seed=3), rank, size), steps=20, hooks=[hook])
+    evaluation = est.evaluate(lambda: canned_input_fn(global_data(2, seed=4), rank, size), steps=2)
+    data = global_data(1, seed=6)
+    predictions = [
+        float(p["logistic"][0]) for p in canned.predict(lambda: canned_input_fn(data, 0, 1).take(1).map(lambda f, _: f))
+    ]
+    return {
+        "losses": hook.losses,
+        "shards": hook.shards,
+        "eval_loss": float(evaluation["loss"]),
+        "predictions": predictions,
+    }
+
+
 class LossHook(tf.compat.v1.train.SessionRunHook):
     def __init__(self):
         self.losses = []
@@ -226,6 +295,7 @@ def main():
     result["packed"] = losses.packed
     ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))
     result["checkpoint_shapes"] = {k: s for k, s in tf.train.list_variables(ckpt) if "emb_C0" in k or "hist" in k}
+    result["canned"] = canned_run(args.out, rank, size)
     if size > 1:
         result["hvd_optimizer_error"] = horovods_own_optimizer_error(rank, size)
         result["hvd_broadcast_hook_losses"] = with_horovods_broadcast_hook(args.out, rank, size, config, train)

@@ -182,6 +182,21 @@ def test_estimator_under_horovod_equals_one_process(runs):
         assert wrapped == [] and len(unwrapped) == 1 and "htf.horovod.DistributedOptimizer" in unwrapped[0]
 
 
+def test_canned_estimator_under_horovod_equals_one_process(runs):
+    """A canned W&D whose Keras legacy optimizers (Ftrl, Adagrad) are wrapped by htf.horovod.DistributedOptimizer.
+
+    Horovod's Keras optimizer reduces in get_gradients (what canned Estimators call): the shards must be
+    registered there too, or the wrapper refuses the graph (an average of a sharded table's gradient).
+    """
+    single, ranks = runs["estimator_single"]["canned"], [r["canned"] for r in runs["estimator_ranks"]]
+    assert single["shards"] == 0 and all(r["shards"] > 0 for r in ranks)
+    assert len(single["losses"]) == 20 and abs(single["losses"][-1] - single["losses"][0]) > 1e-3
+    np.testing.assert_allclose(np.mean([r["losses"] for r in ranks], axis=0), single["losses"], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(np.mean([r["eval_loss"] for r in ranks]), single["eval_loss"], rtol=RTOL)
+    for r in ranks:  # the canned Estimator itself predicts from the rank's checkpoint (whole tables)
+        np.testing.assert_allclose(r["predictions"], single["predictions"], rtol=RTOL)
+
+
 def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
     for result in runs["ranks"]:
         sum_error, unscaled_error = result["reduction_errors"]
