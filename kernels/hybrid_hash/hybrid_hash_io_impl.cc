@@ -91,7 +91,18 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
         std::to_string(config_.capacity) + ". Restore into a table with a larger capacity.");
   }
   if (step < 0 || step > 0xFFFFFFFFll) {
-    return ImplStatus::InvalidArgument(t + ": bad step " + std::to_string(step) + ".");
+    return ImplStatus::InvalidArgument(t + ": the checkpoint's step " + std::to_string(step) +
+                                       " is outside [0, 4294967295] (a 32-bit step counter). "
+                                       "Restore a checkpoint this table exported.");
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    if (counts[i] < 0 || counts[i] > 0xFFFFFFFFll) {
+      return ImplStatus::InvalidArgument(
+          t + ": the checkpoint's counts[" + std::to_string(i) + "] = " +
+          std::to_string(counts[i]) +
+          " is outside [0, 4294967295] (a row's count is a 32-bit counter). Restore a "
+          "checkpoint this table exported.");
+    }
   }
   std::vector<std::pair<int64_t, int64_t>> sorted(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) sorted[i] = {M(members, i), ids[i]};
@@ -152,8 +163,7 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     // row is an eviction candidate of the next step, as in the table that was saved; LRU order
     // and TTL ages count from the restore.
     h->last_step = step_ > 0 ? step_ - 1 : 0;
-    h->count =
-        static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(counts[i], 0), 0xFFFFFFFFll));
+    h->count = static_cast<uint32_t>(counts[i]);  // checked above
     float* f = Floats(h);  // a packed store's member import may place new rows in free hot entries
     std::memcpy(f, rows + i * dim, 4 * dim);
     if (num_slots == num_slots_) {  // else (a checkpoint without slots): slot_init stays

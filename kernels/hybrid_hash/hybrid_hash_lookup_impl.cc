@@ -37,10 +37,11 @@ namespace hybrid_hash {
 
 namespace {
 
-// count + add (add < 0 counts as 0), saturating at 2^32 - 1.
+// count + add, saturating at 2^32 - 1 (add is in [0, 2^32 - 1]: Lookup checks the counts, so the
+// int64 sum cannot overflow; it is clamped again for any other caller).
 inline uint32_t SaturatedSum(uint32_t count, int64_t add) {
-  return static_cast<uint32_t>(
-      std::min<int64_t>(int64_t{count} + std::max<int64_t>(add, 0), 0xFFFFFFFFll));
+  const int64_t bounded = std::min<int64_t>(std::max<int64_t>(add, 0), 0xFFFFFFFFll);
+  return static_cast<uint32_t>(std::min<int64_t>(int64_t{count} + bounded, 0xFFFFFFFFll));
 }
 
 // counter += add, saturating (the caller excludes other writers).
@@ -78,6 +79,14 @@ ImplStatus Store::Lookup(const int64_t* ids, const int64_t* counts, int64_t n, b
                          int64_t* records) {
   ImplStatus valid = CheckMembers(members, n);
   if (!valid.ok()) return valid;
+  for (int64_t i = 0; counts != nullptr && i < n; ++i) {
+    if (counts[i] < 0 || counts[i] > 0xFFFFFFFFll) {
+      return ImplStatus::InvalidArgument(
+          Quoted(config_) + ": counts[" + std::to_string(i) + "] = " + std::to_string(counts[i]) +
+          " is outside [0, 4294967295]: counts are how often each id occurs in the batch "
+          "(tf.unique_with_counts), added to the row's 32-bit count.");
+    }
+  }
   const int64_t dim = config_.dim;
   std::vector<char> missing(static_cast<size_t>(n), 0);
   std::vector<uint64_t> ends(insert ? static_cast<size_t>(n) : 0);

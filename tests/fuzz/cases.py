@@ -167,6 +167,41 @@ def gen_pack_ids(rng, cls):
     return dict(ids=ids, row_offsets=offsets, num_rows=rows_list, table_names=names, on_invalid=on_invalid), valid
 
 
+# ---- BagSplits ---------------------------------------------------------------------------------
+
+
+def gen_bag_splits(rng, cls):
+    """A SparseTensor's (values, row indices, dense_shape[0]) or a RaggedTensor's (values, row splits)."""
+    kind = _pick(rng, ("row_ids", "row_splits"))
+    nrows = int(rng.integers(0, 8))
+    n = int(rng.integers(0, 20)) if nrows and cls != "empty" else 0
+    values = rng.integers(-5, 50, n).astype(_id_dtype(rng))
+    rows = np.sort(rng.integers(0, max(nrows, 1), n)).astype(np.int64)
+    splits = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=nrows))]).astype(np.int64)
+    valid = cls in ("valid", "empty")
+    if cls == "int64_extremes":
+        if kind == "row_splits":
+            splits = np.array([0, _pick(rng, (I64_MAX, I64_MIN, -1)), n], np.int64)
+        elif n:  # a row index at the int64 limits, or just outside [0, nrows)
+            rows[int(rng.integers(n))] = _pick(rng, (I64_MIN, I64_MAX, -1, nrows))
+        else:
+            nrows = _pick(rng, (I64_MIN, -1, I64_MAX, 2**62))
+    elif cls == "mismatched":
+        choice = int(rng.integers(4))
+        if choice == 0:  # values and rows disagree
+            rows = np.concatenate([rows, [max(nrows - 1, 0)]]) if rng.integers(2) or not n else rows[:-1]
+            splits = np.concatenate([splits[:-1], [n + 1]])
+        elif choice == 1:  # out of order / decreasing, or not starting at 0
+            rows = np.concatenate([[1, 0], rows]) if nrows >= 2 else np.concatenate([rows, [nrows]])
+            values = np.concatenate([values, values[:0], np.zeros(len(rows) - n, values.dtype)])
+            splits = np.array([0, n + 1, n], np.int64) if rng.integers(2) else np.concatenate([[1], splits[1:]])
+        elif choice == 2:
+            values = values.astype(_pick(rng, (np.float32, np.int16)))
+        else:
+            rows, splits = rows.reshape(1, -1), splits.reshape(1, -1)
+    return dict(values=values, rows=rows if kind == "row_ids" else splits, nrows=nrows, kind=kind), valid
+
+
 # ---- GatherRows --------------------------------------------------------------------------------
 
 

@@ -108,6 +108,32 @@ def ref_pack_ids(c):
     return list(ref.pack_ids_reference(c["ids"], c["row_offsets"], c["num_rows"], c["on_invalid"]))
 
 
+def run_bag_splits(c, path):
+    tf = _tf()
+    values, rows = tf.constant(c["values"]), tf.constant(c["rows"])
+    if path == "raw":
+        return [_np(x) for x in _ops().hybrid_tf_bag_splits(values, rows, c["nrows"], kind=c["kind"], table="t")]
+    from hybridtf._src.run import bag_splits
+
+    if c["kind"] == "row_ids":
+        if rows.shape.rank != 1:
+            raise NotApplicable("a SparseTensor's row indices are a column of its indices")
+        indices = tf.stack([rows, tf.zeros_like(rows)], axis=1)
+        bags = bag_splits.bags_from_sparse(tf.SparseTensor(indices, values, [c["nrows"], 1]), "t")
+    else:
+        if rows.shape.rank != 1 or values.dtype not in (tf.int32, tf.int64):
+            raise NotApplicable("RaggedTensor.from_row_splits checks the splits' rank and the values' dtype itself")
+        bags = bag_splits.checked_bags(tf.RaggedTensor.from_row_splits(values, rows, validate=False), "t")
+    return [_np(bags.values), _np(bags.row_splits)]
+
+
+def ref_bag_splits(c):
+    rows = np.asarray(c["rows"], np.int64)
+    if c["kind"] == "row_splits":
+        return [np.asarray(c["values"]), rows]
+    return [np.asarray(c["values"]), np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=c["nrows"]))])]
+
+
 def run_gather_rows(c, path):
     tf = _tf()
     var = tf.Variable(c["table"])

@@ -49,6 +49,13 @@ OPS = {
             "regularization_penalty",
         ),
         _spec("PackIds", c.gen_pack_ids, FULL, ("raw", "wrapper", "native"), "pack_ids"),
+        _spec(
+            "BagSplits",
+            c.gen_bag_splits,
+            ("valid", "int64_extremes", "empty", "mismatched"),
+            ("raw", "wrapper"),
+            "bag_splits",
+        ),
         *(
             _spec(
                 op,

@@ -198,7 +198,7 @@ class DynamicTable(tf.Module):
         self.table.check_ids(ids)
         self._check_sharding()
         world = self._shard_world
-        ids = prepare_ids(ids, combiner, self.name)
+        ids = prepare_ids(ids, combiner, self.name, check_splits=True)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         unique, inverse, counts = tf.unique_with_counts(tf.cast(flat, tf.int64), out_idx=tf.int32)
         if training and not getattr(self.table, "serving_only", False):

@@ -67,7 +67,14 @@ def _initializer_args(initializer, name: str) -> tuple[str, float, float]:
     if isinstance(initializer, init.Zeros):
         return "zeros", 0.0, 0.0
     if isinstance(initializer, init.Constant):
-        return "constant", float(initializer.value), 0.0
+        value = np.asarray(initializer.value)
+        if value.size != 1 or not np.issubdtype(value.dtype, np.number):
+            raise ValueError(
+                f"DynamicEmbedding {name!r}: a Constant initializer of a dynamic table takes one number (every "
+                f"value of every new row), got {initializer.value!r}. Rows are made per id as ids arrive, so "
+                "there is no table-shaped array to copy; use Constant(<number>), 'uniform' or 'normal'."
+            )
+        return "constant", float(value.reshape(())), 0.0
     raise ValueError(
         f"DynamicEmbedding {name!r}: unsupported initializer {initializer!r}; rows must be a function of (seed, id) "
         "only, so use 'uniform', 'normal', 'zeros' or RandomUniform/RandomNormal/Zeros/Constant."
@@ -204,7 +211,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             capacity=capacity,
             warmup_steps=warmup_steps,
             flush_every=flush_every,
-            seed=zlib.crc32(self.name.encode()) if seed is None else int(seed),
+            seed=zlib.crc32(self.name.encode()) if seed is None else seed,
             initializer=kind,
             init_a=a,
             init_b=b,
@@ -272,7 +279,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
             ids = tf.convert_to_tensor(ids)
         check_graph_mode("DynamicEmbedding", self.name)
         self.table.check_ids(ids)
-        ids = prepare_ids(ids, self.combiner or "none", self.name)
+        ids = prepare_ids(ids, self.combiner or "none", self.name, check_splits=True)
         flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
         flat = tf.cast(flat, tf.int64)
         saving = save_context.in_save_context()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import operator
 
 import tensorflow as tf
 
@@ -71,6 +72,26 @@ def _members(members):
 
 
 DEFAULT_HOT_ROWS = 100_000
+
+
+_INT64_MAX = 2**63 - 1
+
+
+def _whole_number(value, what: str, table: str):
+    """``value`` as a Python int if it is an integer (bool excluded) that fits int64; other values unchanged.
+
+    The range checks that follow name what each setting may be; an integer beyond int64 (the op's
+    attributes) or a fractional number is refused here, naming the setting.
+    """
+    if isinstance(value, bool):
+        return value
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{table}: {what} must be an int, got {value!r}.") from None
+    if not -_INT64_MAX - 1 <= number <= _INT64_MAX:
+        raise ValueError(f"{table}: {what} = {number} does not fit int64 (at most 2**63 - 1).")
+    return number
 
 
 def default_hot_rows(hot_rows, capacity) -> int:
@@ -120,6 +141,9 @@ class TableConfig:
 
     def __post_init__(self):
         t = f"HybridHash table {self.name!r}"
+        for what in ("dim", "hot_rows", "capacity", "warmup_steps", "flush_every", "seed", "ttl_steps"):
+            # ints only (NumPy integers too), never a float that the op's int attribute would truncate
+            object.__setattr__(self, what, _whole_number(getattr(self, what), what, t))
         fixes = {
             "dim": "Pass the embedding width (output_dim).",
             "hot_rows": "Pass the number of most frequent rows to keep in the hot tier, e.g. 10-20% of the distinct "

@@ -25,27 +25,29 @@ def _check_dtype(dtype: tf.DType, table: str, cast_floats: bool) -> tf.DType | N
     raise TypeError(f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}.")
 
 
-def sparse_bags(ids: tf.SparseTensor) -> tf.RaggedTensor:
+def sparse_bags(ids: tf.SparseTensor, table: str = "ids") -> tf.RaggedTensor:
     """The bags of a rank-2 ``tf.SparseTensor`` as a ``tf.RaggedTensor`` ``[batch, None]``.
 
     Row ``i``'s bag holds the values whose index is ``[i, j]`` for any ``j``, in
     increasing ``j``: indices need not be in row-major order (a hand-built or
     concatenated SparseTensor) nor contiguous in ``j`` (``tf.sparse.from_dense``
     of a row with zeros between ids), as for ``tf.nn.safe_embedding_lookup_sparse``.
-    ``tf.sparse.reorder`` passes an ordered tensor through unchanged. No assertion
-    ops: the bags can be computed twice (``hybridtf.function`` lifts them); a row
-    index outside ``[0, dense_shape[0])`` fails in the lookup's own checks.
+    ``tf.sparse.reorder`` passes an ordered tensor through unchanged. The row
+    splits come from ``BagSplits`` (``run/bag_splits.py``): a row index outside
+    ``[0, dense_shape[0])`` fails there, naming ``table``, without assertion ops
+    (the bags can be computed twice: ``hybridtf.function`` lifts them).
 
     Example:
         >>> sp = tf.SparseTensor([[1, 0], [0, 2]], tf.constant([5, 7], tf.int64), [2, 3])
         >>> sparse_bags(sp).to_list()
         [[7], [5]]
     """
-    ids = tf.sparse.reorder(ids)
-    return tf.RaggedTensor.from_value_rowids(ids.values, ids.indices[:, 0], nrows=ids.dense_shape[0], validate=False)
+    from hybridtf._src.run.bag_splits import bags_from_sparse
+
+    return bags_from_sparse(tf.sparse.reorder(ids), table)
 
 
-def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
+def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False, check_splits: bool = False):
     """Validates and normalizes the ids of one lookup.
 
     One-hot lookups (``combiner="none"``) keep dense or ragged ids as they
@@ -62,6 +64,9 @@ def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
         cast_floats: cast floating ids (and other integer types) to int32 /
             int64 like ``tf.keras.layers.Embedding``; otherwise they are a
             TypeError.
+        check_splits: check a given RaggedTensor's row splits (``BagSplits``)
+            before its ids are used: for lookups that act on the ids before
+            a fused op would check the bags (a HybridHash insert).
 
     Returns:
         A ``tf.Tensor`` or ``tf.RaggedTensor`` of int32/int64 ids.
@@ -89,7 +94,7 @@ def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
         cast = _check_dtype(ids.dtype, table, cast_floats)
         if cast is not None:
             ids = tf.SparseTensor(ids.indices, tf.cast(ids.values, cast), ids.dense_shape)
-        return sparse_bags(ids)
+        return sparse_bags(ids, table)
     if isinstance(ids, tf.RaggedTensor):
         cast = _check_dtype(ids.dtype, table, cast_floats)
         if cast is not None:
@@ -99,6 +104,10 @@ def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False):
                 f"embedding table {table!r}: multi-hot ids must be a rank-2 tf.RaggedTensor [batch, None], "
                 f"got shape {ids.shape} with ragged_rank {ids.ragged_rank}."
             )
+        if bag and check_splits:
+            from hybridtf._src.run.bag_splits import checked_bags
+
+            ids = checked_bags(ids, table)
         return ids
     if not (tf.is_tensor(ids) or isinstance(ids, (np.ndarray, np.integer, int, list, tuple))):
         raise TypeError(f"embedding table {table!r}: ids must be {_IDS_KINDS}, got {type(ids).__name__}.")

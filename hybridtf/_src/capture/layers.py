@@ -10,12 +10,15 @@ table of the model.
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import _HybridEmbeddingMixin, to_compute_dtype
 from hybridtf._src.capture.lookup_api import own_lookup, placeholder, plain_lookup, prepare_ids
+
+_INT64_MAX = 2**63 - 1
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -91,9 +94,13 @@ class EmbeddingBag(tf.keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        for what, value in (("input_dim", input_dim), ("output_dim", output_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"EmbeddingBag {self.name!r}: {what} must be a positive int, got {value!r}.")
+        for what, given in (("input_dim", input_dim), ("output_dim", output_dim)):
+            value = int(given) if isinstance(given, np.integer) else given
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT64_MAX:
+                raise ValueError(
+                    f"EmbeddingBag {self.name!r}: {what} must be a positive int (at most 2**63 - 1), got {value!r}."
+                )
+        input_dim, output_dim = int(input_dim), int(output_dim)
         if combiner not in BAG_COMBINERS:
             raise ValueError(f"EmbeddingBag {self.name!r}: combiner must be one of {BAG_COMBINERS}, got {combiner!r}.")
         self.input_dim = input_dim

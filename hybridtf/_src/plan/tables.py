@@ -20,6 +20,8 @@ import numpy as np
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMBINERS = ("none", "sum", "mean", "sqrtn")
 
+_INT64_MAX = 2**63 - 1  # sizes go into int64 op attributes and tensor shapes
+
 
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -71,13 +73,15 @@ class TableSpec:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"TableSpec.name must be a non-empty string, got {self.name!r}.")
         where = f"TableSpec {self.name!r}"
-        if not _is_int(self.num_rows) or self.num_rows <= 0:
+        if not _is_int(self.num_rows) or not 0 < self.num_rows <= _INT64_MAX:
             raise ValueError(
-                f"{where}: num_rows must be a positive int, got {self.num_rows!r}. "
+                f"{where}: num_rows must be a positive int (at most 2**63 - 1), got {self.num_rows!r}. "
                 "Pass the table's vocabulary size (number of embedding rows)."
             )
-        if not _is_int(self.dim) or self.dim <= 0:
-            raise ValueError(f"{where}: dim must be a positive int, got {self.dim!r}. Pass the embedding width.")
+        if not _is_int(self.dim) or not 0 < self.dim <= _INT64_MAX:
+            raise ValueError(
+                f"{where}: dim must be a positive int (at most 2**63 - 1), got {self.dim!r}. Pass the embedding width."
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"{where}: dtype must be one of {DTYPES}, got {self.dtype!r}.")
         if not isinstance(self.optimizer_layout, str) or not self.optimizer_layout:

@@ -341,7 +341,7 @@ class _DynamicParts:
                 ids = tf.convert_to_tensor(ids)
             group.table.check_ids(ids)
             combiner = layer.combiner or "none"
-            ids = prepare_ids(ids, combiner, layer.name)
+            ids = prepare_ids(ids, combiner, layer.name, check_splits=True)
             flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids  # the unique op reads it flat
             if combiner != "none":  # a rank-2 RaggedTensor of bags
                 bag_lengths.append(ids.row_lengths())

@@ -112,8 +112,15 @@ def stitch_combine(
             raise ValueError(f"field_sizes has {sizes.shape[0]} entries but there are {len(combiners)} combiners.")
         segments = sizes if field_segments is None else _int64_vector(field_segments, "field_segments")
         if segment_lengths is None:
-            bag_sizes = [sizes[f] for f, c in enumerate(combiners) if c != "none"]
-            lengths = tf.ones([tf.add_n(bag_sizes) if bag_sizes else 0], tf.int64)
+            bags = [f for f, c in enumerate(combiners) if c != "none"]
+            if bags and sizes.shape[0] is None:
+                # padded to one entry per combiner: a field_sizes of another length (unknown when traced)
+                # reaches the kernel, whose error says so, instead of failing in a slice here
+                padded = tf.pad(sizes, [[0, tf.maximum(len(combiners) - tf.size(sizes, out_type=tf.int32), 0)]])
+                total = tf.reduce_sum(tf.gather(padded, bags))
+            else:
+                total = tf.add_n([sizes[f] for f in bags]) if bags else 0
+            lengths = tf.ones([total], tf.int64)
         else:
             lengths = _int64_vector(segment_lengths, "segment_lengths")
         weights = tf.zeros([0], rows.dtype) if weights is None else tf.cast(weights, rows.dtype)
