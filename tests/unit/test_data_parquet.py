@@ -183,6 +183,9 @@ def test_an_input_without_batches_or_with_uneven_ranks_is_named_in_a_warning(tmp
         (dict(paths=empty, batch_size=4), "holds no rows"),
         (dict(paths=some, batch_size=8, drop_remainder=True), "give rank 0 of 1 no batch of 8"),
         (dict(paths=some, batch_size=2, rank=1, size=2), "rank 0: 1, rank 1: 2 of 2 rows each"),
+        # many ranks: counted in closed form (a loop over 2**70 ranks never ended), summarized
+        (dict(paths=some, batch_size=1, rank=0, size=2**70), "give rank 0 of 1180591620717411303424 no batch"),
+        (dict(paths=some, batch_size=1, rank=3, size=20), "0 or 1 per rank over 20 ranks of 1 rows each"),
     ]
     for kwargs, message in cases:
         caplog.clear()
@@ -351,6 +354,9 @@ def good_file(tmp_path):
         (dict(batch_size=0), ValueError, r"batch_size must be a positive int"),
         (dict(batch_size=-3), ValueError, r"batch_size must be a positive int"),
         (dict(batch_size=True), ValueError, r"batch_size must be a positive int"),
+        (dict(batch_size=2**63), ValueError, r"batch_size must be a positive int \(at most 2\*\*63 - 1\)"),
+        (dict(batch_size=np.uint64(2**63 + 5)), ValueError, r"batch_size must be a positive int \(at most"),
+        (dict(read_rows=2**64), ValueError, r"read_rows must be a positive int \(at most 2\*\*63 - 1\)"),
         (dict(rank=2, size=2), ValueError, r"rank must be in \[0, size\)"),
         (dict(rank=-1, size=2), ValueError, r"rank must be in \[0, size\)"),
         (dict(rank=0, size=0), ValueError, r"size must be >= 1"),
@@ -365,6 +371,28 @@ def test_argument_and_column_errors(good_file, kwargs, error, match):
     with pytest.raises(error, match=match) as raised:
         hd.parquet_dataset(good_file, **kw)
     assert isinstance(raised.value, hd.DataError)  # every hybridtf.data error, as the data guide says
+
+
+def test_an_existing_file_with_glob_characters_in_its_name_is_read_literally(tmp_path):
+    """As a pattern, 'part[1].parquet' names 'part1.parquet' and 'day?.parquet' also 'day1.parquet': other rows."""
+    for name, value in (("part[1].parquet", 111), ("part1.parquet", 999), ("day?.parquet", 5), ("day1.parquet", 1)):
+        pq.write_table(pa.table({"label": [1.0], "C1": [value]}), str(tmp_path / name))
+
+    def ids(path):
+        return [
+            int(v) for f, _ in hd.parquet_dataset(str(tmp_path / path), one_hot=["C1"], batch_size=8) for v in f["C1"]
+        ]
+
+    assert ids("part[1].parquet") == [111] and ids("day?.parquet") == [5]
+    assert ids("day[0-9].parquet") == [1]  # a pattern that is no file still expands
+
+
+def test_a_file_with_a_repeated_column_name_is_a_schema_error(tmp_path):
+    path = str(tmp_path / "dup.parquet")
+    arrays = [pa.array([1.0], pa.float32()), pa.array([1], pa.int64()), pa.array([3], pa.int64())]
+    pq.write_table(pa.Table.from_arrays(arrays, names=["label", "C1", "C1"]), path)
+    with pytest.raises(hd.ParquetSchemaError, match=r"dup.parquet' has more than one column named 'C1'.*unique"):
+        hd.parquet_dataset(path, one_hot=["C1"], batch_size=2)
 
 
 def test_list_column_as_multi_hot_explains_the_layout(tmp_path):

@@ -53,6 +53,8 @@ _PHYSICAL_DTYPES = {
 }
 _UNSET: Any = object()
 
+_INT64_MAX = 2**63 - 1
+
 
 def _core_ops():
     try:
@@ -124,10 +126,14 @@ def _check_batches(files, total: int, batch_size: int, rank: int, size: int, dro
     """Warns when the input yields no batch on this rank (Keras's ``fit`` would only say "Expected input data to
     be non-empty") and when ranks would run different numbers of batches."""
     shown = ", ".join(m.path for m in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
-    counts = [shard_rows(total, batch_size, r, size, drop_remainder)[2] for r in range(size)]
+    mine = shard_rows(total, batch_size, rank, size, drop_remainder)[2]
+    # The ranks' ranges hold total // size rows or one more (closed form: size may be large), so their batch
+    # counts take at most two values; with drop_remainder one.
+    fewest = shard_rows(total, batch_size, 0, size, drop_remainder)[2]  # rank 0 holds total // size rows
+    most = -(-(total // size + (total % size > 0)) // batch_size) if not drop_remainder else fewest
     if total == 0:
         _log.warning("hybridtf.data: the Parquet input (%s) holds no rows: the dataset is empty.", shown)
-    elif counts[rank] == 0:
+    elif mine == 0:
         _log.warning(
             "hybridtf.data: the Parquet input (%s) has %d rows, which give rank %d of %d no batch of %d%s: the dataset "
             "is empty. Lower batch_size or add rows.",
@@ -138,12 +144,17 @@ def _check_batches(files, total: int, batch_size: int, rank: int, size: int, dro
             batch_size,
             " (drop_remainder=True keeps full batches only)" if drop_remainder else "",
         )
-    elif len(set(counts)) > 1:
+    elif fewest != most:
+        counts = (
+            ", ".join(f"rank {r}: {shard_rows(total, batch_size, r, size, drop_remainder)[2]}" for r in range(size))
+            if size <= 16
+            else f"{fewest} or {most} per rank over {size} ranks"
+        )
         _log.warning(
             "hybridtf.data: the ranks get different numbers of batches (%s of %d rows each, %d rows in all): a "
             "Horovod rank that runs out first leaves the others in a collective step. Pass drop_remainder=True "
             "(every rank then reads the same number of full batches).",
-            ", ".join(f"rank {r}: {c}" for r, c in enumerate(counts)),
+            counts,
             batch_size,
             total,
         )
@@ -389,10 +400,10 @@ def parquet_dataset(
         )
     elif label is not _UNSET or dense or one_hot or multi_hot:
         raise DataValueError("give either spec or label/dense/one_hot/multi_hot, not both.")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
-        raise DataValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-    if isinstance(read_rows, bool) or not isinstance(read_rows, (int, np.integer)) or read_rows < 1:
-        raise DataValueError(f"read_rows must be a positive int, got {read_rows!r}.")
+    for what, value in (("batch_size", batch_size), ("read_rows", read_rows)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= int(value) <= _INT64_MAX:
+            raise DataValueError(f"{what} must be a positive int (at most 2**63 - 1), got {value!r}.")
+    batch_size, read_rows = int(batch_size), int(read_rows)
     if not spec.columns:
         raise DataValueError("parquet_dataset needs at least one column (label, dense, one_hot or multi_hot).")
     feature_names = set(spec.one_hot) | set(spec.multi_hot) | (set(spec.dense) if dense_key is None else set())

@@ -131,7 +131,8 @@ def _list_dir(path: str) -> list[str]:
 def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """The Parquet files named by ``paths``: files, directories (their ``*.parquet``) and glob patterns.
 
-    Files keep the given order; directories and patterns expand sorted.
+    Files keep the given order; directories and patterns expand sorted. A path that exists is taken
+    literally, even when its name holds ``*``, ``?`` or ``[``; any other such path is a pattern.
 
     Raises:
         ValueError: no paths, or a file named twice.
@@ -145,7 +146,9 @@ def resolve_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
         raise DataValueError("parquet_dataset needs at least one Parquet file; got an empty list of paths.")
     files: list[str] = []
     for p in paths:
-        if any(c in p for c in _GLOB_CHARS):
+        # a file or directory that exists is itself, also when its name holds glob characters ("part[1].parquet"
+        # next to "part1.parquet": as a pattern it would name the other file)
+        if any(c in p for c in _GLOB_CHARS) and not stat_file(p)[0]:
             matched = _glob(p)
             if not matched:
                 raise ParquetFileError(f"no file matches the pattern {p!r}; check the path.")
@@ -205,6 +208,12 @@ def open_parquet(path: str) -> ParquetFileMeta:
             "Write inputs with pyarrow / Spark / hybridtf.data.write_parquet, or convert text with "
             "`python -m hybridtf.data convert`."
         ) from e
+    repeated = sorted({n for n in schema.names if schema.names.count(n) > 1})
+    if repeated:
+        raise ParquetSchemaError(
+            f"{path!r} has more than one column named {', '.join(map(repr, repeated))}; columns are read by name, "
+            "so each must be unique. Rewrite the file with unique column names."
+        )
     physical, max_def = {}, {}
     for i in range(metadata.num_columns):
         col = metadata.schema.column(i)
