@@ -246,18 +246,32 @@ def _out(text) -> None:
         print(text)
 
 
+MAX_BATCH = 2**24  # examples of the synthetic batch the report traces (held in memory)
+
+
 def main(argv=None) -> int:
     """Runs the command (see the module docstring); returns the exit status."""
     args_parser = parser()
     args = args_parser.parse_args(argv)
-    if args.batch < 1:
-        args_parser.error(f"--batch must be >= 1, got {args.batch}.")
+    if not 1 <= args.batch <= MAX_BATCH:
+        args_parser.error(
+            f"--batch must be in [1, {MAX_BATCH}] (the report builds a synthetic batch of that many examples), "
+            f"got {args.batch}."
+        )
     if args.timing < 0:
         args_parser.error(f"--timing must be >= 0 steps, got {args.timing}.")
     if args.dynamic < 0:
         args_parser.error(f"--dynamic must be >= 0 steps, got {args.dynamic}.")
     if args.ranks < 0:
         args_parser.error(f"--ranks must be >= 0 (0: skip the traffic estimate), got {args.ranks}.")
+    if args.ranks > args.batch:
+        args_parser.error(f"--ranks {args.ranks} exceeds --batch {args.batch}: every rank needs examples of the batch.")
+    if args.ranks and args.batch % args.ranks:
+        fit = args.ranks * max(1, round(args.batch / args.ranks))
+        args_parser.error(
+            f"--batch {args.batch} must be divisible by --ranks {args.ranks} (each rank traces an equal share of "
+            f"the global batch); try --batch {fit}."
+        )
     if args.micro_batches < 1:
         args_parser.error(f"--micro-batches must be >= 1, got {args.micro_batches}.")
     if args.interleave_groups is not None and args.interleave_groups < 1:

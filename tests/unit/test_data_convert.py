@@ -192,8 +192,9 @@ def test_row_groups_and_blocks(tmp_path):
 
 def test_bad_row_in_a_later_block(tmp_path):
     src = tmp_path / "day.txt"
-    src.write_text(CRITEO_TSV * 5 + "1\t2\n")
-    with pytest.raises(hd.TextFormatError, match=r"not a valid criteo file near line \d+: .*Expected 40 columns"):
+    src.write_text(CRITEO_TSV * 5 + "1\t2\n" + CRITEO_TSV * 3)
+    # the reader parses blocks ahead, so the failing block's start is not the line: the line is found exactly
+    with pytest.raises(hd.TextFormatError, match=r"not a valid criteo file: line 11 has 2 fields, not 40 .*Expected"):
         hd.convert_text(src, tmp_path / "out.parquet", "criteo", block_bytes=300)
 
 
@@ -263,10 +264,23 @@ def test_cli_as_module(tmp_path):
     ("fmt", "text", "match"),
     [
         ("criteo", "1\t2\t3\n", r"first row has 3 fields, but a criteo row without header has 40"),
-        ("criteo", CRITEO_TSV.replace("3.5", "abc", 1), r"rows 1\.\.2: column 'I4' must be a number or empty"),
+        ("criteo", CRITEO_TSV.replace("3.5", "abc", 1), r"row 1 \('abc'\): column 'I4' must be a number or empty"),
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("\t12\t68", "\t1x2\t68", 1), r"row 4 \('1x2'\): column 'I13'"),
+        # not finite in float32: it would train as inf or NaN
+        (
+            "criteo",
+            CRITEO_TSV.replace("1\t5\t", "nan\t5\t", 1),
+            r"row 1: column 'label' holds 'nan', which is not a finite",
+        ),
+        (
+            "criteo",
+            CRITEO_TSV.replace("3.5", "1e39", 1),
+            r"row 1: column 'I4' holds '1e39', which is not a finite float32",
+        ),
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("3.5", "-inf", 1), r"row 3: column 'I4' holds '-inf'"),
         ("criteo", "\t" + CRITEO_TSV.split("\n", 1)[1].split("\t", 1)[1], r"lacks the criteo columns"),
         ("criteo", CRITEO_TSV.replace("\n0\t", "\n\t", 1), r"column 'label' must be a number"),
-        ("criteo", CRITEO_TSV + "1\t2\n", r"not a valid criteo file.*Expected 40 columns, got 2"),
+        ("criteo", CRITEO_TSV + "1\t2\n", r"not a valid criteo file: line 3 has 2 fields, not 40 .*got 2"),
         ("avazu", "id,click,C1\n1,0,x\n", r"lacks the avazu columns \['banner_pos', .*'hour'\]"),
         ("avazu", "", r"is empty"),
         ("alimama", "a,b\n1,2\n", r"lacks the alimama columns \['target'"),
@@ -278,6 +292,20 @@ def test_text_errors(tmp_path, fmt, text, match):
     with pytest.raises(hd.TextFormatError, match=match) as info:
         hd.convert_text(src, tmp_path / "out.parquet", fmt)
     assert isinstance(info.value, ValueError)
+
+
+def test_gzip_input_under_another_name_and_a_truncated_gzip_are_named(tmp_path):
+    import gzip
+
+    data = gzip.compress(CRITEO_TSV.encode())
+    (tmp_path / "day.txt").write_bytes(data)
+    with pytest.raises(hd.TextFormatError, match=r"'.*day.txt' is gzip-compressed .*\.gz suffix"):
+        hd.convert_text(tmp_path / "day.txt", tmp_path / "out.parquet", "criteo")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress((CRITEO_TSV * 200).encode())[:-40])
+    with pytest.raises(hd.TextFormatError, match=r"cut.gz: not a valid criteo file: .*"):
+        hd.convert_text(tmp_path / "cut.gz", tmp_path / "out.parquet", "criteo")
+    with pytest.raises(hd.DataValueError, match=r"row_group_rows must be in \[1, 2\*\*63 - 1\]"):
+        hd.convert_text(tmp_path / "cut.gz", tmp_path / "out.parquet", "criteo", row_group_rows=2**70)
 
 
 def test_avazu_bad_hour(tmp_path):

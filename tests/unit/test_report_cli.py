@@ -208,6 +208,10 @@ def test_report_on_an_uncompiled_model_with_dynamic_tables_on_two_ranks(tmp_path
         (["--loss", "bogus"], "--loss 'bogus' is not a Keras loss name"),
         (["--micro-batches", "0"], "--micro-batches must be >= 1"),
         (["--ranks", "-1"], "--ranks must be >= 0"),
+        # were tracebacks (a probe): the default batch of 256 on 3 ranks, and sizes nothing can hold
+        (["--ranks", "3"], "--batch 256 must be divisible by --ranks 3 (each rank traces an equal share"),
+        (["--ranks", str(2**40)], "--ranks 1099511627776 exceeds --batch 256"),
+        (["--batch", str(2**70)], "--batch must be in [1, 16777216]"),
     ],
 )
 def test_bad_flags_are_usage_errors(user_file, capsys, argv, message):

@@ -5,7 +5,8 @@ a string), turned into the output columns, and written in row groups:
 
 * label: renamed ``label``, float32. An empty or non-numeric label is an error.
 * dense: float32, the raw value (no ``log(1 + x)`` or other transform; models
-  apply their own). A missing (empty) value is 0.
+  apply their own). A missing (empty) value is 0. A label or dense value that
+  is not finite in float32 (``nan``, ``inf``, ``1e39``) is an error naming the row.
 * categorical: hashed into ``[0, buckets)`` by :func:`hash_strings`
   (farmhash Fingerprint64, stable everywhere); a missing value is id 0.
 * sequences (Alimama behaviour histories, one header column per position with
@@ -164,9 +165,38 @@ def _first_line(path: str) -> str:
     try:
         with opener(path, "rb") as f:
             line = f.readline()
-    except OSError as e:
+    except (OSError, EOFError) as e:
         raise TextFormatError(f"cannot read text input {path!r}: {e}") from e
+    if not path.endswith(".gz") and line.startswith(b"\x1f\x8b"):
+        raise TextFormatError(
+            f"text input {path!r} is gzip-compressed (it starts with gzip's magic bytes); name it with a .gz "
+            "suffix, which the converter decompresses, or decompress it first."
+        )
     return line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+
+
+def _bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[int, int] | None:
+    """``(line, fields)`` of the first record of ``path`` (after the header) without ``fields`` fields, or None.
+
+    Called after the reader failed (an error path): reads the file again with Python's csv module, which
+    counts physical lines (a quoted field may span several); blank lines are skipped, as the reader does.
+    """
+    import csv
+
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+            reader = csv.reader(f, delimiter=delimiter)
+            line = 0
+            for record in reader:
+                first, line = line + 1, reader.line_num
+                if (header and first == 1) or not record:
+                    continue
+                if len(record) != fields:
+                    return first, len(record)
+    except (OSError, EOFError, csv.Error):
+        return None
+    return None
 
 
 def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
@@ -194,20 +224,49 @@ def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
     return names, header, delimiter
 
 
-def _parse_floats(arr, column: str, path: str, rows: str, allow_empty: bool):
-    """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error."""
+def _parse_floats(arr, column: str, path: str, first_row: int, allow_empty: bool):
+    """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error naming the row.
+
+    Rows are numbered from ``first_row`` (the block's first line). A value that is not finite in
+    float32 (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN.
+    """
     pa, _ = pyarrow_modules()
     import pyarrow.compute as pc
 
     arr = pc.utf8_trim_whitespace(arr)
     if allow_empty:
         arr = pc.if_else(pc.equal(arr, ""), pa.scalar(None, pa.string()), arr)
+    allowed = "a number or empty" if allow_empty else "a number"
     try:
         out = pc.cast(arr, pa.float64())
     except pa.ArrowInvalid as e:
-        allowed = "a number or empty" if allow_empty else "a number"
-        raise TextFormatError(f"{path}, rows {rows}: column {column!r} must be {allowed}: {e}") from None
-    return out.fill_null(0.0).to_numpy(zero_copy_only=False).astype(np.float32)
+        bad = _first_unparsable(arr)
+        where = f"row {first_row + bad} ({arr[bad].as_py()!r})" if bad is not None else f"rows from {first_row}"
+        raise TextFormatError(f"{path}, {where}: column {column!r} must be {allowed}: {e}") from None
+    values = out.fill_null(0.0).to_numpy(zero_copy_only=False)
+    wrong = ~(np.abs(values) <= _FLOAT32_MAX)  # NaN, infinities, and values float32 cannot hold
+    if wrong.any():
+        i = int(np.argmax(wrong))
+        raise TextFormatError(
+            f"{path}, row {first_row + i}: column {column!r} holds {arr[i].as_py()!r}, which is not a finite "
+            f"float32 value (|x| <= {_FLOAT32_MAX:.4g}); it would train as inf or NaN. Fix or drop that row."
+        )
+    return values.astype(np.float32)
+
+
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _first_unparsable(arr) -> int | None:
+    """The index of the first string of ``arr`` that is not a number (None values and numbers pass)."""
+    for i, text in enumerate(arr.to_pylist()):
+        if text is None:
+            continue
+        try:
+            float(text)
+        except ValueError:
+            return i
+    return None
 
 
 class _BlockConverter:
@@ -226,14 +285,13 @@ class _BlockConverter:
     def __call__(self, batch, first_row: int):
         pa, _ = pyarrow_modules()
         fmt = self.fmt
-        rows = f"{first_row}..{first_row + batch.num_rows - 1}"
 
         def col(name):
             return batch.column(self.positions[name][0])
 
-        out = {"label": _parse_floats(col(fmt.label), fmt.label, self.path, rows, allow_empty=False)}
+        out = {"label": _parse_floats(col(fmt.label), fmt.label, self.path, first_row, allow_empty=False)}
         for c in fmt.dense:
-            out[c] = _parse_floats(col(c), c, self.path, rows, allow_empty=True)
+            out[c] = _parse_floats(col(c), c, self.path, first_row, allow_empty=True)
         for c in fmt.categorical:
             out[c] = hash_strings(col(c), self.buckets[c])
         if fmt.derive is not None:
@@ -242,7 +300,7 @@ class _BlockConverter:
         if fmt.sequences:
             mask_cols = [batch.column(i) for i in self.positions[fmt.sequence_mask]]
             mask = np.stack(
-                [_parse_floats(m, fmt.sequence_mask, self.path, rows, allow_empty=True) for m in mask_cols], axis=1
+                [_parse_floats(m, fmt.sequence_mask, self.path, first_row, allow_empty=True) for m in mask_cols], axis=1
             )
             keep = mask != 0
             for c in fmt.sequences:
@@ -315,8 +373,8 @@ def convert_text(
     else:
         n = check_buckets(buckets)
         per_column = dict.fromkeys(ids, n)
-    if row_group_rows < 1:
-        raise DataValueError(f"row_group_rows must be >= 1, got {row_group_rows}.")
+    if not 1 <= row_group_rows <= 2**63 - 1:
+        raise DataValueError(f"row_group_rows must be in [1, 2**63 - 1], got {row_group_rows}.")
     paths = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
     if not paths:
         raise DataValueError("convert_text needs at least one input file.")
@@ -395,16 +453,25 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                         quoted_strings_can_be_null=False,
                     ),
                 )
-            except pa.ArrowInvalid as e:
-                raise TextFormatError(f"{path}: not a valid {fmt.name} file: {e}") from None
+            except (pa.ArrowInvalid, OSError) as e:  # the first block failed to parse
+                found = _bad_record(path, delimiter, len(names), int(header))
+                where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({e})" if found else str(e)
+                raise TextFormatError(f"{path}: not a valid {fmt.name} file: {where}") from None
             first_row = 1 + int(header)  # line number, for messages
             while True:
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:
                     break
-                except pa.ArrowInvalid as e:
-                    raise TextFormatError(f"{path}: not a valid {fmt.name} file near line {first_row}: {e}") from None
+                except (pa.ArrowInvalid, OSError) as e:
+                    # the reader parses blocks ahead: the bad line is at or after first_row; find it
+                    found = _bad_record(path, delimiter, len(names), int(header))
+                    where = (
+                        f"line {found[0]} has {found[1]} fields, not {len(names)}"
+                        if found
+                        else f"at or after line {first_row}"
+                    )
+                    raise TextFormatError(f"{path}: not a valid {fmt.name} file: {where} ({e})") from None
                 columns = convert(batch, first_row)
                 arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
                 pending.append(pa.Table.from_arrays(arrays, schema=schema))
