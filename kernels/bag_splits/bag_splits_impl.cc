@@ -31,15 +31,15 @@ ImplStatus SplitsFromRows(const int64_t* rows, int64_t n, int64_t nrows, const s
     if (r < 0 || r >= nrows) {
       return ImplStatus::InvalidArgument(
           Table(table) + ": the SparseTensor of ids has row index " + std::to_string(r) +
-          " (value " + std::to_string(i) + "), outside [0, dense_shape[0] = " +
-          std::to_string(nrows) +
+          " (value " + std::to_string(i) +
+          "), outside [0, dense_shape[0] = " + std::to_string(nrows) +
           "). Every index must lie within the dense_shape; fix how the SparseTensor is built.");
     }
     if (r < previous) {
-      return ImplStatus::InvalidArgument(
-          Table(table) + ": the SparseTensor of ids has row index " + std::to_string(r) +
-          " after row " + std::to_string(previous) + " (value " + std::to_string(i) +
-          "); order its indices first (tf.sparse.reorder).");
+      return ImplStatus::InvalidArgument(Table(table) + ": the SparseTensor of ids has row index " +
+                                         std::to_string(r) + " after row " +
+                                         std::to_string(previous) + " (value " + std::to_string(i) +
+                                         "); order its indices first (tf.sparse.reorder).");
     }
     previous = r;
   }

@@ -38,8 +38,8 @@ class BagSplitsCpuOp : public OpKernel {
     const int64_t n = values.dim_size(0);
     ctx->set_output(0, values);
     if (!from_rows_) {
-      OP_REQUIRES_OK(ctx, ToTfStatus(CheckSplits(rows.flat<int64_t>().data(), rows.dim_size(0), n,
-                                                 table_)));
+      OP_REQUIRES_OK(
+          ctx, ToTfStatus(CheckSplits(rows.flat<int64_t>().data(), rows.dim_size(0), n, table_)));
       ctx->set_output(1, rows);
       return;
     }

@@ -98,8 +98,8 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
   for (int64_t i = 0; i < n; ++i) {
     if (counts[i] < 0 || counts[i] > 0xFFFFFFFFll) {
       return ImplStatus::InvalidArgument(
-          t + ": the checkpoint's counts[" + std::to_string(i) + "] = " +
-          std::to_string(counts[i]) +
+          t + ": the checkpoint's counts[" + std::to_string(i) +
+          "] = " + std::to_string(counts[i]) +
           " is outside [0, 4294967295] (a row's count is a 32-bit counter). Restore a "
           "checkpoint this table exported.");
     }

@@ -440,12 +440,14 @@ class ImportOp : public OpKernel {
                     rows.shape().DebugString(),
                     ". Restore a checkpoint of this table, or build the layer with output_dim ",
                     rows.dim_size(1), "."));
-    OP_REQUIRES(ctx, slot_init.dims() == 1,
-                errors::InvalidArgument(Name(*store),
-                                        ": the checkpoint's slot_init must be a vector (one initial "
-                                        "value per optimizer slot), got shape ",
-                                        slot_init.shape().DebugString(), "."));
-    OP_REQUIRES(ctx, slots.dims() == 3 && slots.dim_size(0) == n && slots.dim_size(2) == store->dim(),
+    OP_REQUIRES(
+        ctx, slot_init.dims() == 1,
+        errors::InvalidArgument(Name(*store),
+                                ": the checkpoint's slot_init must be a vector (one initial "
+                                "value per optimizer slot), got shape ",
+                                slot_init.shape().DebugString(), "."));
+    OP_REQUIRES(ctx,
+                slots.dims() == 3 && slots.dim_size(0) == n && slots.dim_size(2) == store->dim(),
                 errors::InvalidArgument(Name(*store), ": the checkpoint's slots ",
                                         slots.shape().DebugString(), " do not match [", n,
                                         ", slots per row, ", store->dim(), "]."));
