@@ -31,6 +31,7 @@ import tensorflow as tf
 
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World
+from hybridtf._src.limits import INT64_MAX
 from hybridtf._src.run.loader import load_ops
 
 STAT_NAMES = (
@@ -74,9 +75,6 @@ def _members(members):
 DEFAULT_HOT_ROWS = 100_000
 
 
-_INT64_MAX = 2**63 - 1
-
-
 def _whole_number(value, what: str, table: str):
     """``value`` as a Python int if it is an integer (bool excluded) that fits int64; other values unchanged.
 
@@ -89,7 +87,7 @@ def _whole_number(value, what: str, table: str):
         number = operator.index(value)
     except TypeError:
         raise ValueError(f"{table}: {what} must be an int, got {value!r}.") from None
-    if not -_INT64_MAX - 1 <= number <= _INT64_MAX:
+    if not -INT64_MAX - 1 <= number <= INT64_MAX:
         raise ValueError(f"{table}: {what} = {number} does not fit int64 (at most 2**63 - 1).")
     return number
 

@@ -17,8 +17,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import _HybridEmbeddingMixin, to_compute_dtype
 from hybridtf._src.capture.lookup_api import own_lookup, placeholder, plain_lookup, prepare_ids
-
-_INT64_MAX = 2**63 - 1
+from hybridtf._src.limits import INT64_MAX
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
 
@@ -96,7 +95,7 @@ class EmbeddingBag(tf.keras.layers.Layer):
         super().__init__(**kwargs)
         for what, given in (("input_dim", input_dim), ("output_dim", output_dim)):
             value = int(given) if isinstance(given, np.integer) else given
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= _INT64_MAX:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= INT64_MAX:
                 raise ValueError(
                     f"EmbeddingBag {self.name!r}: {what} must be a positive int (at most 2**63 - 1), got {value!r}."
                 )

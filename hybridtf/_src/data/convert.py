@@ -53,6 +53,7 @@ from hybridtf._src.data.layout import (
     pyarrow_modules,
 )
 from hybridtf._src.data.schema import check_parquet
+from hybridtf._src.limits import INT64_MAX
 
 
 def _avazu_hour(hour) -> dict:
@@ -197,6 +198,20 @@ def _bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[i
     except (OSError, EOFError, csv.Error):
         return None
     return None
+
+
+def _parse_error(error, path, fmt, delimiter, names, header, first_row) -> TextFormatError:
+    """The reader's ``error`` with the line of the first record of the wrong width, when there is one.
+
+    The reader parses blocks ahead, so a failing block's start (``first_row``, None for the first block)
+    is not the bad line: it is found by reading the file again (``_bad_record``).
+    """
+    found = _bad_record(path, delimiter, len(names), int(header))
+    if found:
+        where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({error})"
+    else:
+        where = str(error) if first_row is None else f"at or after line {first_row} ({error})"
+    return TextFormatError(f"{path}: not a valid {fmt.name} file: {where}")
 
 
 def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
@@ -373,7 +388,7 @@ def convert_text(
     else:
         n = check_buckets(buckets)
         per_column = dict.fromkeys(ids, n)
-    if not 1 <= row_group_rows <= 2**63 - 1:
+    if not 1 <= row_group_rows <= INT64_MAX:
         raise DataValueError(f"row_group_rows must be in [1, 2**63 - 1], got {row_group_rows}.")
     paths = [os.fspath(inputs)] if isinstance(inputs, (str, os.PathLike)) else [os.fspath(p) for p in inputs]
     if not paths:
@@ -454,9 +469,7 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                     ),
                 )
             except (pa.ArrowInvalid, OSError) as e:  # the first block failed to parse
-                found = _bad_record(path, delimiter, len(names), int(header))
-                where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({e})" if found else str(e)
-                raise TextFormatError(f"{path}: not a valid {fmt.name} file: {where}") from None
+                raise _parse_error(e, path, fmt, delimiter, names, header, None) from None
             first_row = 1 + int(header)  # line number, for messages
             while True:
                 try:
@@ -464,14 +477,7 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                 except StopIteration:
                     break
                 except (pa.ArrowInvalid, OSError) as e:
-                    # the reader parses blocks ahead: the bad line is at or after first_row; find it
-                    found = _bad_record(path, delimiter, len(names), int(header))
-                    where = (
-                        f"line {found[0]} has {found[1]} fields, not {len(names)}"
-                        if found
-                        else f"at or after line {first_row}"
-                    )
-                    raise TextFormatError(f"{path}: not a valid {fmt.name} file: {where} ({e})") from None
+                    raise _parse_error(e, path, fmt, delimiter, names, header, first_row) from None
                 columns = convert(batch, first_row)
                 arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
                 pending.append(pa.Table.from_arrays(arrays, schema=schema))

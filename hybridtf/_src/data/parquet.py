@@ -37,6 +37,7 @@ from hybridtf._src.data.errors import DataValueError, ParquetFileError, ParquetS
 from hybridtf._src.data.layout import ID_BYTES, FeatureSpec
 from hybridtf._src.data.schema import ParquetFileMeta, check_columns, open_parquet, resolve_paths, stat_file
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.limits import INT64_MAX
 
 _log = logging.getLogger("hybridtf")
 
@@ -52,8 +53,6 @@ _PHYSICAL_DTYPES = {
     "BYTE_ARRAY": tf.string,
 }
 _UNSET: Any = object()
-
-_INT64_MAX = 2**63 - 1
 
 
 def _core_ops():
@@ -127,10 +126,10 @@ def _check_batches(files, total: int, batch_size: int, rank: int, size: int, dro
     be non-empty") and when ranks would run different numbers of batches."""
     shown = ", ".join(m.path for m in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
     mine = shard_rows(total, batch_size, rank, size, drop_remainder)[2]
-    # The ranks' ranges hold total // size rows or one more (closed form: size may be large), so their batch
-    # counts take at most two values; with drop_remainder one.
-    fewest = shard_rows(total, batch_size, 0, size, drop_remainder)[2]  # rank 0 holds total // size rows
-    most = -(-(total // size + (total % size > 0)) // batch_size) if not drop_remainder else fewest
+    # The ranks' ranges hold total // size rows (rank 0) or one more (the last rank holds the ceiling), so
+    # the first and last ranks bound the batch counts without a loop over the ranks (size may be large).
+    fewest = shard_rows(total, batch_size, 0, size, drop_remainder)[2]
+    most = shard_rows(total, batch_size, size - 1, size, drop_remainder)[2]
     if total == 0:
         _log.warning("hybridtf.data: the Parquet input (%s) holds no rows: the dataset is empty.", shown)
     elif mine == 0:
@@ -401,7 +400,7 @@ def parquet_dataset(
     elif label is not _UNSET or dense or one_hot or multi_hot:
         raise DataValueError("give either spec or label/dense/one_hot/multi_hot, not both.")
     for what, value in (("batch_size", batch_size), ("read_rows", read_rows)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= int(value) <= _INT64_MAX:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= int(value) <= INT64_MAX:
             raise DataValueError(f"{what} must be a positive int (at most 2**63 - 1), got {value!r}.")
     batch_size, read_rows = int(batch_size), int(read_rows)
     if not spec.columns:

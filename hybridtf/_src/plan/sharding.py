@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from hybridtf._src.limits import INT64_MAX
+
 MAX_PARTITIONS = 4096
 STRATEGIES = ("mod", "range")
 
@@ -57,7 +59,7 @@ def even_range_bounds(num_rows: int, num_partitions: int) -> np.ndarray:
     num_partitions = check_num_partitions(num_partitions)
     if isinstance(num_rows, bool) or not isinstance(num_rows, (int, np.integer)) or num_rows < 0:
         raise ValueError(f"num_rows must be a non-negative int, got {num_rows!r}.")
-    if int(num_rows) > np.iinfo(np.int64).max:
+    if int(num_rows) > INT64_MAX:
         raise ValueError(f"num_rows must fit int64 (at most 2**63 - 1), got {num_rows}: the bounds are int64.")
     base, extra = divmod(int(num_rows), num_partitions)
     sizes = np.full(num_partitions, base, dtype=np.int64)

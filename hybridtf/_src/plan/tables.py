@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hybridtf._src.limits import INT64_MAX
+
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 COMBINERS = ("none", "sum", "mean", "sqrtn")
-
-_INT64_MAX = 2**63 - 1  # sizes go into int64 op attributes and tensor shapes
 
 
 def _is_int(value) -> bool:
@@ -73,12 +73,12 @@ class TableSpec:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"TableSpec.name must be a non-empty string, got {self.name!r}.")
         where = f"TableSpec {self.name!r}"
-        if not _is_int(self.num_rows) or not 0 < self.num_rows <= _INT64_MAX:
+        if not _is_int(self.num_rows) or not 0 < self.num_rows <= INT64_MAX:
             raise ValueError(
                 f"{where}: num_rows must be a positive int (at most 2**63 - 1), got {self.num_rows!r}. "
                 "Pass the table's vocabulary size (number of embedding rows)."
             )
-        if not _is_int(self.dim) or not 0 < self.dim <= _INT64_MAX:
+        if not _is_int(self.dim) or not 0 < self.dim <= INT64_MAX:
             raise ValueError(
                 f"{where}: dim must be a positive int (at most 2**63 - 1), got {self.dim!r}. Pass the embedding width."
             )

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from hybridtf._src.limits import INT64_MAX
 from hybridtf._src.run.loader import load_ops
 
 OP_NAME = "HybridTF>PackIds"
 tf.no_gradient(OP_NAME)
-_INT64_MAX = np.iinfo(np.int64).max
 _ID_DTYPES = (tf.int32, tf.int64)
 
 
@@ -19,7 +19,7 @@ def _table_int(value, what: str, table) -> int:
     """A row offset / row count: a non-negative int that fits int64 (never a float or bool)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{what} of table {table!r} must be an int, got {value!r}.")
-    if not 0 <= int(value) <= _INT64_MAX:
+    if not 0 <= int(value) <= INT64_MAX:
         raise ValueError(f"{what} of table {table!r} must be in [0, 2**63 - 1], got {value}.")
     return int(value)
 
@@ -96,7 +96,7 @@ def pack_ids(
     row_offsets = [_table_int(o, "row_offsets", t) for o, t in zip(row_offsets, table_names)]
     num_rows = [_table_int(r, "num_rows", t) for r, t in zip(num_rows, table_names)]
     for offset, rows, table in zip(row_offsets, num_rows, table_names):
-        if offset + rows > _INT64_MAX:
+        if offset + rows > INT64_MAX:
             raise ValueError(
                 f"table {table!r}: row_offset {offset} + num_rows {rows} overflows int64, so its packed ids "
                 "would wrap around; the packed table's rows must fit int64."
