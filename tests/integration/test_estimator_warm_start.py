@@ -132,3 +132,42 @@ def test_missing_table_is_named(checkpoints, tmp_path):
     )
     with pytest.raises(ValueError, match=r"'no_such/embeddings' \(table 'emb_C4/embeddings'\) is not found"):
         _train(WRAPPED, tmp_path / "w", 1, seed=1, warm_start_from=settings)
+
+
+@pytest.mark.parametrize("strategy", ["mod", "range"])
+def test_sharded_rows_are_each_ranks_own_rows_of_the_checkpoint(strategy, tmp_path):
+    """warm_start_rows on a shard (what each Horovod rank runs): its rows of the chosen members, the rest kept."""
+    from hybridtf._src.distribute.layout import ShardLayout
+    from hybridtf._src.distribute.world import World
+    from hybridtf._src.integrations.estimator_warm_start import warm_start_rows
+
+    sizes = {"a/embeddings": 7, "b/embeddings": 5, "c/embeddings": 6}  # members side by side: 18 rows
+    parts, offset = [], 0
+    for key, rows in sizes.items():
+        parts.append((key, offset, rows))
+        offset += rows
+    saved = {
+        key: np.arange(rows * 2, dtype=np.float32).reshape(rows, 2) + 100 * i
+        for i, (key, rows) in enumerate(sizes.items())
+    }
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        for key, value in saved.items():
+            tf.Variable(value, name=key.split("/")[0] + "/embeddings")
+        sess.run(tf.compat.v1.global_variables_initializer())
+        ckpt = tf.compat.v1.train.Saver().save(sess, str(tmp_path / "ckpt"))
+    shapes = tf.train.load_checkpoint(ckpt).get_variable_to_shape_map()
+    whole = np.concatenate([saved["a/embeddings"], -np.ones([5, 2], np.float32), saved["c/embeddings"]])
+    for size in (2, 3, 4):
+        layout = ShardLayout(18, size, strategy)
+        for rank in range(size):
+            if strategy == "mod":
+                own = [r for r in range(18) if r % size == rank]
+            else:
+                own = list(range(layout.bounds[rank], layout.bounds[rank + 1]))
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                var = tf.Variable(-np.ones([len(own), 2], np.float32), name="packed")
+                warm_start_rows(
+                    var, parts, {"a/embeddings", "c/embeddings"}, {}, ckpt, shapes, shard=(layout, World(rank, size))
+                )
+                sess.run(var.initializer)
+                np.testing.assert_array_equal(sess.run(var), whole[own], err_msg=f"{strategy} rank {rank} of {size}")

@@ -5,7 +5,8 @@ The model_fn's tables: Keras Embedding layers, an EmbeddingBag, feature columns 
 looked up with ``tf.gather`` and ``tf.nn.embedding_lookup_sparse``. Also a canned
 ``DNNLinearCombinedClassifier`` (Ftrl linear part, Adagrad DNN, both Keras legacy optimizers wrapped by
 ``htf.horovod.DistributedOptimizer``) through the wrapper, from the checkpoint the single process writes
-first (a canned Estimator's dense layers take no seed, and a sharded table cannot be warm-started).
+first (a canned Estimator's dense layers take no seed). And ``warm_start_from`` / ``init_from_checkpoint`` of
+a plain model_fn's checkpoint into the sharded tables.
 
 Rank ``r`` of ``n`` trains on rows ``[r * B / n, (r + 1) * B / n)`` of every
 global batch; the ranks' mean loss per step must equal one process training
@@ -85,6 +86,8 @@ def model_fn(features, labels, mode):
         )
         for i in (1, 2)
     ]
+    if _INIT_FROM is not None:  # raw_C2's rows from a checkpoint (the packed variable reads them per rank)
+        tf.compat.v1.train.init_from_checkpoint(_INIT_FROM, {"raw_C2": raw[1]})
     deep.append(tf.gather(raw[0], features["C1"]))
     pairs = tf.sparse.from_dense(tf.stack([features["C2"], features["C3"]], axis=1) + 1)  # no example without ids
     pairs = tf.SparseTensor(pairs.indices, pairs.values - 1, pairs.dense_shape)
@@ -109,6 +112,7 @@ def model_fn(features, labels, mode):
 
 _HOROVODS_OWN = False  # hvd.DistributedOptimizer (which would average the shards' gradients) in the model_fn
 _UNWRAPPED = False  # the optimizer not wrapped at all: the dense gradients are not averaged
+_INIT_FROM = None  # a checkpoint the model_fn's init_from_checkpoint reads raw_C2 from
 
 
 class _Warnings(logging.Handler):
@@ -250,15 +254,53 @@ def canned_run(out, rank, size):
     }
 
 
+WARM_STEPS = 8
+
+
+def warm_run(out, rank, size):
+    """warm_start_from (and init_from_checkpoint) of a plain model_fn's checkpoint into sharded tables.
+
+    The one process first trains the plain model_fn a few steps (the checkpoint every run starts from),
+    then the plain and the wrapped model_fn warm-start from it: some tables of a packed variable with
+    their Adagrad slots (a list of regexes selects slots too), raw_C2 by init_from_checkpoint, the
+    others from their initializers. Returns the wrapped run's losses (and, in one process, the plain's).
+    """
+    global _INIT_FROM
+    source = os.path.join(out, "warm_source")
+    config = tf.estimator.RunConfig(
+        tf_random_seed=1, save_checkpoints_steps=10_000, save_summary_steps=None, log_step_count_steps=None
+    )
+    if size == 1:
+        tf.estimator.Estimator(model_fn, model_dir=source, config=config).train(
+            lambda: input_fn(global_data(4, seed=11), 0, 1), steps=4
+        )
+    settings = tf.estimator.WarmStartSettings(source, vars_to_warm_start=["emb_C[013]", "hist", "wide_C2", "dense"])
+    train = global_data(WARM_STEPS, seed=3)
+    result = {}
+    _INIT_FROM = source
+    try:
+        for name, fn in [("wrapped", htf.estimator.model_fn(model_fn)), ("plain", model_fn)][:2 if size == 1 else 1]:
+            model_dir = os.path.join(out, f"warm_{name}_{size}_{rank}")
+            est = tf.estimator.Estimator(fn, model_dir=model_dir, config=config, warm_start_from=settings)
+            hook = LossHook(packed=False)
+            est.train(lambda: input_fn(train, rank, size), steps=WARM_STEPS, hooks=[hook])
+            result[name] = hook.losses
+    finally:
+        _INIT_FROM = None
+    return result
+
+
 class LossHook(tf.compat.v1.train.SessionRunHook):
-    def __init__(self):
+    def __init__(self, packed=True):
         self.losses = []
         self.shards = None
+        self.with_packed = packed
 
     def begin(self):
         self.shards = len(tf.compat.v1.get_collection(LOCAL_VARIABLES))
-        plan = htf.estimator.report_of(tf.compat.v1.get_default_graph()).plan
-        self.packed = sorted(m.name for pt in plan.packed_tables for m in pt.members)
+        if self.with_packed:
+            plan = htf.estimator.report_of(tf.compat.v1.get_default_graph()).plan
+            self.packed = sorted(m.name for pt in plan.packed_tables for m in pt.members)
 
     def before_run(self, run_context):
         return tf.compat.v1.train.SessionRunArgs(tf.compat.v1.get_collection(LOSS_KEY)[0])
@@ -296,6 +338,7 @@ def main():
     ckpt = tf.train.latest_checkpoint(os.path.join(args.out, f"est_{size}_{rank}"))
     result["checkpoint_shapes"] = {k: s for k, s in tf.train.list_variables(ckpt) if "emb_C0" in k or "hist" in k}
     result["canned"] = canned_run(args.out, rank, size)
+    result["warm"] = warm_run(args.out, rank, size)
     if size > 1:
         result["hvd_optimizer_error"] = horovods_own_optimizer_error(rank, size)
         result["hvd_broadcast_hook_losses"] = with_horovods_broadcast_hook(args.out, rank, size, config, train)

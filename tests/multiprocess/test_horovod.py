@@ -197,6 +197,20 @@ def test_canned_estimator_under_horovod_equals_one_process(runs):
         np.testing.assert_allclose(r["predictions"], single["predictions"], rtol=RTOL)
 
 
+def test_estimator_warm_start_into_sharded_tables_equals_one_process_and_plain(runs):
+    """warm_start_from a plain model_fn's checkpoint (some tables and their slots) plus init_from_checkpoint.
+
+    Each rank reads the whole tensors and keeps its own rows: 2 ranks equal 1 process, which equals
+    the plain model_fn warm-started the same way.
+    """
+    single, ranks = runs["estimator_single"]["warm"], [r["warm"] for r in runs["estimator_ranks"]]
+    assert len(single["wrapped"]) == len(single["plain"]) == 8
+    np.testing.assert_allclose(single["wrapped"], single["plain"], rtol=RTOL, atol=0)
+    np.testing.assert_allclose(np.mean([r["wrapped"] for r in ranks], axis=0), single["wrapped"], rtol=RTOL, atol=0)
+    # the warm start took effect: the first loss is not the cold start's on the same batch
+    assert abs(single["wrapped"][0] - runs["estimator_single"]["losses"][0]) > 1e-3
+
+
 def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
     for result in runs["ranks"]:
         sum_error, unscaled_error = result["reduction_errors"]

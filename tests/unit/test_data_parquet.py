@@ -530,3 +530,27 @@ def test_check_parquet_finds_damaged_data_pages_that_the_footer_checks_miss(tmp_
         hd.check_parquet(str(tmp_path))
     assert hd.main(["check", good]) == 0 and "ok: 1000 rows decoded" in capsys.readouterr().out
     assert hd.main(["check", good, bad]) == 1 and "row group 0 of 3" in capsys.readouterr().err
+
+
+def test_check_keep_going_lists_every_damaged_file(tmp_path, capsys):
+    """The CLI checks every file: a damaged one and one that is not Parquet are both named, the good one decoded."""
+    good = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"label": np.zeros(1000, np.float32), "c": np.arange(1000)}), good, row_group_size=400)
+    raw = bytearray(open(good, "rb").read())
+    for k in range(4, 2000):
+        raw[k] ^= 0x5A
+    open(tmp_path / "b.parquet", "wb").write(bytes(raw))
+    open(tmp_path / "c.parquet", "wb").write(b"not parquet at all")
+    with pytest.raises(hd.ParquetFileError, match="b.parquet': row group 0 of 3") as first:
+        hd.check_parquet(str(tmp_path))
+    assert "c.parquet" not in str(first.value)  # stops at the first problem by default
+    with pytest.raises(hd.ParquetFileError) as every:
+        hd.check_parquet(str(tmp_path), keep_going=True)
+    message = str(every.value)
+    # b's later row groups are intact: decoded with a's 1000 rows
+    assert message.startswith("2 problem(s) in 2 of 3 file(s) (1600 rows decoded)")
+    assert "b.parquet': row group 0 of 3" in message
+    assert "c.parquet' is not a readable Parquet file" in message
+    assert hd.main(["check", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert "b.parquet" in err and "c.parquet" in err

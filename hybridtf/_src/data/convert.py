@@ -502,13 +502,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     conv.add_argument("--buckets", type=int, default=DEFAULT_BUCKETS, help="id space per categorical column")
     conv.add_argument("--row-group-rows", type=int, default=DEFAULT_ROW_GROUP_ROWS)
     conv.add_argument("--compression", default="lz4")
-    check = sub.add_parser("check", help="decode every row group of Parquet files: find damaged files before training")
+    check = sub.add_parser(
+        "check", help="decode every row group of Parquet files: list every damaged file before training"
+    )
     check.add_argument("paths", nargs="+", help="Parquet files, directories or glob patterns")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if args.command == "check":
         try:
-            rows = check_parquet(args.paths)
+            rows = check_parquet(args.paths, keep_going=True)
         except (ValueError, OSError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -376,7 +376,12 @@ def read_feature_spec(path: str | os.PathLike) -> FeatureSpec:
     return FeatureSpec.from_json(raw)
 
 
-def check_parquet(paths: str | os.PathLike | Sequence[str | os.PathLike], columns: Sequence[str] | None = None) -> int:
+def check_parquet(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    columns: Sequence[str] | None = None,
+    *,
+    keep_going: bool = False,
+) -> int:
     """Decodes every row group of the files (with pyarrow): finds corrupt data pages before training does.
 
     ``parquet_dataset`` reads only the files' footers when it is built; a file
@@ -387,30 +392,48 @@ def check_parquet(paths: str | os.PathLike | Sequence[str | os.PathLike], column
     Args:
         paths: as for ``parquet_dataset`` (files, directories, glob patterns).
         columns: only these columns (default: all).
+        keep_going: check every file and row group, then raise one error listing
+            every problem (default: raise at the first).
 
     Returns:
         The number of rows checked.
 
     Raises:
-        ParquetFileError: naming the file and row group that cannot be decoded.
+        ParquetFileError: naming the file and row group that cannot be decoded
+            (with ``keep_going``, each of them), or a file that is not Parquet.
 
     Example:
         >>> check_parquet("train/")  # doctest: +SKIP
         1048576
     """
     _, pq = pyarrow_modules()
-    rows = 0
-    for path in resolve_paths(paths):
-        meta = open_parquet(path)
-        source = _GFileReader(path) if _is_remote(path) else path
-        pf = pq.ParquetFile(source)
+    rows, problems, files = 0, [], resolve_paths(paths)
+    for path in files:
+        try:
+            meta = open_parquet(path)
+            source = _GFileReader(path) if _is_remote(path) else path
+            pf = pq.ParquetFile(source)
+        except ParquetFileError as e:
+            if not keep_going:
+                raise
+            problems.append((path, str(e)))
+            continue
         for g in range(len(meta.row_groups)):
             try:
                 rows += pf.read_row_group(g, columns=list(columns) if columns is not None else None).num_rows
             except Exception as e:  # pyarrow: OSError / ArrowInvalid with the reason
                 reason = " ".join(str(e).split())  # pyarrow's message spans lines
-                raise ParquetFileError(
+                error = ParquetFileError(
                     f"{path!r}: row group {g} of {len(meta.row_groups)} cannot be decoded ({type(e).__name__}: "
                     f"{reason}); the file is damaged: write or copy it again."
-                ) from e
+                )
+                if not keep_going:
+                    raise error from e
+                problems.append((path, str(error)))
+    if problems:
+        bad_files = len({path for path, _ in problems})
+        raise ParquetFileError(
+            f"{len(problems)} problem(s) in {bad_files} of {len(files)} file(s) ({rows} rows decoded):\n"
+            + "\n".join(f"  {message}" for _, message in problems)
+        )
     return rows

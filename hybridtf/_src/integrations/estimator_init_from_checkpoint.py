@@ -101,19 +101,12 @@ def apply(noted: dict, packed: dict, members: dict, keys: dict, shards: dict) ->
 
     Raises:
         ValueError: a tensor is not in its checkpoint, or has another shape than its table.
-        NotImplementedError: a table sharded over Horovod ranks.
     """
     by_key = {keys[table]: source for table, source in noted.items() if table in keys}
     for owner, parts in members.items():
         chosen = [key for key, _, _ in parts if key in by_key]
         if not chosen:
             continue
-        if owner in shards:
-            raise NotImplementedError(
-                f"init_from_checkpoint of tables sharded over Horovod ranks ({owner}): initialize them in one "
-                "process (or with warm_start_from in one process), save, and start the Horovod job from that "
-                "checkpoint."
-            )
         checkpoints = {}
         for key in chosen:
             checkpoints.setdefault(by_key[key][0], []).append(key)
@@ -121,4 +114,6 @@ def apply(noted: dict, packed: dict, members: dict, keys: dict, shards: dict) ->
             ckpt_file = checkpoint_utils._get_checkpoint_filename(ckpt)
             shapes = tf.train.load_checkpoint(ckpt_file).get_variable_to_shape_map()
             names = {key: by_key[key][1] for key in keys_here}
-            warm_start_rows(packed[owner], parts, set(keys_here), names, ckpt_file, shapes, "init_from_checkpoint")
+            warm_start_rows(
+                packed[owner], parts, set(keys_here), names, ckpt_file, shapes, "init_from_checkpoint", shards.get(owner)
+            )

@@ -69,8 +69,7 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
 
     Raises:
         ValueError: a selected table is not in the checkpoint, or has another shape.
-        NotImplementedError: vocabulary remapping of a packed table, or a
-            sharded packed table (Horovod).
+        NotImplementedError: vocabulary remapping of a packed table.
     """
     if mode not in (tf.estimator.ModeKeys.TRAIN, tf.estimator.ModeKeys.EVAL):
         return
@@ -108,12 +107,7 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
                     "name>])) to warm-start it with its vocabulary."
                 )
         if chosen:
-            if owner in shards:
-                raise NotImplementedError(
-                    f"warm start of tables sharded over Horovod ranks ({owner}): warm-start in one process, save, "
-                    "and start the Horovod job from that checkpoint."
-                )
-            warm_start_rows(var, parts, {p[0] for p in chosen}, prev_names, ckpt_file, shapes)
+            warm_start_rows(var, parts, {p[0] for p in chosen}, prev_names, ckpt_file, shapes, shard=shards.get(owner))
 
     # TensorFlow warm-starts everything else it would have selected.
     grouped = warm_starting_util._get_grouped_variables(selection)
@@ -126,10 +120,16 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
     )
 
 
-def warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes, what: str = "warm start") -> None:
+def warm_start_rows(
+    var, parts, chosen, prev_names, ckpt_file, shapes, what: str = "warm start", shard=None
+) -> None:
     """Makes ``var``'s initializer read the ``chosen`` members from the checkpoint, the others as before.
 
     ``what`` names the caller in errors: "warm start" (``warm_start_from``) or "init_from_checkpoint".
+    ``shard``: ``(ShardLayout, World)`` of a packed variable sharded over Horovod ranks. Each rank then
+    reads every chosen member's whole tensor (the checkpoint holds the plain layout) and keeps its own
+    rows in local order (``ShardLayout.own_rows``); a member's rows on a rank are consecutive local
+    rows, in member order, so the shard is the concatenation of the members' parts as without sharding.
     """
     fix = {
         "warm start": "name its entry with var_name_to_prev_var_name or leave it out of vars_to_warm_start",
@@ -140,7 +140,8 @@ def warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes, what: str
     with tf.name_scope(var.op.name + "/hybridtf_warm_start"):
         for key, offset, rows in sorted(parts, key=lambda p: p[1]):
             if key not in chosen:
-                values.append(var.initial_value[offset : offset + rows])
+                here = shard[0].local_slice(offset, rows, shard[1].rank) if shard else slice(offset, offset + rows)
+                values.append(var.initial_value[here])
                 continue
             source = prev_names.get(key, key)
             if source not in shapes:
@@ -157,7 +158,7 @@ def warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes, what: str
                     prefix=ckpt_file, tensor_names=[source], shape_and_slices=[""], dtypes=[var.dtype.base_dtype]
                 )[0]
             value.set_shape([rows, dim])
-            values.append(value)
+            values.append(shard[0].own_rows(value, offset, rows, shard[1].rank) if shard else value)
         value = tf.concat(values, axis=0)
     var._initializer_op = var.assign(value, read_value=False)
     var._initial_value = value
