@@ -278,6 +278,9 @@ def test_cli_as_module(tmp_path):
             r"row 1: column 'I4' holds '1e39', which is not a finite float32",
         ),
         ("criteo", CRITEO_TSV + CRITEO_TSV.replace("3.5", "-inf", 1), r"row 3: column 'I4' holds '-inf'"),
+        # every format's label is a click: 0 or 1 (a 2 or -1 is a damaged row, not a label)
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("1\t5\t", "2\t5\t", 1), r"row 3: label column 'label' holds '2'"),
+        ("criteo", CRITEO_TSV.replace("1\t5\t", " 0.5\t5\t", 1), r"row 1: .*holds ' 0.5'; a criteo label is a click"),
         ("criteo", "\t" + CRITEO_TSV.split("\n", 1)[1].split("\t", 1)[1], r"lacks the criteo columns"),
         ("criteo", CRITEO_TSV.replace("\n0\t", "\n\t", 1), r"column 'label' must be a number"),
         ("criteo", CRITEO_TSV + "1\t2\n", r"not a valid criteo file: line 3 has 2 fields, not 40 .*got 2"),

@@ -3,7 +3,8 @@
 The text is streamed in blocks with pyarrow's CSV reader (every field read as
 a string), turned into the output columns, and written in row groups:
 
-* label: renamed ``label``, float32. An empty or non-numeric label is an error.
+* label: renamed ``label``, float32. An empty label, or one that is not 0 or 1
+  (every format's label is a click), is an error naming the row.
 * dense: float32, the raw value (no ``log(1 + x)`` or other transform; models
   apply their own). A missing (empty) value is 0. A label or dense value that
   is not finite in float32 (``nan``, ``inf``, ``1e39``) is an error naming the row.
@@ -304,7 +305,16 @@ class _BlockConverter:
         def col(name):
             return batch.column(self.positions[name][0])
 
-        out = {"label": _parse_floats(col(fmt.label), fmt.label, self.path, first_row, allow_empty=False)}
+        label = _parse_floats(col(fmt.label), fmt.label, self.path, first_row, allow_empty=False)
+        not_click = (label != 0) & (label != 1)
+        if not_click.any():
+            i = int(np.argmax(not_click))
+            raise TextFormatError(
+                f"{self.path}, row {first_row + i}: label column {fmt.label!r} holds {col(fmt.label)[i].as_py()!r}; "
+                f"a {fmt.name} label is a click, 0 or 1. Fix or drop that row (for other labels, write the "
+                "Parquet file yourself: hybridtf.data.write_parquet)."
+            )
+        out = {"label": label}
         for c in fmt.dense:
             out[c] = _parse_floats(col(c), c, self.path, first_row, allow_empty=True)
         for c in fmt.categorical:
