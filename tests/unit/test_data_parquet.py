@@ -541,7 +541,7 @@ def test_check_keep_going_lists_every_damaged_file(tmp_path, capsys):
         raw[k] ^= 0x5A
     open(tmp_path / "b.parquet", "wb").write(bytes(raw))
     open(tmp_path / "c.parquet", "wb").write(b"not parquet at all")
-    with pytest.raises(hd.ParquetFileError, match="b.parquet': row group 0 of 3") as first:
+    with pytest.raises(hd.ParquetFileError, match=r"b\.parquet': row group 0 of 3") as first:
         hd.check_parquet(str(tmp_path))
     assert "c.parquet" not in str(first.value)  # stops at the first problem by default
     with pytest.raises(hd.ParquetFileError) as every:

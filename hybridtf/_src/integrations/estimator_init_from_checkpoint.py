@@ -114,6 +114,5 @@ def apply(noted: dict, packed: dict, members: dict, keys: dict, shards: dict) ->
             ckpt_file = checkpoint_utils._get_checkpoint_filename(ckpt)
             shapes = tf.train.load_checkpoint(ckpt_file).get_variable_to_shape_map()
             names = {key: by_key[key][1] for key in keys_here}
-            warm_start_rows(
-                packed[owner], parts, set(keys_here), names, ckpt_file, shapes, "init_from_checkpoint", shards.get(owner)
-            )
+            what, shard = "init_from_checkpoint", shards.get(owner)
+            warm_start_rows(packed[owner], parts, set(keys_here), names, ckpt_file, shapes, what, shard)
