@@ -279,7 +279,7 @@ def warm_run(out, rank, size):
     result = {}
     _INIT_FROM = source
     try:
-        for name, fn in [("wrapped", htf.estimator.model_fn(model_fn)), ("plain", model_fn)][:2 if size == 1 else 1]:
+        for name, fn in [("wrapped", htf.estimator.model_fn(model_fn)), ("plain", model_fn)][: 2 if size == 1 else 1]:
             model_dir = os.path.join(out, f"warm_{name}_{size}_{rank}")
             est = tf.estimator.Estimator(fn, model_dir=model_dir, config=config, warm_start_from=settings)
             hook = LossHook(packed=False)

@@ -120,9 +120,7 @@ def apply(packed: dict, members: dict, shards: dict, mode) -> None:
     )
 
 
-def warm_start_rows(
-    var, parts, chosen, prev_names, ckpt_file, shapes, what: str = "warm start", shard=None
-) -> None:
+def warm_start_rows(var, parts, chosen, prev_names, ckpt_file, shapes, what: str = "warm start", shard=None) -> None:
     """Makes ``var``'s initializer read the ``chosen`` members from the checkpoint, the others as before.
 
     ``what`` names the caller in errors: "warm start" (``warm_start_from``) or "init_from_checkpoint".
