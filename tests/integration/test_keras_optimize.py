@@ -231,6 +231,24 @@ def test_mirroring_strategies_are_refused_with_the_fix_and_one_device_strategy_t
     assert model.hybridtf_plan.packed_tables
 
 
+@pytest.mark.parametrize("what", ["Tables", "EmbeddingBag", "DynamicEmbedding"])
+def test_hybridtf_tables_and_layers_made_under_a_mirroring_strategy_are_refused_with_the_fix(what):
+    """Not only optimize: a Tables set or a hybridtf layer built in strategy.scope() names the strategy and the fix
+    (they failed later in TensorFlow's DistributedVariable.handle, naming neither)."""
+    make = {
+        "Tables": lambda: htf.embedding.Tables([htf.embedding.TableConfig("t", 10, 4)]),
+        "EmbeddingBag": lambda: htf.layers.EmbeddingBag(10, 4)(tf.keras.Input((3,), dtype=tf.int64)),
+        "DynamicEmbedding": lambda: htf.layers.DynamicEmbedding(4)(tf.keras.Input((3,), dtype=tf.int64)),
+    }[what]
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        with pytest.raises(
+            ValueError, match=rf"{what}.* under MirroredStrategy.*outside strategy.scope\(\).*horovodrun"
+        ):
+            make()
+    with tf.distribute.OneDeviceStrategy("/cpu:0").scope():
+        make()
+
+
 def test_dense_features_embedding_columns_are_named_as_skipped(caplog):
     columns = [
         tf.feature_column.embedding_column(tf.feature_column.categorical_column_with_identity("a", 50), 4),

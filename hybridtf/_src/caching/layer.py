@@ -41,7 +41,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.distribute import dynamic_exchange
-from hybridtf._src.distribute.world import World, current_world
+from hybridtf._src.distribute.world import World, current_world, refuse_mirroring_strategy
 
 _log = logging.getLogger("hybridtf")
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
@@ -222,6 +222,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         object.__setattr__(self, "table", None)
 
     def build(self, input_shape=None):
+        refuse_mirroring_strategy(self)
         # Not auto-tracked: _trackable_children names it for checkpoints and leaves it out of SavedModels.
         world = current_world()
         if serving.serves_graph_rows():  # a wrapped Estimator's PREDICT graph: the checkpoint's rows, plain TF

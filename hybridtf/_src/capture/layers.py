@@ -17,6 +17,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.keras_capture import _HybridEmbeddingMixin, to_compute_dtype
 from hybridtf._src.capture.lookup_api import own_lookup, placeholder, plain_lookup, prepare_ids
+from hybridtf._src.distribute.world import refuse_mirroring_strategy
 from hybridtf._src.limits import INT64_MAX
 
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
@@ -113,6 +114,7 @@ class EmbeddingBag(tf.keras.layers.Layer):
     _htf_capture_mixin = _HybridEmbeddingBagMixin
 
     def build(self, input_shape=None):
+        refuse_mirroring_strategy(self)
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.input_dim, self.output_dim),

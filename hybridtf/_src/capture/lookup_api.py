@@ -25,6 +25,7 @@ from tensorflow.python.saved_model import save_context
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import LookupRequest, record_pass_runs_lookups
 from hybridtf._src.capture.ids import prepare_ids
+from hybridtf._src.distribute.world import mirroring_strategy, strategy_fix
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.lookup_chain import packed_lookup
@@ -255,6 +256,11 @@ class Tables(tf.Module):
         from hybridtf._src.caching.dynamic_table import DynamicTable, DynamicTableConfig
 
         super().__init__(name=name)
+        strategy = mirroring_strategy()
+        if strategy is not None:
+            raise ValueError(
+                f"hybridtf.embedding.Tables {name!r} is created under {type(strategy).__name__}, {strategy_fix()}"
+            )
         entries = list(tables)
         for c in entries:
             if not isinstance(c, (TableConfig, DynamicTableConfig)):

@@ -50,3 +50,35 @@ def current_world() -> World:
     except (ValueError, RuntimeError):  # e.g. Horovod shut down
         return World()
     return World(rank, size, hvd if size > 1 else None)
+
+
+def mirroring_strategy():
+    """The ``tf.distribute`` strategy in scope if it has several replicas or mirrors variables, else None.
+
+    hybridtf's tables are one variable (or store) per process, updated by its own fused ops; data and
+    model parallelism come from Horovod. The default strategy and ``OneDeviceStrategy`` are fine.
+    """
+    import tensorflow as tf
+
+    if not tf.distribute.has_strategy():
+        return None
+    strategy = tf.distribute.get_strategy()
+    return None if isinstance(strategy, tf.distribute.OneDeviceStrategy) else strategy
+
+
+def strategy_fix() -> str:
+    """What to do instead of a mirroring strategy (the end of every refusal's message)."""
+    return (
+        "which hybridtf does not support: its tables are one variable per process, updated by hybridtf's fused "
+        "ops, and data/model parallelism comes from Horovod. Create them outside strategy.scope() and run one "
+        "process per device with horovodrun (see docs/horovod_guide.md; OneDeviceStrategy is fine)."
+    )
+
+
+def refuse_mirroring_strategy(layer) -> None:
+    """Raises ``ValueError`` when a hybridtf layer is built under a mirroring strategy (``mirroring_strategy``)."""
+    strategy = mirroring_strategy()
+    if strategy is not None:
+        raise ValueError(
+            f"{type(layer).__name__} {layer.name!r} is built under {type(strategy).__name__}, {strategy_fix()}"
+        )

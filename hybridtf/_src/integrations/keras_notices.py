@@ -18,6 +18,7 @@ import os
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
+from hybridtf._src.distribute.world import mirroring_strategy, strategy_fix
 
 _log = logging.getLogger("hybridtf")
 
@@ -130,9 +131,7 @@ def refuse_distribution_strategy(model, when: str) -> None:
     Raises:
         ValueError: naming the strategy and the fix.
     """
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
-        strategy = None
+    strategy = mirroring_strategy()
     mirrored = [v.name for v in model.weights if isinstance(v, tf.distribute.DistributedValues)]
     if strategy is None and not mirrored:
         return
@@ -140,10 +139,8 @@ def refuse_distribution_strategy(model, when: str) -> None:
     raise ValueError(
         f"hybridtf.keras.optimize: model {model.name!r} is {when} under {what}"
         + (f" (its variables {mirrored[:3]} are distributed variables)" if mirrored else "")
-        + ", which hybridtf does not support: packed tables are one variable per process, updated by hybridtf's "
-        "fused ops, and data/model parallelism comes from Horovod. Build, optimize and compile the model "
-        "outside strategy.scope() and run one process per device with horovodrun (see docs/horovod_guide.md; "
-        "OneDeviceStrategy is fine)."
+        + ", "
+        + strategy_fix().replace("Create them", "Build, optimize and compile the model")
     )
 
 
