@@ -218,6 +218,24 @@ def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
         assert "scale_local_gradients=False" in unscaled_error and "scale_local_gradients=True" in unscaled_error
 
 
+def test_ranks_whose_dense_layers_differ_are_refused_naming_them(runs):
+    """Were 35 s in the initial broadcast, then advice to raise the collective timeout."""
+    for rank, result in enumerate(runs["ranks"]):
+        error = result["names_error"]
+        assert error is not None and "the Horovod ranks differ in the model's other variables" in error, error
+        assert "name the layers" in error and "the packed tables" not in error.split("(this rank")[0]
+        assert f"kernel:0 [16, {8 if rank == 0 else 4}]" in error  # each rank lists its own dense variables
+
+
+def test_a_model_checkpoint_on_rank_0_only_is_refused_when_fit_starts(runs):
+    """Sharded tables: each save gathers them from every rank (was a CollectiveTimeoutError after 35 s)."""
+    for result in runs["ranks"]:
+        error = result["rank0_checkpoint_error"]
+        assert error is not None and "differ in the checkpoint callbacks" in error, error
+        assert "on every rank, not on rank 0 only" in error
+        assert result["rank0_checkpoint_seconds"] < 20
+
+
 def test_ranks_that_pack_other_tables_name_the_tables_each_rank_packs(runs):
     for rank, result in enumerate(runs["ranks"]):
         error = result["plan_error"]

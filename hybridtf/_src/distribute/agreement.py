@@ -24,13 +24,23 @@ def digest(value) -> int:
     return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little", signed=True)
 
 
-def check_same_settings(world: World, settings: dict, what: str) -> None:
+_SAME_MODEL = (
+    "Every rank must build the same model and call hybridtf.keras.optimize with the same arguments: the packing "
+    "decides which rows each rank holds and exchanges."
+)
+
+
+def check_same_settings(
+    world: World, settings: dict, what: str, hints: dict | None = None, fix: str = _SAME_MODEL
+) -> None:
     """Raises ValueError naming the settings whose values differ between the ranks (``world`` distributed).
 
     Args:
         world: the job.
         settings: setting name -> value (compared by ``repr``), in the same order on every rank.
         what: the model or model_fn, for the message.
+        hints: setting name -> a sentence added to the message when that setting differs.
+        fix: what to do, after the settings that differ (default: build and optimize the same model).
     """
     if not world.distributed or not settings:
         return
@@ -40,7 +50,7 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
         names,
         [digest(settings[n]) for n in names],
         watchdog.INITIAL_BROADCAST,
-        f"{what}: the ranks' optimize settings",
+        f"{what}: the ranks' settings",
         "hybridtf_optimize_settings",
     )
     if differ is None:
@@ -52,8 +62,8 @@ def check_same_settings(world: World, settings: dict, what: str) -> None:
         raise ValueError(
             f"{what}: the Horovod ranks differ in {', '.join(differ)} (this rank, {world.rank}: "
             + "; ".join(_shown(name, settings[name]) for name in differ)
-            + "; each rank reports its own). Every rank must build the same model and call hybridtf.keras.optimize "
-            "with the same arguments: the packing decides which rows each rank holds and exchanges."
+            + f"; each rank reports its own). {fix}"
+            + "".join(" " + hints[name] for name in differ if name in (hints or {}))
         )
 
 

@@ -426,7 +426,7 @@ def optimize(
         shard_strategy=shard_strategy,
         replicate_below_rows=replicate_below_rows,
     )
-    steps.check_ranks_agree(model, options, plan, [g.plan.members for g in dynamic.groups])
+    steps.check_ranks_agree(model, options, plan, [g.plan.members for g in dynamic.groups], captured)
     skipped = steps.skipped_layers(skipped, plan) + keras_notices.feature_column_layers(model)
     packed_names = {m.name for pt in plan.packed_tables for m in pt.members}
     keras_notices.warn_skipped(skipped, len(packed_names | {m for g in dynamic.groups for m in g.plan.members}))

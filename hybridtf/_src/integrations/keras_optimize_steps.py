@@ -388,12 +388,28 @@ def _check_plan_matches(plan: PackingPlan, specs: list[TableSpec]) -> None:
                 )
 
 
-def check_ranks_agree(model, options: dict, plan: PackingPlan, dynamic_groups: list) -> None:
-    """Under Horovod: every rank optimizes with the same settings and plan (else ValueError naming them)."""
+def check_ranks_agree(
+    model, options: dict, plan: PackingPlan, dynamic_groups: list, captured: list[CapturedTable] = ()
+) -> None:
+    """Under Horovod: every rank optimizes with the same settings, plan and other variables (else ValueError).
+
+    The variables besides the ``captured`` tables (dense layers, their names, shapes and dtypes) are compared
+    too: Horovod matches each rank's broadcast and allreduce of a variable by its name, so ranks whose
+    dense layers differ (another width, or other automatic names because one rank built another model
+    first) would wait in different collectives.
+    """
     settings = {k: options[k] for k in ("shard_strategy", "replicate_below_rows", "max_shards", "fused_updates")}
     settings.update({k: options[k] for k in ("fuse_concat", "share_unique", "fuse_dense", "micro_batches")})
     # which tables are packed together first (readable in the message), then the plan's whole layout
     settings["the packed tables"] = {pt.name: [m.name for m in pt.members] for pt in plan.packed_tables}
     settings["the packing plan"] = plan.packed_tables
     settings["the dynamic tables' packing"] = dynamic_groups
-    check_same_settings(current_world(), settings, f"hybridtf.keras.optimize of model {model.name!r}")
+    tables = {id(w) for t in captured for w in t.layer.weights}
+    key = "the model's other variables"
+    settings[key] = [f"{v.name} {v.shape.as_list()} {v.dtype.name}" for v in model.variables if id(v) not in tables]
+    hints = {
+        key: "Horovod matches the ranks' dense variables by name: Keras's automatic layer names depend on the layers "
+        "a process built before (a model built first on one rank only shifts them), so name the layers, or build the "
+        "same models in the same order on every rank."
+    }
+    check_same_settings(current_world(), settings, f"hybridtf.keras.optimize of model {model.name!r}", hints)
