@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -264,23 +265,23 @@ def test_cli_as_module(tmp_path):
     ("fmt", "text", "match"),
     [
         ("criteo", "1\t2\t3\n", r"first row has 3 fields, but a criteo row without header has 40"),
-        ("criteo", CRITEO_TSV.replace("3.5", "abc", 1), r"row 1 \('abc'\): column 'I4' must be a number or empty"),
-        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("\t12\t68", "\t1x2\t68", 1), r"row 4 \('1x2'\): column 'I13'"),
+        ("criteo", CRITEO_TSV.replace("3.5", "abc", 1), r"line 1 \('abc'\): column 'I4' must be a number or empty"),
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("\t12\t68", "\t1x2\t68", 1), r"line 4 \('1x2'\): column 'I13'"),
         # not finite in float32: it would train as inf or NaN
         (
             "criteo",
             CRITEO_TSV.replace("1\t5\t", "nan\t5\t", 1),
-            r"row 1: column 'label' holds 'nan', which is not a finite",
+            r"line 1: column 'label' holds 'nan', which is not a finite",
         ),
         (
             "criteo",
             CRITEO_TSV.replace("3.5", "1e39", 1),
-            r"row 1: column 'I4' holds '1e39', which is not a finite float32",
+            r"line 1: column 'I4' holds '1e39', which is not a finite float32",
         ),
-        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("3.5", "-inf", 1), r"row 3: column 'I4' holds '-inf'"),
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("3.5", "-inf", 1), r"line 3: column 'I4' holds '-inf'"),
         # every format's label is a click: 0 or 1 (a 2 or -1 is a damaged row, not a label)
-        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("1\t5\t", "2\t5\t", 1), r"row 3: label column 'label' holds '2'"),
-        ("criteo", CRITEO_TSV.replace("1\t5\t", " 0.5\t5\t", 1), r"row 1: .*holds ' 0.5'; a criteo label is a click"),
+        ("criteo", CRITEO_TSV + CRITEO_TSV.replace("1\t5\t", "2\t5\t", 1), r"line 3: label column 'label' holds '2'"),
+        ("criteo", CRITEO_TSV.replace("1\t5\t", " 0.5\t5\t", 1), r"line 1: .*holds ' 0.5'; a criteo label is a click"),
         ("criteo", "\t" + CRITEO_TSV.split("\n", 1)[1].split("\t", 1)[1], r"lacks the criteo columns"),
         ("criteo", CRITEO_TSV.replace("\n0\t", "\n\t", 1), r"column 'label' must be a number"),
         ("criteo", CRITEO_TSV + "1\t2\n", r"not a valid criteo file: line 3 has 2 fields, not 40 .*got 2"),
@@ -311,13 +312,70 @@ def test_gzip_input_under_another_name_and_a_truncated_gzip_are_named(tmp_path):
         hd.convert_text(tmp_path / "cut.gz", tmp_path / "out.parquet", "criteo", row_group_rows=2**70)
 
 
-def test_avazu_bad_hour(tmp_path):
+AVAZU_HEADER = (
+    "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,"
+    "device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21"
+)
+
+
+def _avazu_row(hour, click="0"):
+    return f"1,{click},{hour}," + ",".join(["x"] * 21) + "\n"
+
+
+@pytest.mark.parametrize(
+    "hour", ["14109900", "-4102100", "1410 100", "\u0661\u0664\u0661\u0660\u0662\u0661\u0660\u0660", "14102124"]
+)
+def test_avazu_bad_hour_names_file_and_line(tmp_path, hour):
+    """Only 8 ASCII digits pass (int() took signs, spaces and other scripts' digits: a wrong weekday)."""
     src = tmp_path / "avazu.csv"
-    names = "id,click,hour,C1,banner_pos,site_id,site_domain,site_category,app_id,app_domain,app_category,"
-    names += "device_id,device_ip,device_model,device_type,device_conn_type,C14,C15,C16,C17,C18,C19,C20,C21"
-    src.write_text(names + "\n1,0,14109900," + ",".join(["x"] * 21) + "\n")
-    with pytest.raises(hd.TextFormatError, match=r"'hour' holds '14109900'; expected YYMMDDHH"):
+    src.write_text(AVAZU_HEADER + "\n" + _avazu_row("14102100") * 3 + "\n" + _avazu_row(hour), encoding="utf-8")
+    with pytest.raises(
+        hd.TextFormatError, match=rf"avazu.csv, line 6: avazu column 'hour' holds {re.escape(repr(hour))}"
+    ):
         hd.convert_text(src, tmp_path / "out.parquet", "avazu")
+
+
+def test_lines_in_messages_count_blank_lines_and_quoted_newlines(tmp_path):
+    """The reader skips blank lines and a quoted field spans lines: the message gives the file's own line."""
+    src = tmp_path / "avazu.csv"
+    quoted = '1,0,14102100,"two\nlines",' + ",".join(["x"] * 20) + "\n"
+    src.write_text(AVAZU_HEADER + "\n\n" + quoted + "\n" + _avazu_row("14102100") + _avazu_row("14102100", click="7"))
+    with pytest.raises(hd.TextFormatError, match=r"avazu.csv, line 7: label column 'click' holds '7'"):
+        hd.convert_text(src, tmp_path / "out.parquet", "avazu")
+
+
+def test_compressed_inputs_damaged_or_of_other_codecs_are_named(tmp_path, capsys):
+    import bz2
+    import gzip
+
+    text = (CRITEO_TSV * 3000).encode()
+    (tmp_path / "day.txt.GZ").write_bytes(gzip.compress(text))  # any case
+    (tmp_path / "day.bz2").write_bytes(bz2.compress(text))
+    for name in ("day.txt.GZ", "day.bz2"):
+        assert hd.convert_text(tmp_path / name, tmp_path / "out.parquet", "criteo")[1] == 6000
+    (tmp_path / "bz.txt").write_bytes(bz2.compress(text))
+    with pytest.raises(hd.TextFormatError, match=r"bz.txt' is bzip2-compressed .*\.bz2 suffix"):
+        hd.convert_text(tmp_path / "bz.txt", tmp_path / "out.parquet", "criteo")
+    (tmp_path / "day.zst").write_bytes(b"whatever")
+    with pytest.raises(hd.TextFormatError, match=r"compressed with zst, which the converter does not read"):
+        hd.convert_text(tmp_path / "day.zst", tmp_path / "out.parquet", "criteo")
+    # damaged gzip: zlib's error (not an OSError) was a raw traceback, at the first line and on the error path
+    data = bytearray(gzip.compress(text))
+    early, late = bytearray(data), bytearray(data)
+    for k in range(40, 80):
+        early[k] ^= 0x55
+    for k in range(len(data) * 2 // 3, len(data) * 2 // 3 + 64):
+        late[k] ^= 0x55
+    for name, damaged in (("early.gz", early), ("late.gz", late)):
+        (tmp_path / name).write_bytes(bytes(damaged))
+        with pytest.raises(hd.TextFormatError, match=name):
+            hd.convert_text(tmp_path / name, tmp_path / "out.parquet", "criteo", block_bytes=4096)
+        code = hd.main(
+            ["convert", "--format", "criteo", "--input", str(tmp_path / name), "--output", str(tmp_path / "o.parquet")]
+        )
+        assert code == 2 and "error: " in capsys.readouterr().err
+    with pytest.raises(hd.DataValueError, match="the output path is empty"):
+        hd.convert_text(tmp_path / "day.bz2", "", "criteo")
 
 
 def test_argument_errors(tmp_path):

@@ -1,13 +1,16 @@
 """Criteo, Avazu and Alimama text files to Parquet in hybridtf's layout.
 
-The text is streamed in blocks with pyarrow's CSV reader (every field read as
-a string), turned into the output columns, and written in row groups:
+The text (``.gz`` / ``.bz2`` read compressed) is streamed in blocks with
+pyarrow's CSV reader (every field read as a string), turned into the output
+columns, and written in row groups:
 
 * label: renamed ``label``, float32. An empty label, or one that is not 0 or 1
-  (every format's label is a click), is an error naming the row.
+  (every format's label is a click), is an error naming the file and line.
 * dense: float32, the raw value (no ``log(1 + x)`` or other transform; models
   apply their own). A missing (empty) value is 0. A label or dense value that
-  is not finite in float32 (``nan``, ``inf``, ``1e39``) is an error naming the row.
+  is not finite in float32 (``nan``, ``inf``, ``1e39``) is an error naming the line.
+  (Lines are the file's own, found by reading it again when a message needs one:
+  the reader skips blank lines and a quoted field may span lines.)
 * categorical: hashed into ``[0, buckets)`` by :func:`hash_strings`
   (farmhash Fingerprint64, stable everywhere); a missing value is id 0.
 * sequences (Alimama behaviour histories, one header column per position with
@@ -33,12 +36,14 @@ Formats (:data:`FORMATS`):
 from __future__ import annotations
 
 import argparse
+import bz2
 import dataclasses
 import datetime
 import gzip
 import os
 import sys
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -57,18 +62,28 @@ from hybridtf._src.data.schema import check_parquet
 from hybridtf._src.limits import INT64_MAX
 
 
-def _avazu_hour(hour) -> dict:
-    """``hour`` (``YYMMDDHH``) -> ``hour_of_day`` (``"HH"``) and ``day_of_week`` (``"0"`` = Monday)."""
+def _avazu_hour(hour, where) -> dict:
+    """``hour`` (``YYMMDDHH``, 8 ASCII digits) -> ``hour_of_day`` (``"HH"``) and ``day_of_week`` (``"0"`` = Monday).
+
+    ``where(i)`` names the block's record ``i`` in an error.
+    """
     pa, _ = pyarrow_modules()
+    import pyarrow.compute as pc
+
     encoded = hour.dictionary_encode()
     hod, dow = [], []
     for s in encoded.dictionary.to_pylist():
         try:
+            if not (len(s) == 8 and s.isascii() and s.isdigit()):  # int() would take signs, spaces, other digits
+                raise ValueError(s)
             day = datetime.date(2000 + int(s[0:2]), int(s[2:4]), int(s[4:6]))
-            if len(s) != 8 or not 0 <= int(s[6:8]) < 24:
+            if not 0 <= int(s[6:8]) < 24:
                 raise ValueError(s)
         except ValueError:
-            raise TextFormatError(f"avazu column 'hour' holds {s!r}; expected YYMMDDHH, e.g. 14102100.") from None
+            i = pc.index(hour, pa.scalar(s, pa.string())).as_py()
+            raise TextFormatError(
+                f"{where(i)}: avazu column 'hour' holds {s!r}; expected YYMMDDHH (8 digits), e.g. 14102100."
+            ) from None
         hod.append(s[6:8])
         dow.append(str(day.weekday()))
     idx = encoded.indices
@@ -88,7 +103,8 @@ class TextFormat:
         sequence_mask: the per-position mask column (non-zero: the position is present).
         headerless_columns: the column names of files without a header (None: a header is required).
         delimiter: the field separator, or None to detect tab vs comma from the first line.
-        derive: makes extra categorical columns ``{name: strings}`` from the text columns.
+        derive: makes extra categorical columns ``{name: strings}`` from the text columns and
+            ``where`` (``where(i)`` names the block's record ``i`` in an error).
         derive_from: the text columns ``derive`` reads.
         derived: the names ``derive`` makes.
     """
@@ -101,7 +117,7 @@ class TextFormat:
     sequence_mask: str | None = None
     headerless_columns: tuple[str, ...] | None = None
     delimiter: str | None = ","
-    derive: Callable[[dict], dict] | None = dataclasses.field(default=None, repr=False)
+    derive: Callable[[dict, Callable], dict] | None = dataclasses.field(default=None, repr=False)
     derive_from: tuple[str, ...] = ()
     derived: tuple[str, ...] = ()
 
@@ -136,7 +152,7 @@ FORMATS: dict[str, TextFormat] = {
             "C1 banner_pos site_id site_domain site_category app_id app_domain app_category device_id device_ip "
             "device_model device_type device_conn_type C14 C15 C16 C17 C18 C19 C20 C21".split()
         ),
-        derive=lambda cols: _avazu_hour(cols["hour"]),
+        derive=lambda cols, where: _avazu_hour(cols["hour"], where),
         derive_from=("hour",),
         derived=("hour_of_day", "day_of_week"),
     ),
@@ -162,56 +178,119 @@ def _is_number(s: str) -> bool:
     return True
 
 
+# Inputs the converter decompresses, by suffix (any case); other compressed suffixes are refused.
+_DECOMPRESSED = {".gz": ("gzip", gzip.open), ".bz2": ("bz2", bz2.open)}
+_UNSUPPORTED = (".zst", ".zstd", ".lz4", ".xz", ".lzma", ".zip", ".7z", ".br", ".snappy")
+# Errors of reading a damaged compressed input (zlib's is not an OSError).
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+def _compression(path: str) -> tuple[str | None, object]:
+    """``(pyarrow codec or None, Python opener)`` of a text input, by its suffix."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in _UNSUPPORTED:
+        raise TextFormatError(
+            f"text input {path!r} is compressed with {suffix[1:]}, which the converter does not read; "
+            "decompress it first (or compress it with gzip or bzip2: .gz / .bz2 inputs are read compressed)."
+        )
+    return _DECOMPRESSED.get(suffix, (None, open))
+
+
 def _first_line(path: str) -> str:
-    opener = gzip.open if path.endswith(".gz") else open
+    codec, opener = _compression(path)
     try:
         with opener(path, "rb") as f:
             line = f.readline()
-    except (OSError, EOFError) as e:
-        raise TextFormatError(f"cannot read text input {path!r}: {e}") from e
-    if not path.endswith(".gz") and line.startswith(b"\x1f\x8b"):
+    except _READ_ERRORS as e:
+        raise TextFormatError(f"cannot read text input {path!r} ({type(e).__name__}: {e}); is it damaged?") from e
+    if codec is None and line.startswith((b"\x1f\x8b", b"BZh")):
+        kind, suffix = ("gzip", ".gz") if line.startswith(b"\x1f\x8b") else ("bzip2", ".bz2")
         raise TextFormatError(
-            f"text input {path!r} is gzip-compressed (it starts with gzip's magic bytes); name it with a .gz "
-            "suffix, which the converter decompresses, or decompress it first."
+            f"text input {path!r} is {kind}-compressed (it starts with {kind}'s magic bytes); name it with a "
+            f"{suffix} suffix, which the converter decompresses, or decompress it first."
         )
     return line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+
+
+def _records(path: str, delimiter: str):
+    """``(first line, fields)`` of each record of ``path`` read with Python's csv module (an error path).
+
+    It counts physical lines (a quoted field may span several); a blank line is a record without
+    fields, which the reader skips.
+    """
+    import csv
+
+    _, opener = _compression(path)
+    with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        end = 0
+        for fields in reader:
+            start, end = end + 1, reader.line_num
+            yield start, fields
+
+
+def _line_of_record(path: str, delimiter: str, header: bool, record: int) -> int | None:
+    """The first line of data record ``record`` (0-based, after the header, blank lines not counted)."""
+    import csv
+
+    k = -1
+    try:
+        for start, fields in _records(path, delimiter):
+            if (header and start == 1) or not fields:
+                continue
+            k += 1
+            if k == record:
+                return start
+    except (*_READ_ERRORS, csv.Error):
+        return None
+    return None
+
+
+class _Where:
+    """Names data records of one block of a text input in messages: ``where(i)`` is ``"<path>, line L"``.
+
+    The line is found by reading the file again (only when a message needs it): the reader skips blank
+    lines and a quoted field may span lines, so the block's record index alone would not give it.
+    """
+
+    def __init__(self, path: str, delimiter: str, header: bool, first_record: int):
+        self.path, self.delimiter, self.header, self.first_record = path, delimiter, header, first_record
+
+    def __call__(self, i: int) -> str:
+        record = self.first_record + int(i)
+        line = _line_of_record(self.path, self.delimiter, self.header, record)
+        return f"{self.path}, line {line}" if line else f"{self.path}, data row {record + 1}"
 
 
 def _bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[int, int] | None:
     """``(line, fields)`` of the first record of ``path`` (after the header) without ``fields`` fields, or None.
 
-    Called after the reader failed (an error path): reads the file again with Python's csv module, which
-    counts physical lines (a quoted field may span several); blank lines are skipped, as the reader does.
+    Called after the reader failed (an error path): reads the file again (``_records``).
     """
     import csv
 
-    opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
-            reader = csv.reader(f, delimiter=delimiter)
-            line = 0
-            for record in reader:
-                first, line = line + 1, reader.line_num
-                if (header and first == 1) or not record:
-                    continue
-                if len(record) != fields:
-                    return first, len(record)
-    except (OSError, EOFError, csv.Error):
+        for start, record in _records(path, delimiter):
+            if (header and start == 1) or not record:
+                continue
+            if len(record) != fields:
+                return start, len(record)
+    except (*_READ_ERRORS, csv.Error):
         return None
     return None
 
 
-def _parse_error(error, path, fmt, delimiter, names, header, first_row) -> TextFormatError:
+def _parse_error(error, path, fmt, delimiter, names, header, line) -> TextFormatError:
     """The reader's ``error`` with the line of the first record of the wrong width, when there is one.
 
-    The reader parses blocks ahead, so a failing block's start (``first_row``, None for the first block)
+    The reader parses blocks ahead, so a failing block's first line (``line``, None for the first block)
     is not the bad line: it is found by reading the file again (``_bad_record``).
     """
     found = _bad_record(path, delimiter, len(names), int(header))
     if found:
         where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({error})"
     else:
-        where = str(error) if first_row is None else f"at or after line {first_row} ({error})"
+        where = str(error) if line is None else f"at or after line {line} ({error})"
     return TextFormatError(f"{path}: not a valid {fmt.name} file: {where}")
 
 
@@ -240,11 +319,11 @@ def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
     return names, header, delimiter
 
 
-def _parse_floats(arr, column: str, path: str, first_row: int, allow_empty: bool):
-    """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error naming the row.
+def _parse_floats(arr, column: str, where, allow_empty: bool):
+    """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error naming the line.
 
-    Rows are numbered from ``first_row`` (the block's first line). A value that is not finite in
-    float32 (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN.
+    ``where(i)`` names the block's record ``i`` (``_Where``). A value that is not finite in float32
+    (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN.
     """
     pa, _ = pyarrow_modules()
     import pyarrow.compute as pc
@@ -257,14 +336,14 @@ def _parse_floats(arr, column: str, path: str, first_row: int, allow_empty: bool
         out = pc.cast(arr, pa.float64())
     except pa.ArrowInvalid as e:
         bad = _first_unparsable(arr)
-        where = f"row {first_row + bad} ({arr[bad].as_py()!r})" if bad is not None else f"rows from {first_row}"
-        raise TextFormatError(f"{path}, {where}: column {column!r} must be {allowed}: {e}") from None
+        at = f"{where(bad)} ({arr[bad].as_py()!r})" if bad is not None else f"{where(0)} or later"
+        raise TextFormatError(f"{at}: column {column!r} must be {allowed}: {e}") from None
     values = out.fill_null(0.0).to_numpy(zero_copy_only=False)
     wrong = ~(np.abs(values) <= _FLOAT32_MAX)  # NaN, infinities, and values float32 cannot hold
     if wrong.any():
         i = int(np.argmax(wrong))
         raise TextFormatError(
-            f"{path}, row {first_row + i}: column {column!r} holds {arr[i].as_py()!r}, which is not a finite "
+            f"{where(i)}: column {column!r} holds {arr[i].as_py()!r}, which is not a finite "
             f"float32 value (|x| <= {_FLOAT32_MAX:.4g}); it would train as inf or NaN. Fix or drop that row."
         )
     return values.astype(np.float32)
@@ -298,35 +377,33 @@ class _BlockConverter:
             if len(set(k.values())) != 1:
                 raise TextFormatError(f"{path}: sequence columns have different numbers of positions {k}.")
 
-    def __call__(self, batch, first_row: int):
+    def __call__(self, batch, where):
         pa, _ = pyarrow_modules()
         fmt = self.fmt
 
         def col(name):
             return batch.column(self.positions[name][0])
 
-        label = _parse_floats(col(fmt.label), fmt.label, self.path, first_row, allow_empty=False)
+        label = _parse_floats(col(fmt.label), fmt.label, where, allow_empty=False)
         not_click = (label != 0) & (label != 1)
         if not_click.any():
             i = int(np.argmax(not_click))
             raise TextFormatError(
-                f"{self.path}, row {first_row + i}: label column {fmt.label!r} holds {col(fmt.label)[i].as_py()!r}; "
+                f"{where(i)}: label column {fmt.label!r} holds {col(fmt.label)[i].as_py()!r}; "
                 f"a {fmt.name} label is a click, 0 or 1. Fix or drop that row (for other labels, write the "
                 "Parquet file yourself: hybridtf.data.write_parquet)."
             )
         out = {"label": label}
         for c in fmt.dense:
-            out[c] = _parse_floats(col(c), c, self.path, first_row, allow_empty=True)
+            out[c] = _parse_floats(col(c), c, where, allow_empty=True)
         for c in fmt.categorical:
             out[c] = hash_strings(col(c), self.buckets[c])
         if fmt.derive is not None:
-            for c, strings in fmt.derive({n: col(n) for n in fmt.derive_from}).items():
+            for c, strings in fmt.derive({n: col(n) for n in fmt.derive_from}, where).items():
                 out[c] = hash_strings(strings, self.buckets[c])
         if fmt.sequences:
             mask_cols = [batch.column(i) for i in self.positions[fmt.sequence_mask]]
-            mask = np.stack(
-                [_parse_floats(m, fmt.sequence_mask, self.path, first_row, allow_empty=True) for m in mask_cols], axis=1
-            )
+            mask = np.stack([_parse_floats(m, fmt.sequence_mask, where, allow_empty=True) for m in mask_cols], axis=1)
             keep = mask != 0
             for c in fmt.sequences:
                 strings = pa.chunked_array([batch.column(i) for i in self.positions[c]])
@@ -426,6 +503,8 @@ _COMPRESSIONS = ("none", "snappy", "gzip", "brotli", "lz4", "zstd")
 
 def _check_output(output: str, inputs: Sequence[str], compression: str) -> None:
     """Refuses an output that would overwrite an input, a missing output directory and an unknown codec."""
+    if not output:
+        raise DataValueError("the output path is empty; give the Parquet file to write, e.g. train.parquet.")
     target = os.path.realpath(output)
     clash = [p for p in inputs if os.path.realpath(p) == target]
     if clash:
@@ -467,9 +546,10 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
             names, header, delimiter = _layout(path, fmt)
             convert = _BlockConverter(fmt, names, per_column, path)
             keys = [f"f{i}" for i in range(len(names))]
+            codec, _ = _compression(path)
             try:
                 reader = pcsv.open_csv(
-                    path,
+                    pa.input_stream(path, compression=codec),
                     read_options=pcsv.ReadOptions(column_names=keys, skip_rows=int(header), block_size=block_bytes),
                     parse_options=pcsv.ParseOptions(delimiter=delimiter),
                     convert_options=pcsv.ConvertOptions(
@@ -480,20 +560,21 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                 )
             except (pa.ArrowInvalid, OSError) as e:  # the first block failed to parse
                 raise _parse_error(e, path, fmt, delimiter, names, header, None) from None
-            first_row = 1 + int(header)  # line number, for messages
+            first_record = 0  # of the block, among the data records
             while True:
                 try:
                     batch = reader.read_next_batch()
                 except StopIteration:
                     break
                 except (pa.ArrowInvalid, OSError) as e:
-                    raise _parse_error(e, path, fmt, delimiter, names, header, first_row) from None
-                columns = convert(batch, first_row)
+                    line = _line_of_record(path, delimiter, header, first_record) if first_record else None
+                    raise _parse_error(e, path, fmt, delimiter, names, header, line) from None
+                columns = convert(batch, _Where(path, delimiter, header, first_record))
                 arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
                 pending.append(pa.Table.from_arrays(arrays, schema=schema))
                 pending_rows += batch.num_rows
                 rows += batch.num_rows
-                first_row += batch.num_rows
+                first_record += batch.num_rows
                 if pending_rows >= row_group_rows:
                     flush(final=False)
         flush(final=True)
