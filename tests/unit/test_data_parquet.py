@@ -551,6 +551,7 @@ def test_check_keep_going_lists_every_damaged_file(tmp_path, capsys):
     assert message.startswith("2 problem(s) in 2 of 3 file(s) (1600 rows decoded)")
     assert "b.parquet': row group 0 of 3" in message
     assert "c.parquet' is not a readable Parquet file" in message
-    assert hd.main(["check", str(tmp_path)]) == 1
+    assert hd.main(["check", str(tmp_path), str(tmp_path / "missing.parquet"), good]) == 1
     err = capsys.readouterr().err
-    assert "b.parquet" in err and "c.parquet" in err
+    assert "b.parquet" in err and "c.parquet" in err and "'" + str(tmp_path / "missing.parquet") + "' does not" in err
+    assert err.startswith("error: 3 problem(s) in 3 of 4 file(s)")

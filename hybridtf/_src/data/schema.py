@@ -407,7 +407,17 @@ def check_parquet(
         1048576
     """
     _, pq = pyarrow_modules()
-    rows, problems, files = 0, [], resolve_paths(paths)
+    rows, problems, unresolved = 0, [], 0
+    if keep_going and not isinstance(paths, (str, os.PathLike)) and len(paths) > 1:
+        files = []  # each path on its own: a missing one is listed, the others still checked
+        for entry in paths:
+            try:
+                files += [f for f in resolve_paths(entry) if f not in files]
+            except ParquetFileError as e:
+                problems.append((os.fspath(entry), str(e)))
+                unresolved += 1
+    else:
+        files = resolve_paths(paths)
     for path in files:
         try:
             meta = open_parquet(path)
@@ -433,7 +443,7 @@ def check_parquet(
     if problems:
         bad_files = len({path for path, _ in problems})
         raise ParquetFileError(
-            f"{len(problems)} problem(s) in {bad_files} of {len(files)} file(s) ({rows} rows decoded):\n"
+            f"{len(problems)} problem(s) in {bad_files} of {len(files) + unresolved} file(s) ({rows} rows decoded):\n"
             + "\n".join(f"  {message}" for _, message in problems)
         )
     return rows
