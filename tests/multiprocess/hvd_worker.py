@@ -308,9 +308,9 @@ def main():
         model(ev)
         try:
             htf.keras.optimize(model)
-            result["names_error"] = None
+            result["dense_error"] = None
         except ValueError as err:
-            result["names_error"] = str(err)
+            result["dense_error"] = str(err)
 
     with open(os.path.join(args.out, f"result_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)

@@ -221,7 +221,7 @@ def test_reductions_the_shards_cannot_follow_are_refused_naming_the_fix(runs):
 def test_ranks_whose_dense_layers_differ_are_refused_naming_them(runs):
     """Were 35 s in the initial broadcast, then advice to raise the collective timeout."""
     for rank, result in enumerate(runs["ranks"]):
-        error = result["names_error"]
+        error = result["dense_error"]
         assert error is not None and "the Horovod ranks differ in the model's other variables" in error, error
         assert "name the layers" in error and "the packed tables" not in error.split("(this rank")[0]
         assert f"kernel:0 [16, {8 if rank == 0 else 4}]" in error  # each rank lists its own dense variables
