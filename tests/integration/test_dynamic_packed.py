@@ -469,3 +469,36 @@ def test_a_packed_member_under_stop_gradient_keeps_its_rows_as_plain_keras_does(
     layer = packed.get_layer("field2")
     ids, rows = layer.table.export()[:2]
     np.testing.assert_array_equal(rows.numpy(), layer.initial_rows(ids).numpy())
+
+
+def test_a_packed_member_frozen_after_optimize_is_refused_at_compile():
+    """Its rows share the group's store: it kept training silently (the store's buffer stayed trainable)."""
+    model = htf.keras.optimize(_dynamic_model(**TABLE))
+    assert model.hybridtf_dynamic_plan
+    model.get_layer("field2").trainable = False
+    with pytest.raises(ValueError, match=r"\['field2'\] were packed while trainable and frozen afterwards"):
+        _compiled(model)
+
+
+@pytest.mark.parametrize("capacity", [None, 40])
+def test_a_frozen_dynamic_embedding_looks_up_as_in_inference_also_in_training_mode(capacity):
+    """No insert, eviction or statistics: with a capacity, unseen ids evicted every trained row, then the
+    table was 'full'; without one, it grew with every unseen id."""
+    table = dict(capacity=capacity, hot_rows=2, warmup_steps=1000) if capacity else {}
+    layer = htf.layers.DynamicEmbedding(D, seed=5, name="user", **table)
+    ids = tf.keras.Input((3,), dtype=tf.int64)
+    model = tf.keras.Model(ids, _dense_head(tf.keras.layers.Flatten()(layer(ids))))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    rng = np.random.default_rng(0)
+    seen = rng.integers(0, 10, size=(64, 3))
+    model.fit(seen, rng.normal(size=(64, 1)), batch_size=8, epochs=2, verbose=0)
+    before, stats = [t.numpy() for t in layer.table.export()], layer.table.stats()
+    layer.trainable = False
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    unseen = rng.integers(1000, 10**9, size=(128, 3))
+    model.fit(unseen, rng.normal(size=(128, 1)), batch_size=8, epochs=1, verbose=0)
+    after = [t.numpy() for t in layer.table.export()]
+    assert len(after[0]) == len(before[0]) == 10
+    for a, b in zip(after, before):
+        np.testing.assert_array_equal(a, b)
+    assert layer.table.stats() == stats

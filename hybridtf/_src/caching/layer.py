@@ -144,8 +144,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
     (``combiner="sum" | "mean" | "sqrtn"``: ragged, sparse or dense
     ``[batch, L]`` ids pooled to ``[batch, output_dim]``), but without
     ``input_dim``: every id (any int64 value, e.g. a 64-bit hash of a string)
-    gets a row the first time it is seen in training. In inference, an unseen
-    id gets its initial row and is not inserted.
+    gets a row the first time it is seen in training. In inference, and in a
+    frozen layer (``trainable=False``) also in training mode, an unseen id gets
+    its initial row and is not inserted.
 
     Train it with an optimizer passed through ``hybridtf.keras.dynamic_optimizer``
     (SGD without momentum, Adagrad, Adam or ``hybridtf.keras.LazyAdam``): the
@@ -295,7 +296,9 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         if saving:  # SavedModel export: a static lookup + gather
             embedded = tf.gather(serving.serve(self, unique), inverse)
             training = None
-        elif training and not getattr(self.table, "serving_only", False):
+        elif training and self.trainable and not getattr(self.table, "serving_only", False):
+            # (a frozen layer looks up as in inference, as a frozen Keras Embedding trains nothing: no
+            # insert, eviction or statistics, whatever `training` says)
             object.__setattr__(self, "_training_graph", tf.compat.v1.get_default_graph())  # trained here
             if tf.executing_eagerly() and not fills.appends(self):
                 self._note_eager_fill()

@@ -11,7 +11,7 @@
   the plain model's tag (``emb_user/embeddings_0/histogram``).
 * under Horovod with sharded tables, ``ModelCheckpoint`` / ``BackupAndRestore``
   on some ranks only (each save is a collective): refused when ``fit`` starts,
-  after one allgather (``check_ranks_save_alike``), not after the collective
+  after one allgather (``keras_unpacked.check_ranks_save_alike``), not after the collective
   timeout at the first save.
 * ``EarlyStopping(restore_best_weights=True)``: the dynamic tables are kept
   and restored with the weights (``keras_best_weights``).
@@ -22,11 +22,9 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import is_captured
-from hybridtf._src.distribute.agreement import check_same_settings
-from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import keras_notices
 from hybridtf._src.integrations.keras_best_weights import keep_best_tables
-from hybridtf._src.integrations.keras_unpacked import refuse_sharded_model_saves, sharded_size
+from hybridtf._src.integrations.keras_unpacked import check_ranks_save_alike, refuse_sharded_model_saves
 
 
 def adapt_callbacks(model, callbacks) -> None:
@@ -39,31 +37,6 @@ def adapt_callbacks(model, callbacks) -> None:
         if isinstance(callback, tf.keras.callbacks.TensorBoard) and callback.histogram_freq:
             _log_packed_tables_too(callback, model)
         keep_best_tables(callback, model)
-
-
-def check_ranks_save_alike(model, callbacks) -> None:
-    """Under Horovod, with tables sharded over the ranks: every rank's ``fit`` has the same saving callbacks.
-
-    Each save of a sharded model is a collective (the shards are gathered), so a ``ModelCheckpoint`` on
-    rank 0 only — Horovod's idiom for dense models — would leave rank 0 in the gather while the others
-    train on, until the collective timeout. One allgather when ``fit`` starts names it instead.
-    """
-    if not sharded_size(model):
-        return
-    world = current_world()
-    saving = [
-        f"{type(c).__name__}(save_freq={getattr(c, 'save_freq', None)!r})"
-        for c in callbacks or ()
-        if isinstance(c, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.BackupAndRestore))
-    ]
-    check_same_settings(
-        world,
-        {"the checkpoint callbacks": saving},
-        f"fit of model {model.name!r}",
-        fix="Its tables are sharded over the ranks and every save gathers them from all ranks: give fit the same "
-        "ModelCheckpoint (save_weights_only=True) / BackupAndRestore callbacks on every rank, not on rank 0 only "
-        "(rank 0 writes the file; BackupAndRestore needs one backup_dir per rank).",
-    )
 
 
 def _log_packed_tables_too(callback, model) -> None:

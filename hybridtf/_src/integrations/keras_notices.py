@@ -76,13 +76,18 @@ def refuse_frozen_packed_layers(model) -> None:
     """
     if not model.trainable:  # the whole model frozen: nothing trains, as in Keras
         return
+    from hybridtf._src.rewrite.packed_dynamic import is_packed_member
+
     frozen = [
-        layer.name for layer in model._flatten_layers(include_self=False) if is_captured(layer) and not layer.trainable
+        layer.name
+        for layer in model._flatten_layers(include_self=False)
+        if (is_captured(layer) or is_packed_member(layer)) and not layer.trainable
     ]
     if frozen:
         raise ValueError(
             f"embedding layer(s) {frozen} were packed while trainable and frozen afterwards (trainable=False): "
-            "their rows share a packed variable with other tables, so hybridtf cannot freeze them alone. Set "
+            "their rows share a packed variable (or HybridHash store) with other tables, so hybridtf cannot freeze "
+            "them alone. Set "
             "trainable=False before htf.keras.optimize() (a frozen table stays unpacked): build the plain model "
             "again, freeze the layers, optimize it and load the weights (model.save_weights / load_weights)."
         )

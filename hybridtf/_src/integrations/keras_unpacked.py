@@ -20,6 +20,7 @@ from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optim
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
 from hybridtf._src.distribute import agreement, dynamic_exchange
+from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_optimizers import user_class
@@ -53,6 +54,31 @@ def refuse_sharded_model_saves(model, callbacks) -> None:
             if size:
                 error = sharded_save_error(size)
                 raise NotImplementedError(f"{error} (ModelCheckpoint: pass save_weights_only=True.)")
+
+
+def check_ranks_save_alike(model, callbacks) -> None:
+    """Under Horovod, with tables sharded over the ranks: every rank's ``fit`` has the same saving callbacks.
+
+    Each save of a sharded model is a collective (the shards are gathered), so a ``ModelCheckpoint`` on
+    rank 0 only — Horovod's idiom for dense models — would leave rank 0 in the gather while the others
+    train on, until the collective timeout. One allgather when ``fit`` starts names it instead.
+    """
+    if not sharded_size(model):
+        return
+    world = current_world()
+    saving = [
+        f"{type(c).__name__}(save_freq={getattr(c, 'save_freq', None)!r})"
+        for c in callbacks or ()
+        if isinstance(c, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.BackupAndRestore))
+    ]
+    agreement.check_same_settings(
+        world,
+        {"the checkpoint callbacks": saving},
+        f"fit of model {model.name!r}",
+        fix="Its tables are sharded over the ranks and every save gathers them from all ranks: give fit the same "
+        "ModelCheckpoint (save_weights_only=True) / BackupAndRestore callbacks on every rank, not on rank 0 only "
+        "(rank 0 writes the file; BackupAndRestore needs one backup_dir per rank).",
+    )
 
 
 def fusions_traced(model, kind: str) -> list[str]:
@@ -109,11 +135,13 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
 
     def compile(self, *args, **kwargs):
         keras_notices.refuse_distribution_strategy(self, "compiled")
+        keras_notices.refuse_frozen_packed_layers(self)
         super().compile(*args, **kwargs)
         hook_dynamic_optimizer(self, self.optimizer)  # its DynamicEmbedding tables (packed stores included)
 
     def fit(self, *args, **kwargs):
         refuse_sharded_model_saves(self, kwargs.get("callbacks"))
+        check_ranks_save_alike(self, kwargs.get("callbacks"))
         for callback in kwargs.get("callbacks") or ():
             keep_best_tables(callback, self)  # EarlyStopping(restore_best_weights=True): the dynamic tables too
         return super().fit(*args, **kwargs)

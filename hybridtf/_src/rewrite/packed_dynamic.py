@@ -440,6 +440,11 @@ def _group_key(layer) -> tuple:
     return (c.dim, c.hot_rows, c.warmup_steps, c.flush_every, c.count_decay, c.evict_policy, c.ttl_steps)
 
 
+def is_packed_member(layer) -> bool:
+    """Whether ``layer`` is a DynamicEmbedding that ``optimize`` packed into a group's store."""
+    return isinstance(layer, _PackedMemberMixin)
+
+
 def dynamic_layers(model) -> list:
     """The model's ``DynamicEmbedding`` layers, each once, in layer order."""
     seen, out = set(), []
