@@ -89,3 +89,49 @@ def test_a_table_read_as_a_tensor_is_reported_once_with_the_reason(tmp_path, cap
         _train(htf_estimator.model_fn(model_fn), tmp_path / "w", 1, seed=1)
     text = "\n".join(r.getMessage() for r in caplog.records)
     assert text.count("emb_l2") == 1 and "L2 term over layer.embeddings" in text and "embeddings_regularizer" in text
+
+
+def _get_variable_model_fn(assignment_map=None, ckpt=None):
+    """Tables of the model_fn's own (``get_variable`` under scope ``tables``), looked up with embedding_lookup."""
+
+    def model_fn(features, labels, mode):
+        with tf.compat.v1.variable_scope("tables"):
+            tables = [
+                tf.compat.v1.get_variable(
+                    f"raw_C{i}", [VOCAB, DIM], initializer=tf.compat.v1.random_uniform_initializer(-0.1, 0.1, seed=i)
+                )
+                for i in range(3)
+            ]
+        deep = [tf.nn.embedding_lookup(t, features[f"C{i}"]) for i, t in enumerate(tables)]
+        init = tf.compat.v1.glorot_uniform_initializer(seed=3)
+        logit = tf.compat.v1.layers.dense(tf.concat(deep, 1), 1, kernel_initializer=init, name="out")
+        if assignment_map is not None:
+            tf.compat.v1.train.init_from_checkpoint(ckpt, assignment_map)
+        loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, tf.sigmoid(logit)))
+        tf.compat.v1.add_to_collection(LOSS_KEY, loss)
+        train_op = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, tf.compat.v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    return model_fn
+
+
+@pytest.mark.parametrize(
+    "assignment_map",
+    [
+        {"tables/raw_C0": "tables/raw_C0", "tables/raw_C1": "tables/raw_C2"},  # variable names (one renamed)
+        {"tables/": "tables/"},  # a scope: its tables
+        {"/": "/"},  # the root: every variable (tables, the dense layer, the global step)
+    ],
+    ids=["names", "scope", "root"],
+)
+def test_init_from_checkpoint_by_name_of_get_variable_tables_matches_the_plain_model_fn(assignment_map, tmp_path):
+    """String names resolve against the variable store, which holds the packed get_variable tables' views:
+    TensorFlow failed on them ('CapturedTable' object is not iterable / has no attribute 'device')."""
+    source = tmp_path / "source"
+    _train(_get_variable_model_fn(), source, 10, seed=0)
+    fn = _get_variable_model_fn(assignment_map, str(source))
+    plain = _train(fn, tmp_path / "plain", 15, seed=1)
+    wrapped = _train(htf_estimator.model_fn(fn), tmp_path / "wrapped", 15, seed=1)
+    np.testing.assert_allclose(wrapped, plain, rtol=1e-5)
+    cold = _train(_get_variable_model_fn(), tmp_path / "cold", 1, seed=1)
+    assert abs(plain[0] - cold[0]) > 1e-5

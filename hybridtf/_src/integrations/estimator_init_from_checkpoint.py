@@ -16,9 +16,11 @@ pass) are noted per table and left out; TensorFlow gets the others.
 ``apply`` then makes each packed variable's initializer read the noted
 members' rows from their checkpoint tensors (shapes checked), the other rows
 keeping their own initial values, as ``warm_start_from`` does. String names
-and scopes go to TensorFlow unchanged: it resolves them against
-``tf.compat.v1.get_variable``'s variables only, which never hold a Keras
-table, in the plain model_fn either.
+and scopes resolve against ``tf.compat.v1.get_variable``'s variable store,
+which never holds a Keras table (in the plain model_fn either) but holds the
+model_fn's own ``get_variable`` tables: a name or scope that covers such a
+table is expanded here as TensorFlow expands it, the tables noted, the other
+variables handed to TensorFlow one by one; other names go to it unchanged.
 """
 
 from __future__ import annotations
@@ -50,6 +52,13 @@ def intercepted(table_of: Callable[[object], str | None], noted: dict):
         items = assignment_map.items() if hasattr(assignment_map, "items") else assignment_map
         rest = {}
         for tensor_name, current in items:
+            named = _tables_by_name(tensor_name, current, table_of) if isinstance(current, str) else None
+            if named is not None:  # a name or scope that covers tables: those noted, the rest one by one
+                tables, others = named
+                for table, tensor in tables:
+                    noted[table] = (ckpt_dir_or_file, tensor)
+                rest.update(others)
+                continue
             table = table_of(current)
             if table is None:
                 rest[tensor_name] = current
@@ -70,6 +79,45 @@ def intercepted(table_of: Callable[[object], str | None], noted: dict):
     finally:
         checkpoint_utils.init_from_checkpoint = original
         v1_train.init_from_checkpoint = exported
+
+
+def _tables_by_name(tensor_name: str, current: str, table_of) -> tuple[list, dict] | None:
+    """A string entry of an assignment map, resolved as TensorFlow resolves it, if it names tables.
+
+    A ``tf.compat.v1.get_variable`` table hybridtf packs sits in the variable store under its own name
+    as a table's view (TensorFlow would fail on it). A variable name or a ``"scope/": "scope/"`` map is
+    expanded over the store as ``checkpoint_utils._init_from_checkpoint`` does it.
+
+    Returns:
+        ``([(table, checkpoint tensor)], {checkpoint tensor: other variable's name})``, or None when the
+        entry names no table (TensorFlow gets it unchanged).
+    """
+    from tensorflow.python.ops import variable_scope
+
+    store = variable_scope._get_default_variable_store()._vars
+    if current in store:
+        table = table_of(store[current])
+        return ([(table, tensor_name)], {}) if table is not None else None
+    if not tensor_name.endswith("/"):
+        return None  # TensorFlow's own error (a scope mapped to a tensor), or a partitioned variable
+    scopes = current[: current.rindex("/")] if "/" in current else ""
+    tables, others = [], {}
+    for var_name in sorted(store):
+        if scopes and not var_name.startswith(scopes + "/"):
+            continue
+        base = var_name[: var_name.index("/part_")] if "/part_" in var_name else var_name
+        full = base[len(scopes) :]
+        if current != "/":
+            full = full[1:]
+        if tensor_name != "/":
+            full = tensor_name + full
+        full = full[:-1] if full.endswith("/") else full
+        table = table_of(store[var_name])
+        if table is not None:
+            tables.append((table, full))
+        else:
+            others[full] = base
+    return (tables, others) if tables else None
 
 
 def record_pass_table(variables: Callable[[], dict]) -> Callable[[object], str | None]:
