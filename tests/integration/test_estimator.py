@@ -407,6 +407,31 @@ def test_model_fn_argument_checks():
     assert len(htf_estimator.hooks()) == 2  # no Horovod job: no broadcast hook
 
 
+@pytest.mark.parametrize("extra_in", ["record", "real"])
+def test_a_table_made_in_one_pass_only_is_an_error_naming_it(extra_in):
+    """A model_fn that builds another model on another call: a table only the real pass made was trained
+    silently as a plain variable (one only the record pass made was already an error)."""
+    calls = []
+
+    def model_fn(features, labels, mode):
+        calls.append(mode)
+        x = tf.keras.layers.Embedding(50, 4, name="emb_user")(features["user"])
+        if (len(calls) == 1) == (extra_in == "record"):
+            x = x + tf.keras.layers.Embedding(50, 4, name="extra")(features["user"])
+        loss = tf.compat.v1.losses.sigmoid_cross_entropy(labels, tf.keras.layers.Dense(1, name="out")(x))
+        step = tf.compat.v1.train.get_or_create_global_step()
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+        )
+
+    with tf.Graph().as_default():
+        features = {"user": tf.constant([1, 2, 3], tf.int64)}
+        labels = tf.constant([[0.0], [1.0], [0.0]])
+        passes = "the real pass but not in the record pass" if extra_in == "real" else "the record pass but not in"
+        with pytest.raises(CaptureError, match=rf"'extra'\]? (was|were) created in {passes}"):
+            htf_estimator.model_fn(model_fn)(features, labels, tf.estimator.ModeKeys.TRAIN)
+
+
 def test_each_model_fn_call_gets_its_own_params(tmp_path):
     """A model_fn that changes its params (pop, in-place defaults) builds the same graph wrapped as plain."""
 

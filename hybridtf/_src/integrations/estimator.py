@@ -102,6 +102,11 @@ class _Real:
         if tables is not None and not any(t is tables for t in self.tables_sets):
             self.tables_sets.append(tables)
         layer = estimator_columns.table_owner(kwargs) or raw_owner(kwargs, self.record.raw_tables)
+        if layer is not None and layer.name not in self.record.tables and not self.record.was_skipped(layer.name):
+            raise CaptureError(
+                f"hybridtf.estimator: embedding table {layer.name!r} was created in the real pass but not in the "
+                "record pass; the model_fn must build the same model every call."
+            )
         if layer is None or layer.name not in self.packed_names or layer.name in self.claimed:
             return next_creator(**kwargs)
         spec = self.plan.table(layer.name)

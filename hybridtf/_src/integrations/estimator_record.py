@@ -164,6 +164,10 @@ class Record:
         self.skipped.extend(notes)
         self.skipped_variables.update(name for name, _ in notes)
 
+    def was_skipped(self, table: str) -> bool:
+        """Whether the record pass met ``table`` and left it unpacked (with the reason)."""
+        return any(name == table for name, _ in self.skipped)
+
     @property
     def variables(self) -> dict:
         """Table name -> the table's own variable in the scratch graph."""
