@@ -374,6 +374,9 @@ def test_compressed_inputs_damaged_or_of_other_codecs_are_named(tmp_path, capsys
             ["convert", "--format", "criteo", "--input", str(tmp_path / name), "--output", str(tmp_path / "o.parquet")]
         )
         assert code == 2 and "error: " in capsys.readouterr().err
+    (tmp_path / "mac.txt").write_bytes(CRITEO_TSV.replace("\n", "\r").encode())
+    with pytest.raises(hd.TextFormatError, match=r"mac.txt' ends its lines with a lone carriage return"):
+        hd.convert_text(tmp_path / "mac.txt", tmp_path / "out.parquet", "criteo")
     with pytest.raises(hd.DataValueError, match="the output path is empty"):
         hd.convert_text(tmp_path / "day.bz2", "", "criteo")
 

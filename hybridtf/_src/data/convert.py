@@ -209,7 +209,13 @@ def _first_line(path: str) -> str:
             f"text input {path!r} is {kind}-compressed (it starts with {kind}'s magic bytes); name it with a "
             f"{suffix} suffix, which the converter decompresses, or decompress it first."
         )
-    return line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+    text = line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
+    if "\r" in text:
+        raise TextFormatError(
+            f"text input {path!r} ends its lines with a lone carriage return (\\r, old Mac line ends); the "
+            "converter reads \\n or \\r\\n line ends: convert them first (e.g. tr '\\r' '\\n')."
+        )
+    return text
 
 
 def _records(path: str, delimiter: str):
