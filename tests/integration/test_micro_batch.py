@@ -34,7 +34,7 @@ def _init(seed):
     return tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
 
 
-def wide_and_deep(seed=3, batch_norm=False, activity=False):
+def wide_and_deep(seed=3, batch_norm=False, activity=False, kernel_l2=None):
     ids, dense = _inputs()
     wide = [
         tf.keras.layers.Embedding(n, 1, embeddings_initializer=_init(seed + i), name=f"wide_{f}")
@@ -55,9 +55,12 @@ def wide_and_deep(seed=3, batch_norm=False, activity=False):
             name=f"hidden_{j}",
             kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 100 + j),
             activity_regularizer="l2" if activity and j == 0 else None,
+            kernel_regularizer=tf.keras.regularizers.l2(kernel_l2) if kernel_l2 else None,
         )(x)
         if batch_norm:  # "inference": called with training=False, moving statistics only
-            x = tf.keras.layers.BatchNormalization()(x, **({"training": False} if batch_norm == "inference" else {}))
+            norm = tf.keras.layers.experimental.SyncBatchNormalization if batch_norm == "sync" else None
+            norm = (norm or tf.keras.layers.BatchNormalization)()
+            x = norm(x, **({"training": False} if batch_norm == "inference" else {}))
     x = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(seed + 200))(x)
     out = tf.keras.layers.Activation("sigmoid")(tf.keras.layers.Add()([x, w]))
     return tf.keras.Model({**ids, "dense_features": dense}, out)
@@ -172,6 +175,56 @@ def test_sum_reduction_weights_every_micro_batch_one():
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_sum_reduction_counts_a_weight_regularizer_once():
+    """Each micro-batch's loss held the whole regularizer, weighted 1: it counted N times (weights off by up to 21)."""
+    batches, _ = _uneven()
+    loss = tf.keras.losses.BinaryCrossentropy(reduction="sum")
+
+    def build():
+        return wide_and_deep(kernel_l2=0.5)
+
+    _, whole_model = _losses(build, "adagrad", batches, loss=loss)
+    for mode in ("embedding", "mlp", "hidden_1"):
+        _, micro_model = _losses(build, "adagrad", batches, loss=loss, micro_batches=4, interleave_from=mode)
+        for a, b in zip(whole_model.get_weights(), micro_model.get_weights()):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=mode)
+
+
+def test_losses_mixing_sums_and_means_over_outputs_are_refused():
+    """One weight per micro-batch cannot serve a sum and a mean: the step's gradient was off (by up to 11)."""
+    ids, dense = _inputs()
+    x = tf.keras.layers.Concatenate()(
+        [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(n, 4)(ids[f])) for f, n in FIELDS] + [dense]
+    )
+    model = tf.keras.Model(
+        {**ids, "dense_features": dense}, {"a": tf.keras.layers.Dense(1)(x), "b": tf.keras.layers.Dense(1)(x)}
+    )
+    model = htf.keras.optimize(model, micro_batches=2)
+    model.compile("sgd", loss={"a": tf.keras.losses.MeanSquaredError(reduction="sum"), "b": "mse"})
+    x0, y0 = _batches(steps=1)[0]
+    with pytest.raises(ValueError, match="mix reduction='sum' and means over the batch"):
+        model.train_on_batch(x0, {"a": y0, "b": y0})
+
+
+def test_a_loss_scale_optimizer_scales_each_micro_batchs_loss():
+    """Its scale was skipped: under mixed_float16 small float16 gradients underflowed to zero (and a float16
+    loss failed to multiply by the float32 weight)."""
+    batches = _batches(steps=1, batch=16)
+    changed = []
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        for n in (1, 2):
+            model = htf.keras.optimize(wide_and_deep(), micro_batches=n)
+            tiny = lambda y, p: 1e-5 * tf.keras.losses.binary_crossentropy(y, p)  # noqa: E731
+            model.compile(optimizer=tf.keras.optimizers.SGD(1.0), loss=tiny)
+            before = model.get_layer("hidden_0").kernel.numpy().copy()
+            model.train_on_batch(*batches[0])
+            changed.append(float(np.mean(model.get_layer("hidden_0").kernel.numpy() != before)))
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+    assert changed[0] > 0.2 and changed[1] >= 0.9 * changed[0], changed
+
+
 def test_one_fused_update_per_packed_table(batches):
     from tests.integration.step_ops import step_op_types
 
@@ -185,6 +238,9 @@ def test_one_fused_update_per_packed_table(batches):
 def test_batch_dependent_layers_are_refused():
     model = wide_and_deep(batch_norm=True)
     with pytest.raises(ValueError, match="BatchNormalization"):
+        htf.keras.optimize(model, micro_batches=2)
+    model = wide_and_deep(batch_norm="sync")  # not a BatchNormalization subclass in Keras 2.15
+    with pytest.raises(ValueError, match="sync_batch_normalization' is a BatchNormalization"):
         htf.keras.optimize(model, micro_batches=2)
     model = wide_and_deep(activity=True)
     with pytest.raises(ValueError, match="activity regularizer"):

@@ -298,3 +298,26 @@ def test_estimator_chains_per_micro_batch(micro, split, chains):
     # W&D: the wide table shares the deep table's unique ids (UniqueSubset): one PackIds per segment
     assert len([op for op in graph.get_operations() if op.type == "HybridTF>PackIds"]) == chains
     assert not [op for op in graph.get_operations() if op.type == "ResourceGather"]  # every lookup packed
+
+
+def test_a_traced_batch_shorter_than_micro_batches_gives_the_whole_batch_loss():
+    """Its empty micro-batches' means (NaN) had weight 0, yet made the loss NaN (the gradients were right)."""
+    w = tf.Variable([[0.5], [-0.25]])
+
+    def loss_fn(x):
+        return tf.reduce_mean(tf.square(tf.matmul(x, w)))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 2], tf.float32)])
+    def step(x):
+        loss, grads = htf.micro_batch_gradients(loss_fn, x, [w], micro_batches=8)
+        return loss, grads[0]
+
+    x = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    with tf.GradientTape() as tape:
+        want = loss_fn(x)
+    loss, grad = step(x)
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
+    np.testing.assert_allclose(grad.numpy(), tape.gradient(want, w).numpy(), rtol=1e-6)
+    # a NumPy integer is a number of micro-batches too
+    loss, _ = htf.micro_batch_gradients(loss_fn, x, [w], micro_batches=np.int64(3))
+    np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)

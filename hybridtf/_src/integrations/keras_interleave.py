@@ -53,6 +53,7 @@ class _InterleaveModelMixin(PlainConstruction):
         micro = self._htf_micro
         if self._htf_pending is not None or (micro is not None and micro.num_micro_batches > 1):
             micro_batch.check_layers(self)  # a layer unfrozen since optimize (fit calls this before tracing)
+            micro_batch.sums_over_batch(self)  # compiled losses mixing reductions: refused before tracing
         if self._htf_pending is None:
             return super().make_train_function(force)
         if self.train_function is not None and not force:
@@ -108,6 +109,7 @@ class _UnpackedMicroBatchMixin(PlainConstruction):
 
     def make_train_function(self, force=False):
         micro_batch.check_layers(self)  # a layer unfrozen since optimize (fit calls this before tracing)
+        micro_batch.sums_over_batch(self)  # compiled losses mixing reductions: refused before tracing
         return super().make_train_function(force)
 
 
@@ -125,6 +127,7 @@ def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "
     """
     if not (micro_batches == "auto" or is_count(micro_batches)):
         raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
+    micro_batches = micro_batches if micro_batches == "auto" else int(micro_batches)  # a NumPy integer too
     if micro_batches == 1:
         return
     if micro_batches == "auto":
@@ -203,6 +206,8 @@ def attach(
         plan, groups = None, interleave_groups
     if not (micro_batches == "auto" or is_count(micro_batches)):
         raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
+    micro_batches = micro_batches if micro_batches == "auto" else int(micro_batches)  # a NumPy integer too
+    groups = groups if groups is None or groups == "auto" or not is_count(groups) else int(groups)
     if not (groups is None or groups == "auto" or is_count(groups)):
         raise MicroBatchError(
             f"interleave_groups must be None, an int >= 1, 'auto' or an InterleavingPlan, got {groups!r}."

@@ -25,8 +25,11 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
 
 _JSON_FORMAT = "hybridtf.interleaving_plan"
 _JSON_VERSION = 1
@@ -34,8 +37,8 @@ DEFAULT_MEMORY_FRACTION = 0.5
 
 
 def is_count(value) -> bool:
-    """An int >= 1 (not a bool: ``True`` is no number of micro-batches or groups)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    """An integer >= 1, Python's or NumPy's (not a bool: ``True`` is no number of micro-batches or groups)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) and value >= 1
 
 
 @dataclass(frozen=True)

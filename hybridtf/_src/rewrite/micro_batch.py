@@ -36,9 +36,13 @@ weighted ``n_i / B`` when the compiled losses are means over the batch
 divides by the number of examples, not by the weights' sum): the step's
 gradient is then the whole-batch gradient up to float summation order. With
 ``reduction="sum"`` losses every micro-batch is weighted 1 (gradients exact;
-the "loss" metric then reports the mean of the micro-batches' sums). Losses
-added with ``add_loss`` are weighted like the compiled loss: exact for
-batch-independent terms (weight regularizers). Layers whose training math
+the "loss" metric then reports the mean of the micro-batches' sums), and keeps
+``1 / N`` of the model's own losses (``step_loss``), so weight regularizers
+count once per step; losses mixing sums and means over the outputs are
+refused. Losses added with ``add_loss`` are weighted like the compiled loss:
+exact for batch-independent terms (weight regularizers). A
+``LossScaleOptimizer``'s scale is applied to each micro-batch's loss and taken
+off the summed gradients. Layers whose training math
 depends on the whole batch are refused (``check_model``): BatchNormalization
 (batch statistics) and activity regularizers (sums over the batch).
 """
@@ -114,6 +118,18 @@ def _inference_only(layer) -> bool:
     return bool(nodes) and all((getattr(node, "call_kwargs", None) or {}).get("training") is False for node in nodes)
 
 
+def _batch_norm_classes() -> tuple:
+    """Keras's batch normalization classes (``SyncBatchNormalization`` derives from their common base only)."""
+    try:
+        from keras.src.layers.normalization.batch_normalization import BatchNormalizationBase
+    except ImportError:  # another Keras layout
+        return (tf.keras.layers.BatchNormalization,)
+    return (tf.keras.layers.BatchNormalization, BatchNormalizationBase)
+
+
+_BATCH_NORMS = _batch_norm_classes()
+
+
 def check_layers(model) -> None:
     """Refuses layers whose training math depends on the whole batch (checked again when a step is traced: a layer
     may have been unfrozen since ``optimize``).
@@ -131,7 +147,7 @@ def check_layers(model) -> None:
             raise MicroBatchError(SHARDED_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, DynamicEmbedding) and layer._table_config.capacity:
             raise MicroBatchError(CAPACITY_MESSAGE.format(name=repr(layer.name)))
-        if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable and not _inference_only(layer):
+        if isinstance(layer, _BATCH_NORMS) and layer.trainable and not _inference_only(layer):
             raise MicroBatchError(
                 f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
                 "the batch it sees, so micro-batches would compute different math. Use micro_batches=1, freeze the "
@@ -170,18 +186,61 @@ def split(structure, lo, hi):
     return tf.nest.map_structure(lambda t: _slice(t, lo, hi), structure, expand_composites=False)
 
 
-def loss_weights(model, sizes, batch) -> list[tf.Tensor]:
-    """Weight of each micro-batch's loss: ``n_i / B`` for mean losses, 1 for ``reduction="sum"``."""
+def sums_over_batch(model) -> bool:
+    """Whether the compiled losses are ``reduction="sum"`` ones (else means over the batch).
+
+    Raises:
+        MicroBatchError: a loss with reduction NONE, or outputs whose losses mix sums and means (one weight
+            per micro-batch cannot serve both).
+    """
     compiled = getattr(model, "compiled_loss", None)
     # Keras flattens the compiled losses when they are first called; before that they are the user's own.
     losses = [obj for obj in tf.nest.flatten(getattr(compiled, "_losses", None)) if obj is not None]
     reductions = {getattr(obj, "reduction", losses_utils.ReductionV2.AUTO) for obj in losses}
     if losses_utils.ReductionV2.NONE in reductions:
         raise MicroBatchError("a compiled loss with reduction NONE has no per-step value to micro-batch.")
-    if reductions and reductions <= {losses_utils.ReductionV2.SUM}:
+    summed = bool(reductions) and reductions <= {losses_utils.ReductionV2.SUM}
+    if losses_utils.ReductionV2.SUM in reductions and not summed:
+        raise MicroBatchError(
+            "the compiled losses mix reduction='sum' and means over the batch: a micro-batch's sum counts whole, "
+            "its mean by its share of the batch, and one step cannot weight both. Give every output the same "
+            "reduction, or use micro_batches=1."
+        )
+    return summed
+
+
+def loss_weights(model, sizes, batch) -> list[tf.Tensor]:
+    """Weight of each micro-batch's loss: ``n_i / B`` for mean losses, 1 for ``reduction="sum"``."""
+    if sums_over_batch(model):
         return [tf.constant(1.0) for _ in sizes]
     b = tf.cast(batch, tf.float32)
     return [tf.cast(n, tf.float32) / tf.maximum(b, 1.0) for n in sizes]
+
+
+def step_loss(model, loss, weight, num_micro_batches: int) -> tf.Tensor:
+    """A micro-batch's share of the step's loss (what its gradient is taken of), inside its tape.
+
+    ``loss * weight``; with ``reduction="sum"`` losses (weight 1) the model's own losses (weight
+    regularizers, batch-independent, in each micro-batch's ``compute_loss``) would count once per
+    micro-batch, so each micro-batch keeps ``1 / N`` of them. A ``LossScaleOptimizer``'s loss scale is
+    applied here and taken off the summed gradients (``unscaled_gradients``), as its ``minimize`` does.
+    """
+    scaled = loss * tf.cast(weight, loss.dtype)
+    if num_micro_batches > 1 and model.losses and sums_over_batch(model):
+        regularization = tf.add_n([tf.cast(term, loss.dtype) for term in model.losses])
+        scaled = scaled - (1.0 - 1.0 / num_micro_batches) * regularization
+    optimizer = getattr(model, "optimizer", None)
+    if hasattr(optimizer, "get_scaled_loss"):
+        scaled = optimizer.get_scaled_loss(scaled)
+    return scaled
+
+
+def unscaled_gradients(model, grads: list) -> list:
+    """The gradients of ``step_loss``-scaled losses without a ``LossScaleOptimizer``'s loss scale."""
+    optimizer = getattr(model, "optimizer", None)
+    if not hasattr(optimizer, "get_unscaled_gradients"):
+        return grads
+    return optimizer.get_unscaled_gradients(grads)
 
 
 class _Accumulator:
@@ -268,11 +327,12 @@ def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: st
             with tf.GradientTape() as tape:
                 pred = model(xi, training=True)
                 loss = model.compute_loss(xi, yi, pred, swi)
-                scaled = loss * weights[i]
+                scaled = step_loss(model, loss, weights[i], n)
             model._validate_target_and_loss(yi, loss)
             acc.add(tape.gradient(scaled, variables))
             preds.append(pred)
         grads, y_pred = acc.result(), _concat_structures(preds)
+    grads = unscaled_gradients(model, grads)
     pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
     optimizer = model.optimizer
     if is_horovod_distributed(optimizer):  # it averages in minimize's gradient step, which this step replaces
@@ -316,7 +376,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
             with context.replaying(requests, out_i):
                 pred = model(xi, training=True)
             loss = model.compute_loss(xi, yi, pred, swi)
-            scaled = loss * weights[i]
+            scaled = step_loss(model, loss, weights[i], len(bounds) - 1)
         model._validate_target_and_loss(yi, loss)
         g = tape.gradient(scaled, dense_vars + stitch.rows + sliced_i)
         acc.add(g[: len(dense_vars)])

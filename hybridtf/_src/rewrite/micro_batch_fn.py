@@ -168,6 +168,7 @@ def micro_batch_gradients(
     """
     if not is_count(micro_batches):
         raise InterleavingError(f"micro_batch_gradients: micro_batches must be an int >= 1, got {micro_batches!r}.")
+    micro_batches = int(micro_batches)  # a NumPy integer too
     if interleave_from not in MODES:
         raise InterleavingError(
             f"micro_batch_gradients: interleave_from={interleave_from!r}; use 'embedding' (loss_fn per micro-batch) "
@@ -207,7 +208,8 @@ def micro_batch_gradients(
 
 
 def _weighted(loss, weight):
-    return loss * tf.cast(weight, loss.dtype)
+    # an empty micro-batch (a batch shorter than micro_batches) has weight 0 and a mean of nothing (NaN): 0
+    return tf.math.multiply_no_nan(loss, tf.cast(weight, loss.dtype))
 
 
 def _per_micro_batch(loss_fn, inputs, variables, bounds, weights):

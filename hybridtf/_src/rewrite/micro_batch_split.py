@@ -86,8 +86,15 @@ def split_model(model, layer_name: str):
             f"interleave_from={layer_name!r}: an output of the model is computed before that layer (or by it), so "
             "nothing would run per micro-batch. Name a layer after the embedding lookups, before the outputs."
         )
-    head_model = tf.keras.Model(model.input, frontier, name=f"{model.name}_head")
-    tail_model = tf.keras.Model(frontier, model.output, name=f"{model.name}_tail")
+    try:
+        head_model = tf.keras.Model(model.input, frontier, name=f"{model.name}_head")
+        tail_model = tf.keras.Model(frontier, model.output, name=f"{model.name}_tail")
+    except ValueError as e:  # Keras: a tensor of the tail cannot be reached from the cut (an input, a lookup)
+        raise SplitError(
+            f"interleave_from={layer_name!r}: the layers after it also read tensors from before the embedding "
+            "lookups (an Input, or an embedding layer itself), so the model cannot be cut there. Name a layer "
+            f"whose output every later layer depends on, after the lookups (Keras: {' '.join(str(e).split())[:300]})."
+        ) from None
     return head_model, tail_model
 
 
@@ -102,6 +109,8 @@ def _whole_batch_frontier(head, x):
 
 def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split_fn):
     """Gradients of the step and the whole batch's predictions, micro-batching from the cut."""
+    from hybridtf._src.rewrite.micro_batch import step_loss  # (micro_batch imports this module)
+
     head, tail = model._htf_split
     with tf.GradientTape() as head_tape:
         frontier = _whole_batch_frontier(head, x)
@@ -116,7 +125,7 @@ def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, spli
             tape.watch(f_i)
             pred = tail(f_i, training=True)
             loss = model.compute_loss(xi, yi, pred, swi)
-            scaled = loss * weights[i]
+            scaled = step_loss(model, loss, weights[i], len(bounds) - 1)
         model._validate_target_and_loss(yi, loss)
         g = tape.gradient(scaled, list(variables) + f_i)
         for parts, gv in zip(grads, g[: len(variables)]):
