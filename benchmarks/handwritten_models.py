@@ -16,8 +16,9 @@ styles:
 
 The wide part (one dim-1 embedding per field) is summed as ``wide``: ``"add"``
 (a Keras ``Add`` layer; Python ``+`` in the custom layer: a chain of
-``AddV2``), ``"add_n"`` (``tf.add_n``) or ``"reduce_sum"`` (``tf.reduce_sum``
-over a ``tf.stack`` / ``tf.concat`` of the fields).
+``AddV2``), ``"add_n"`` (``tf.add_n``), ``"reduce_sum"`` (``tf.reduce_sum``
+over a ``tf.stack`` / ``tf.concat`` of the fields) or ``"stack_sum"``
+(``tf.reduce_sum(tf.stack(fields), 0)``: stacked along a new first axis).
 
 Inputs: ``{"f<i>": int64 [B, 1], "dense": float32 [B, n_dense]}``; output: a
 sigmoid probability ``[B, 1]``.
@@ -38,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 STYLES = ("keras", "custom_layer", "subclassed")
-WIDE_SUMS = ("add", "add_n", "reduce_sum")
+WIDE_SUMS = ("add", "add_n", "reduce_sum", "stack_sum")
 
 
 class ConcatFields(tf.keras.layers.Layer):
@@ -80,6 +81,8 @@ def _wide_sum(how: str, wide: list, add_layer):
         return tf.add_n(wide)
     if how == "reduce_sum":
         return tf.reduce_sum(tf.concat(wide, axis=-1), axis=-1, keepdims=True)
+    if how == "stack_sum":
+        return tf.reduce_sum(tf.stack(wide), 0)
     raise ValueError(f"wide must be one of {WIDE_SUMS}, got {how!r}.")
 
 

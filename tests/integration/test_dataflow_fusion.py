@@ -3,10 +3,11 @@
 The model (``benchmarks.handwritten_models``) is written with Keras layers (``Flatten`` + ``Concatenate``), with
 custom layers calling ``tf.concat`` (DeepCTR's ``[B, 1, d]`` concat + ``Flatten``), and as a subclassed model
 calling ``tf.concat`` in ``call``; its wide part (dim-1 embeddings) is summed with a Keras ``Add`` (a chain of
-``AddV2``), ``tf.add_n`` or ``tf.reduce_sum`` over a concat / stack. Every variant must train exactly like its
-plain model (1e-5 relative; all variants compute the same function from the same weights, so each is compared
-with the plain Keras-layers model) and run the same fused ops: the deep input's concatenation and first Dense layer
-become one StitchConcatMatMul, the wide sum one StitchConcat whose gradient reads a [B, 1] column.
+``AddV2``), ``tf.add_n`` or ``tf.reduce_sum`` over a concat / stack (also a stack on a new first axis). Every
+variant must train exactly like its plain model (1e-5 relative; all variants compute the same function from the
+same weights, so each is compared with the plain Keras-layers model) and run the same fused ops: the deep
+input's concatenation and first Dense layer become one StitchConcatMatMul, the wide sum one StitchConcat whose
+gradient reads a [B, 1] column.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from benchmarks import handwritten_models as hm
-from hybridtf._src.rewrite.dataflow_fusion import FUSED_SUM_SCOPE
+from hybridtf._src.rewrite.add_n_rounding import FUSED_SUM_SCOPE
 from tests.integration.step_ops import graph_pruned_ops, pruned_op_types, step_graph, step_op_types
 
 VOCABS = [50, 80, 120, 30, 60, 200]
@@ -34,6 +35,8 @@ VARIANTS = [
     ("subclassed", "add"),
     ("subclassed", "add_n"),
     ("subclassed", "reduce_sum"),
+    ("keras", "stack_sum"),  # reduce_sum(tf.stack(fields), 0): was left unfused
+    ("subclassed", "stack_sum"),
 ]
 
 
@@ -271,7 +274,7 @@ def test_fused_field_sum_rounds_like_add_n_bit_for_bit(n, width):
     """The fused sum adds its columns as TensorFlow's CPU AddN kernel adds its inputs (what a plain graph's chain of
     adds runs after Grappler): the same floats, not merely close. Magnitudes spread over 1e-7..1e7 make any other
     association round differently."""
-    from hybridtf._src.rewrite.dataflow_fusion import add_n_order, add_n_sum
+    from hybridtf._src.rewrite.add_n_rounding import add_n_order, add_n_sum
 
     rng = np.random.default_rng(n)
     shape = (64, n) if width is None else (64, n, width)

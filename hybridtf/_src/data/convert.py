@@ -36,14 +36,11 @@ Formats (:data:`FORMATS`):
 from __future__ import annotations
 
 import argparse
-import bz2
 import dataclasses
 import datetime
-import gzip
 import os
 import sys
 import time
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -59,6 +56,7 @@ from hybridtf._src.data.layout import (
     pyarrow_modules,
 )
 from hybridtf._src.data.schema import check_parquet
+from hybridtf._src.data.text_input import RecordWhere, bad_record, compression_of, first_line, line_of_record
 from hybridtf._src.limits import INT64_MAX
 
 
@@ -178,121 +176,13 @@ def _is_number(s: str) -> bool:
     return True
 
 
-# Inputs the converter decompresses, by suffix (any case); other compressed suffixes are refused.
-_DECOMPRESSED = {".gz": ("gzip", gzip.open), ".bz2": ("bz2", bz2.open)}
-_UNSUPPORTED = (".zst", ".zstd", ".lz4", ".xz", ".lzma", ".zip", ".7z", ".br", ".snappy")
-# Errors of reading a damaged compressed input (zlib's is not an OSError).
-_READ_ERRORS = (OSError, EOFError, zlib.error)
-
-
-def _compression(path: str) -> tuple[str | None, object]:
-    """``(pyarrow codec or None, Python opener)`` of a text input, by its suffix."""
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix in _UNSUPPORTED:
-        raise TextFormatError(
-            f"text input {path!r} is compressed with {suffix[1:]}, which the converter does not read; "
-            "decompress it first (or compress it with gzip or bzip2: .gz / .bz2 inputs are read compressed)."
-        )
-    return _DECOMPRESSED.get(suffix, (None, open))
-
-
-def _first_line(path: str) -> str:
-    codec, opener = _compression(path)
-    try:
-        with opener(path, "rb") as f:
-            line = f.readline()
-    except _READ_ERRORS as e:
-        raise TextFormatError(f"cannot read text input {path!r} ({type(e).__name__}: {e}); is it damaged?") from e
-    if codec is None and line.startswith((b"\x1f\x8b", b"BZh")):
-        kind, suffix = ("gzip", ".gz") if line.startswith(b"\x1f\x8b") else ("bzip2", ".bz2")
-        raise TextFormatError(
-            f"text input {path!r} is {kind}-compressed (it starts with {kind}'s magic bytes); name it with a "
-            f"{suffix} suffix, which the converter decompresses, or decompress it first."
-        )
-    text = line.decode("utf-8-sig", errors="replace").rstrip("\r\n")
-    if "\r" in text:
-        raise TextFormatError(
-            f"text input {path!r} ends its lines with a lone carriage return (\\r, old Mac line ends); the "
-            "converter reads \\n or \\r\\n line ends: convert them first (e.g. tr '\\r' '\\n')."
-        )
-    return text
-
-
-def _records(path: str, delimiter: str):
-    """``(first line, fields)`` of each record of ``path`` read with Python's csv module (an error path).
-
-    It counts physical lines (a quoted field may span several); a blank line is a record without
-    fields, which the reader skips.
-    """
-    import csv
-
-    _, opener = _compression(path)
-    with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        end = 0
-        for fields in reader:
-            start, end = end + 1, reader.line_num
-            yield start, fields
-
-
-def _line_of_record(path: str, delimiter: str, header: bool, record: int) -> int | None:
-    """The first line of data record ``record`` (0-based, after the header, blank lines not counted)."""
-    import csv
-
-    k = -1
-    try:
-        for start, fields in _records(path, delimiter):
-            if (header and start == 1) or not fields:
-                continue
-            k += 1
-            if k == record:
-                return start
-    except (*_READ_ERRORS, csv.Error):
-        return None
-    return None
-
-
-class _Where:
-    """Names data records of one block of a text input in messages: ``where(i)`` is ``"<path>, line L"``.
-
-    The line is found by reading the file again (only when a message needs it): the reader skips blank
-    lines and a quoted field may span lines, so the block's record index alone would not give it.
-    """
-
-    def __init__(self, path: str, delimiter: str, header: bool, first_record: int):
-        self.path, self.delimiter, self.header, self.first_record = path, delimiter, header, first_record
-
-    def __call__(self, i: int) -> str:
-        record = self.first_record + int(i)
-        line = _line_of_record(self.path, self.delimiter, self.header, record)
-        return f"{self.path}, line {line}" if line else f"{self.path}, data row {record + 1}"
-
-
-def _bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[int, int] | None:
-    """``(line, fields)`` of the first record of ``path`` (after the header) without ``fields`` fields, or None.
-
-    Called after the reader failed (an error path): reads the file again (``_records``).
-    """
-    import csv
-
-    try:
-        for start, record in _records(path, delimiter):
-            if (header and start == 1) or not record:
-                continue
-            if len(record) != fields:
-                return start, len(record)
-    except (*_READ_ERRORS, csv.Error):
-        return None
-    return None
-
-
 def _parse_error(error, path, fmt, delimiter, names, header, line) -> TextFormatError:
     """The reader's ``error`` with the line of the first record of the wrong width, when there is one.
 
     The reader parses blocks ahead, so a failing block's first line (``line``, None for the first block)
-    is not the bad line: it is found by reading the file again (``_bad_record``).
+    is not the bad line: it is found by reading the file again (``bad_record``).
     """
-    found = _bad_record(path, delimiter, len(names), int(header))
+    found = bad_record(path, delimiter, len(names), int(header))
     if found:
         where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({error})"
     else:
@@ -302,7 +192,7 @@ def _parse_error(error, path, fmt, delimiter, names, header, line) -> TextFormat
 
 def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
     """``(column names, has header, delimiter)`` of one text input."""
-    first = _first_line(path)
+    first = first_line(path)
     if not first:
         raise TextFormatError(f"text input {path!r} is empty; a {fmt.name} file needs at least a header or a row.")
     delimiter = fmt.delimiter or ("\t" if "\t" in first else ",")
@@ -328,7 +218,7 @@ def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
 def _parse_floats(arr, column: str, where, allow_empty: bool):
     """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error naming the line.
 
-    ``where(i)`` names the block's record ``i`` (``_Where``). A value that is not finite in float32
+    ``where(i)`` names the block's record ``i`` (``RecordWhere``). A value that is not finite in float32
     (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN.
     """
     pa, _ = pyarrow_modules()
@@ -552,7 +442,7 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
             names, header, delimiter = _layout(path, fmt)
             convert = _BlockConverter(fmt, names, per_column, path)
             keys = [f"f{i}" for i in range(len(names))]
-            codec, _ = _compression(path)
+            codec, _ = compression_of(path)
             try:
                 reader = pcsv.open_csv(
                     pa.input_stream(path, compression=codec),
@@ -573,9 +463,9 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                 except StopIteration:
                     break
                 except (pa.ArrowInvalid, OSError) as e:
-                    line = _line_of_record(path, delimiter, header, first_record) if first_record else None
+                    line = line_of_record(path, delimiter, header, first_record) if first_record else None
                     raise _parse_error(e, path, fmt, delimiter, names, header, line) from None
-                columns = convert(batch, _Where(path, delimiter, header, first_record))
+                columns = convert(batch, RecordWhere(path, delimiter, header, first_record))
                 arrays = [pa.array(columns[f.name], type=f.type) for f in schema]
                 pending.append(pa.Table.from_arrays(arrays, schema=schema))
                 pending_rows += batch.num_rows

@@ -14,7 +14,8 @@ None to keep the op:
   another fused concatenation: one ``StitchConcat`` (reshaped to the output's
   shape when that is not a matrix);
 * ``AddN`` / ``AddV2`` of fields of one shape (Keras ``Add`` is a chain of
-  ``AddV2``; each step's partial sum is recognised by the next): deferred, not
+  ``AddV2``; each step's partial sum is recognised by the next), or a ``Sum``
+  over the axis of an unfused stack of them (``reduce_sum(tf.stack(fields), 0)``): deferred, not
   replaced; the first op that uses the sum otherwise (or the caller, through
   ``FusionScope.resolve``) gets one StitchConcat and one sum over the fields
   that rounds as the plain graph's ``AddN`` does (``add_n_sum``). Its gradient
@@ -60,11 +61,13 @@ import dataclasses
 import math
 import sys
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import record
 from tensorflow.python.framework import op_callbacks
 from tensorflow.python.saved_model import save_context
 
+from hybridtf._src.rewrite.add_n_rounding import add_n_order, add_n_sum, node_input_name
 from hybridtf._src.rewrite.attention_fusion import query_key_matmul
 from hybridtf._src.rewrite.concat_fusion import (
     FLOAT_DTYPES,
@@ -179,7 +182,7 @@ class FusionScope:
         if graph is None or outputs is None or not inputs:
             return outputs
         rule = RULES.get(op_type)
-        if rule is None and not self._pending and op_type not in SUM_OPS:
+        if rule is None and not self._pending and op_type not in SUM_OPS and op_type != "Sum":
             return outputs
         if self.forward_only and (_in_symbolic_gradients() or _keras_symbolic(inputs)):
             return outputs  # a TF1 model_fn's optimizer builds its backward as usual; Keras records its own graph
@@ -251,10 +254,10 @@ class FusionScope:
         if op.type == "Identity" and op.inputs and op.inputs[0].ref() in self._pending:
             self._pending[op.outputs[0].ref()] = self._pending[op.inputs[0].ref()]
             return True
-        if op.type not in SUM_OPS:
+        if op.type not in SUM_OPS and op.type != "Sum":
             return False
         try:
-            terms = _field_sum_terms(self, op)
+            terms = _field_sum_terms(self, op) if op.type in SUM_OPS else _stacked_sum_terms(self, op)
         except (ValueError, TypeError):
             terms = None
         if terms is None:
@@ -353,7 +356,31 @@ def _pack_rule(scope: FusionScope, op: tf.Operation):
 
 def _field_sum_terms(scope: FusionScope, op: tf.Operation) -> list | None:
     """The fields an ``AddN`` / ``AddV2`` adds, when every term is a field (or a field sum) of the output's shape."""
-    out = op.outputs[0]
+    return _sum_terms_of(scope, list(op.inputs), op.outputs[0])
+
+
+def _stacked_sum_terms(scope: FusionScope, op: tf.Operation) -> list | None:
+    """The fields of ``reduce_sum(tf.stack(fields, axis=k), axis=k)``: a field sum written with a stack.
+
+    Only a stack no rule fused (axis 0, the fields' own batch axis left in place); a stack along a later
+    axis is a fused concatenation already, which the sum then reads.
+    """
+    if op.get_attr("keep_dims"):
+        return None
+    stack = op.inputs[0]
+    if stack.op.type != "Pack" or len(stack.op.inputs) < 2 or stack.shape.rank is None:
+        return None
+    axis = tf.get_static_value(op.inputs[1])
+    if axis is None or np.size(axis) != 1:
+        return None
+    rank = stack.shape.rank
+    if _normalize(int(np.reshape(axis, [-1])[0]), rank) != _normalize(stack.op.get_attr("axis"), rank):
+        return None
+    return _sum_terms_of(scope, list(stack.op.inputs), op.outputs[0])
+
+
+def _sum_terms_of(scope: FusionScope, inputs: list, out: tf.Tensor) -> list | None:
+    """``inputs`` as the terms of a field sum ``out``, when each is a field (or a field sum) of ``out``'s shape."""
     if out.dtype not in FLOAT_DTYPES or out.shape.rank is None or out.shape.rank < 1:
         return None
     target = _static_target(out)
@@ -361,7 +388,7 @@ def _field_sum_terms(scope: FusionScope, op: tf.Operation) -> list | None:
         return None
     width = math.prod(target[1:])
     terms = []
-    for t in op.inputs:
+    for t in inputs:
         if not _same_shape(t.shape, out.shape):
             return None
         prior = scope.sum_terms(t)
@@ -387,81 +414,6 @@ def _build_field_sum(terms: list, out: tf.Tensor) -> tf.Tensor:
     else:
         total = add_n_sum(tf.reshape(columns, [-1, len(terms), width]))
     return _as_traced(total, out)
-
-
-ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
-FUSED_SUM_SCOPE = "fused_field_sum"  # name scope of add_n_sum's ops (its adds are not the user's)
-
-
-def node_input_name(t: tf.Tensor) -> str:
-    """How a GraphDef node names ``t`` among its inputs (``op`` for output 0, else ``op:k``)."""
-    return t.op.name if t.value_index == 0 else f"{t.op.name}:{t.value_index}"
-
-
-def add_n_order(names: list[str]) -> list[int]:
-    """The order in which the plain graph adds terms named ``names`` (see ``add_n_sum``): sorted by name."""
-    return sorted(range(len(names)), key=lambda i: names[i])
-
-
-def _in_order(parts: list) -> tf.Tensor:
-    """``parts[0] + parts[1] + ...`` strictly left to right (one ``AddV2`` per part, no reassociation)."""
-    total = parts[0]
-    for part in parts[1:]:
-        total = tf.add(total, part)
-    return total
-
-
-def _column_sum(x: tf.Tensor, n: int) -> tf.Tensor:
-    """``x[:, 0] + x[:, 1] + ... + x[:, n-1]`` strictly left to right, axis 1 kept (size 1).
-
-    One ``Split`` and ``n - 1`` adds of whole ``[B, 1, ...]`` slices: each add is vectorised across the
-    batch (and any inner axes). A ``cumsum`` along axis 1 gives the same floats but scans every row on its
-    own: about 9x slower for a 200-field wide part (it was 9% of the fused step's op time).
-    """
-    return _in_order(tf.split(x, n, axis=1)) if n > 1 else x
-
-
-@tf.custom_gradient
-def add_n_sum(x: tf.Tensor):
-    """The sum over axis 1 of ``x`` (``[B, n, ...]``, n >= 2) rounded as TensorFlow's CPU ``AddN`` kernel rounds it.
-
-    What the plain graph runs for a sum of fields: Grappler's arithmetic
-    optimizer turns a chain of adds (Keras ``Add``, Python ``+``) into one
-    ``AddN`` and sorts the inputs of commutative ops by name; ``tf.add_n`` is
-    an ``AddN`` sorted the same way. The CPU ``AddN`` kernel then adds the
-    first ``r`` inputs left to right (``r = n % 8``, or 8 for ``r == 0``, 9 for
-    ``r == 1``) and adds each further block of eight, itself summed left to
-    right, to the running total. The caller orders the columns as
-    ``add_n_order``; this function reproduces that association with adds of
-    whole column slices (``_column_sum``: the blocks of eight are summed side
-    by side, then added to the running total one by one), bit for bit.
-    ``reduce_sum`` would not: Eigen reduces an inner axis in SIMD lanes. The
-    gradient of every term is the output gradient: a ``Tile`` of it, which
-    StitchConcatGrad reads as a column without materialising ``[B, n]``.
-
-    Returns:
-        ``[B, 1]`` for a matrix ``x``, else ``[B, ...]`` (axis 1 summed away).
-    """
-    n = int(x.shape[1])
-    head = n % ADD_N_CHUNK
-    head = {0: ADD_N_CHUNK, 1: ADD_N_CHUNK + 1}.get(head, head)
-    head = min(head, n)
-    inner = x.shape.as_list()[2:]
-    with tf.name_scope(FUSED_SUM_SCOPE):
-        total = _column_sum(x[:, :head], head)  # [B, 1, ...]
-        if head < n:
-            blocks = (n - head) // ADD_N_CHUNK
-            # [B, blocks, 8, ...]: the eight columns of every block summed side by side -> [B, blocks, 1, ...]
-            grouped = tf.reshape(x[:, head:], [-1, blocks, ADD_N_CHUNK, *inner])
-            block_sums = tf.reshape(_in_order(tf.split(grouped, ADD_N_CHUNK, axis=2)), [-1, blocks, *inner])
-            total = _in_order([total, *(tf.split(block_sums, blocks, axis=1) if blocks > 1 else [block_sums])])
-        total = tf.reshape(total, [-1, *inner]) if x.shape.rank > 2 else total
-
-    def grad(dy):  # a Tile, as reduce_sum's gradient: StitchConcatGrad reads its [B, 1] source
-        multiples = [1, n] + [1] * (x.shape.rank - 2)
-        return tf.tile(dy if x.shape.rank == 2 else tf.expand_dims(dy, 1), multiples)
-
-    return total, grad
 
 
 # StitchConcatMatMul adds each position's projected row (``units`` wide) into its output row: memory-bound

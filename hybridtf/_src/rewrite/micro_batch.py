@@ -51,13 +51,13 @@ from __future__ import annotations
 
 import tensorflow as tf
 from keras.src.engine import data_adapter
-from keras.src.utils import losses_utils
 
 from hybridtf._src.caching import fills
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
 from hybridtf._src.rewrite import micro_batch_split
+from hybridtf._src.rewrite.micro_batch_loss import step_loss, sums_over_batch, unscaled_gradients
 from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
 
@@ -186,61 +186,12 @@ def split(structure, lo, hi):
     return tf.nest.map_structure(lambda t: _slice(t, lo, hi), structure, expand_composites=False)
 
 
-def sums_over_batch(model) -> bool:
-    """Whether the compiled losses are ``reduction="sum"`` ones (else means over the batch).
-
-    Raises:
-        MicroBatchError: a loss with reduction NONE, or outputs whose losses mix sums and means (one weight
-            per micro-batch cannot serve both).
-    """
-    compiled = getattr(model, "compiled_loss", None)
-    # Keras flattens the compiled losses when they are first called; before that they are the user's own.
-    losses = [obj for obj in tf.nest.flatten(getattr(compiled, "_losses", None)) if obj is not None]
-    reductions = {getattr(obj, "reduction", losses_utils.ReductionV2.AUTO) for obj in losses}
-    if losses_utils.ReductionV2.NONE in reductions:
-        raise MicroBatchError("a compiled loss with reduction NONE has no per-step value to micro-batch.")
-    summed = bool(reductions) and reductions <= {losses_utils.ReductionV2.SUM}
-    if losses_utils.ReductionV2.SUM in reductions and not summed:
-        raise MicroBatchError(
-            "the compiled losses mix reduction='sum' and means over the batch: a micro-batch's sum counts whole, "
-            "its mean by its share of the batch, and one step cannot weight both. Give every output the same "
-            "reduction, or use micro_batches=1."
-        )
-    return summed
-
-
 def loss_weights(model, sizes, batch) -> list[tf.Tensor]:
     """Weight of each micro-batch's loss: ``n_i / B`` for mean losses, 1 for ``reduction="sum"``."""
     if sums_over_batch(model):
         return [tf.constant(1.0) for _ in sizes]
     b = tf.cast(batch, tf.float32)
     return [tf.cast(n, tf.float32) / tf.maximum(b, 1.0) for n in sizes]
-
-
-def step_loss(model, loss, weight, num_micro_batches: int) -> tf.Tensor:
-    """A micro-batch's share of the step's loss (what its gradient is taken of), inside its tape.
-
-    ``loss * weight``; with ``reduction="sum"`` losses (weight 1) the model's own losses (weight
-    regularizers, batch-independent, in each micro-batch's ``compute_loss``) would count once per
-    micro-batch, so each micro-batch keeps ``1 / N`` of them. A ``LossScaleOptimizer``'s loss scale is
-    applied here and taken off the summed gradients (``unscaled_gradients``), as its ``minimize`` does.
-    """
-    scaled = loss * tf.cast(weight, loss.dtype)
-    if num_micro_batches > 1 and model.losses and sums_over_batch(model):
-        regularization = tf.add_n([tf.cast(term, loss.dtype) for term in model.losses])
-        scaled = scaled - (1.0 - 1.0 / num_micro_batches) * regularization
-    optimizer = getattr(model, "optimizer", None)
-    if hasattr(optimizer, "get_scaled_loss"):
-        scaled = optimizer.get_scaled_loss(scaled)
-    return scaled
-
-
-def unscaled_gradients(model, grads: list) -> list:
-    """The gradients of ``step_loss``-scaled losses without a ``LossScaleOptimizer``'s loss scale."""
-    optimizer = getattr(model, "optimizer", None)
-    if not hasattr(optimizer, "get_unscaled_gradients"):
-        return grads
-    return optimizer.get_unscaled_gradients(grads)
 
 
 class _Accumulator:

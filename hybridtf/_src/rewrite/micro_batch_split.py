@@ -25,6 +25,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.errors import InterleavingError
+from hybridtf._src.rewrite.micro_batch_loss import step_loss
 from hybridtf._src.rewrite.runtime import lookup_all
 
 # The model cannot be cut at the named layer.
@@ -109,8 +110,6 @@ def _whole_batch_frontier(head, x):
 
 def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, split_fn):
     """Gradients of the step and the whole batch's predictions, micro-batching from the cut."""
-    from hybridtf._src.rewrite.micro_batch import step_loss  # (micro_batch imports this module)
-
     head, tail = model._htf_split
     with tf.GradientTape() as head_tape:
         frontier = _whole_batch_frontier(head, x)
