@@ -11,7 +11,11 @@ own model_dir (exactly when TensorFlow's warm-started initializers run).
 Selection follows ``WarmStartSettings.vars_to_warm_start`` applied to the
 name ``hybridtf_dynamic/<table>``: a regex (the default ``".*"`` selects every
 table) or a list of regexes; ``None`` or a list of variable objects selects
-none. ``var_name_to_prev_var_name`` maps ``hybridtf_dynamic/<table>`` to the
+none. As TensorFlow selects only trainable variables with a regex and every
+variable with a list, a table selected by a regex gets its ids, rows, counts
+and step but no optimizer slots (its optimizer starts them afresh, as the
+plain model_fn's fresh slot variables), one selected by a list its slots
+too. ``var_name_to_prev_var_name`` maps ``hybridtf_dynamic/<table>`` to the
 name the table had in the checkpoint. A selected table missing from the
 checkpoint, or stored there with another dim, is a ValueError naming it.
 """
@@ -63,7 +67,7 @@ def _selected(vars_to_warm_start, key: str) -> bool:
     return False
 
 
-def _import_op(owner, path: str, prev: str, available: dict):
+def _import_op(owner, path: str, prev: str, available: dict, with_slots: bool = True):
     table = owner.table
     rows = available.get(f"{prev}/rows")
     if rows is None:
@@ -85,11 +89,14 @@ def _import_op(owner, path: str, prev: str, available: dict):
             shape_and_slices=[""] * len(FIELDS),
             dtypes=list(_DTYPES),
         )
+        ids, rows, slots, counts, slot_init, step = tensors
+        if not with_slots:  # TensorFlow's regex selects trainable variables: rows, not optimizer state
+            slots = tf.zeros(tf.stack([tf.shape(ids)[0], 0, table.config.dim]), tf.float32)
+            slot_init = tf.zeros([0], tf.float32)  # the optimizer's first update starts the slots afresh
         world = getattr(table, "world", None)
         if world is not None and world.distributed:  # a whole table: keep the ids this rank owns
-            ids, rows, slots, counts, slot_init, step = tensors
-            tensors = (*dynamic_exchange.own_part(ids, rows, slots, counts, world), slot_init, step)
-        return table.import_(*tensors)
+            ids, rows, slots, counts = dynamic_exchange.own_part(ids, rows, slots, counts, world)
+        return table.import_(ids, rows, slots, counts, slot_init, step)
 
 
 def apply(spec, owners, mode):
@@ -113,7 +120,10 @@ def apply(spec, owners, mode):
     ops = []
     for owner in chosen:
         key = f"{PREFIX}/{owner.table.name}"
-        ops.append(_import_op(owner, path, prev_names.get(key, key), available))
+        # a regex (TensorFlow's default ".*") warm-starts trainable variables only, a list of names every
+        # variable it matches, optimizer slots included (as for a static table's slots)
+        with_slots = not isinstance(settings.vars_to_warm_start, str)
+        ops.append(_import_op(owner, path, prev_names.get(key, key), available, with_slots))
     scaffold = spec.scaffold or tf.compat.v1.train.Scaffold()
     user_init_fn = scaffold._user_init_fn
 
