@@ -242,6 +242,23 @@ def test_v1_optimizer_settings_without_a_fused_update_are_refused(tmp_path):
         _train(_estimator(htf_estimator.model_fn(fn), tmp_path), 1)
 
 
+def test_a_keras_optimizer_for_dynamic_tables_in_a_model_fn_is_refused_naming_the_v1_ones(tmp_path):
+    """A TF1 graph has no automatic control dependencies: its update read the empty buffer (a raw segment_ids
+    error at the first step)."""
+
+    def fn(features, labels, mode, params):
+        emb = htf.layers.DynamicEmbedding(D, name="items", **TABLE)(_ids(features), training=mode == TRAIN)
+        h = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(emb))
+        loss = tf.reduce_mean(tf.keras.losses.binary_crossentropy(labels, tf.sigmoid(h)))
+        opt = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1))
+        variables = tf.compat.v1.trainable_variables()
+        train_op = opt.apply_gradients(zip(tf.gradients(loss, variables), variables))
+        return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op)
+
+    with pytest.raises(ValueError, match=r"\['items'\] in a TF1 graph .* not with the Keras optimizer Adagrad"):
+        _train(_estimator(htf_estimator.model_fn(fn), tmp_path), 1)
+
+
 @pytest.mark.parametrize("fn", ["layer", "tables"])
 def test_exported_saved_model_serves_the_learned_rows_without_hybridtf(uninterrupted, tmp_path, fn):
     """PREDICT graphs read the checkpoint's ids and rows with plain TF ops: no hybridtf op, zeros for unseen ids."""

@@ -88,6 +88,15 @@ class _DynamicOptimizerMixin:
                 "(amsgrad=False) and hybridtf.keras.LazyAdam without gradient clipping, weight decay (excluded "
                 "variables or not) or EMA. Remove those settings, or use one of those optimizers."
             )
+        if not tf.compat.v1.executing_eagerly_outside_functions() and not context.is_recording():
+            # A TF1 graph (an Estimator model_fn) has no automatic control dependencies to order the step's
+            # buffer fill before these updates: they read an empty buffer (a raw segment_ids error at run time).
+            tables = sorted({name for _, v in dynamic for name in _user_names(_layer_of(v))})
+            raise ValueError(
+                f"DynamicEmbedding tables {tables} in a TF1 graph (an Estimator model_fn) train with a "
+                "tf.compat.v1.train GradientDescentOptimizer, AdagradOptimizer or AdamOptimizer passed to "
+                f"hybridtf.keras.dynamic_optimizer, not with the Keras optimizer {type(self).__name__}."
+            )
         rest = [(g, v) for g, v in grads_and_vars if _layer_of(v) is None]
         current_learning_rate(self)  # this step's rate of a LearningRateSchedule, before the tables' updates
         updates = []

@@ -117,7 +117,7 @@ class V1DynamicOptimizerMixin:
         if kind is None:
             raise ValueError(
                 "dynamic embedding tables train with tf.compat.v1.train GradientDescentOptimizer, AdagradOptimizer "
-                f"or AdamOptimizer (or the Keras optimizers dynamic_optimizer names); got {type(self).__name__}. "
+                f"or AdamOptimizer; got {type(self).__name__}. "
                 "Use one of those optimizers."
             )
         rest = [(g, v) for g, v in grads_and_vars if owner_of(v) is None]
