@@ -60,6 +60,11 @@ def local_variables(*objs) -> list:
 
     Raises:
         TypeError: an object that is neither.
+
+    Example:
+        >>> tape = hvd.DistributedGradientTape(tf.GradientTape())  # doctest: +SKIP
+        >>> for v in htf.horovod.local_variables(model):  # doctest: +SKIP
+        ...     tape.register_local_source(v)
     """
     from hybridtf._src.distribute.dynamic_exchange import sharded_dynamic_buffers
 
@@ -90,6 +95,12 @@ def DistributedGradientTape(tape, *objs, **kwargs):
     Returns:
         The Horovod tape: dense gradients averaged, shard gradients local
         (already holding every rank's rows) and divided by the size.
+
+    Example:
+        >>> with tf.GradientTape() as tape:  # doctest: +SKIP
+        ...     loss = loss_fn(y, model(x, training=True))
+        >>> tape = htf.horovod.DistributedGradientTape(tape, model)  # doctest: +SKIP
+        >>> grads = tape.gradient(loss, model.trainable_variables)  # doctest: +SKIP
     """
     import horovod.tensorflow as hvd
 
@@ -232,7 +243,12 @@ def collective_phase(name: str = "step"):
 
 
 def world() -> World:
-    """The Horovod job hybridtf sees (rank, size); ``World(0, 1)`` without Horovod."""
+    """The Horovod job hybridtf sees (rank, size); ``World(0, 1)`` without Horovod.
+
+    Example:
+        >>> htf.horovod.world()  # one process, or before hvd.init()  # doctest: +SKIP
+        World(rank=0, size=1)
+    """
     return current_world()
 
 

@@ -91,6 +91,12 @@ def set_collective_timeout(seconds: float | None) -> None:
 
     Raises:
         ValueError: a negative or non-finite number.
+
+    Example:
+        >>> set_collective_timeout(120)  # a slow first step (a large warm start) on every rank
+        >>> collective_timeout()
+        120.0
+        >>> set_collective_timeout(None)  # back to HYBRIDTF_COLLECTIVE_TIMEOUT_S / 35 s
     """
     global _override
     if seconds is not None:
@@ -121,6 +127,10 @@ def collective_timeout() -> float | None:
 
     Raises:
         ValueError: ``HYBRIDTF_COLLECTIVE_TIMEOUT_S`` is not a number >= 0.
+
+    Example:
+        >>> collective_timeout()  # the default, without HYBRIDTF_COLLECTIVE_TIMEOUT_S  # doctest: +SKIP
+        35.0
     """
     global _parsed
     seconds = _override

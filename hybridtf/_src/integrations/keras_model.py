@@ -257,7 +257,13 @@ class _HybridModelMixin(
 
 
 def is_optimized(model) -> bool:
-    """Whether ``optimize`` packed some of ``model``'s tables: static ones, or dynamic ones into a store."""
+    """Whether ``optimize`` packed some of ``model``'s tables: static ones, or dynamic ones into a store.
+
+    Example:
+        >>> model = hybridtf.keras.optimize(build_my_model())  # doctest: +SKIP
+        >>> hybridtf.keras.is_optimized(model)  # doctest: +SKIP
+        True
+    """
     return has_packed_tables(model) or isinstance(model, packed_dynamic._DynamicModelMixin)
 
 

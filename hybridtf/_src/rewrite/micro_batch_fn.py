@@ -165,6 +165,13 @@ def micro_batch_gradients(
         hybridtf.errors.InterleavingError: a bad setting, an input without a
             batch dimension, a non-scalar loss, or a ``loss_fn`` that creates
             variables per call.
+
+    Example:
+        >>> w = tf.Variable([[0.5], [-0.25]])
+        >>> loss_fn = lambda x: tf.reduce_mean(tf.square(tf.matmul(x, w)))
+        >>> x = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+        >>> loss, grads = micro_batch_gradients(loss_fn, x, [w], micro_batches=2)
+        >>> tf.keras.optimizers.SGD(0.1).apply_gradients(zip(grads, [w]))  # doctest: +SKIP
     """
     if not is_count(micro_batches):
         raise InterleavingError(f"micro_batch_gradients: micro_batches must be an int >= 1, got {micro_batches!r}.")

@@ -133,6 +133,11 @@ def stock_tf_unique_partition(
 
     Returns:
         ``UniquePartitionResult`` of tensors.
+
+    Example:
+        >>> r = stock_tf_unique_partition(tf.constant([5, 3, 5, 8, 2], tf.int64), 2)  # doctest: +SKIP
+        >>> r.partition_sizes.numpy()  # the same as unique_partition's  # doctest: +SKIP
+        array([2, 2], dtype=int32)
     """
     uniq, idx = tf.unique(ids)
     if strategy == "mod":
