@@ -412,7 +412,7 @@ def check_parquet(
         files = []  # each path on its own: a missing one is listed, the others still checked
         for entry in paths:
             try:
-                files += [f for f in resolve_paths(entry) if f not in files]
+                files = list(dict.fromkeys([*files, *resolve_paths(entry)]))
             except ParquetFileError as e:
                 problems.append((os.fspath(entry), str(e)))
                 unresolved += 1

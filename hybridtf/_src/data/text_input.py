@@ -9,6 +9,7 @@ skips blank lines and a quoted field may span lines, so a record's index is not 
 from __future__ import annotations
 
 import bz2
+import csv
 import gzip
 import os
 import zlib
@@ -61,8 +62,6 @@ def records(path: str, delimiter: str):
     It counts physical lines (a quoted field may span several); a blank line is a record without
     fields, which the reader skips.
     """
-    import csv
-
     _, opener = compression_of(path)
     with opener(path, "rt", encoding="utf-8-sig", errors="replace", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
@@ -72,16 +71,17 @@ def records(path: str, delimiter: str):
             yield start, fields
 
 
+def _data_records(path: str, delimiter: str, header: bool):
+    """``records`` without the header and the blank lines: the records the reader turns into rows."""
+    for start, fields in records(path, delimiter):
+        if fields and not (header and start == 1):
+            yield start, fields
+
+
 def line_of_record(path: str, delimiter: str, header: bool, record: int) -> int | None:
     """The first line of data record ``record`` (0-based, after the header, blank lines not counted)."""
-    import csv
-
-    k = -1
     try:
-        for start, fields in records(path, delimiter):
-            if (header and start == 1) or not fields:
-                continue
-            k += 1
+        for k, (start, _) in enumerate(_data_records(path, delimiter, header)):
             if k == record:
                 return start
     except (*READ_ERRORS, csv.Error):
@@ -110,12 +110,8 @@ def bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[in
 
     Called after the reader failed (an error path): reads the file again (``records``).
     """
-    import csv
-
     try:
-        for start, record in records(path, delimiter):
-            if (header and start == 1) or not record:
-                continue
+        for start, record in _data_records(path, delimiter, header):
             if len(record) != fields:
                 return start, len(record)
     except (*READ_ERRORS, csv.Error):

@@ -66,11 +66,12 @@ def mirroring_strategy():
     return None if isinstance(strategy, tf.distribute.OneDeviceStrategy) else strategy
 
 
-def strategy_fix() -> str:
-    """What to do instead of a mirroring strategy (the end of every refusal's message)."""
+def strategy_fix(make: str = "Create them") -> str:
+    """What to do instead of a mirroring strategy (the end of every refusal's message); ``make``: what to do
+    outside ``strategy.scope()``."""
     return (
         "which hybridtf does not support: its tables are one variable per process, updated by hybridtf's fused "
-        "ops, and data/model parallelism comes from Horovod. Create them outside strategy.scope() and run one "
+        f"ops, and data/model parallelism comes from Horovod. {make} outside strategy.scope() and run one "
         "process per device with horovodrun (see docs/horovod_guide.md; OneDeviceStrategy is fine)."
     )
 

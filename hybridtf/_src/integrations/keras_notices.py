@@ -145,7 +145,7 @@ def refuse_distribution_strategy(model, when: str) -> None:
         f"hybridtf.keras.optimize: model {model.name!r} is {when} under {what}"
         + (f" (its variables {mirrored[:3]} are distributed variables)" if mirrored else "")
         + ", "
-        + strategy_fix().replace("Create them", "Build, optimize and compile the model")
+        + strategy_fix("Build, optimize and compile the model")
     )
 
 

@@ -182,7 +182,7 @@ class FusionScope:
         if graph is None or outputs is None or not inputs:
             return outputs
         rule = RULES.get(op_type)
-        if rule is None and not self._pending and op_type not in SUM_OPS and op_type != "Sum":
+        if rule is None and not self._pending and op_type not in DEFERRED_SUM_OPS:
             return outputs
         if self.forward_only and (_in_symbolic_gradients() or _keras_symbolic(inputs)):
             return outputs  # a TF1 model_fn's optimizer builds its backward as usual; Keras records its own graph
@@ -254,7 +254,7 @@ class FusionScope:
         if op.type == "Identity" and op.inputs and op.inputs[0].ref() in self._pending:
             self._pending[op.outputs[0].ref()] = self._pending[op.inputs[0].ref()]
             return True
-        if op.type not in SUM_OPS and op.type != "Sum":
+        if op.type not in DEFERRED_SUM_OPS:
             return False
         try:
             terms = _field_sum_terms(self, op) if op.type in SUM_OPS else _stacked_sum_terms(self, op)
@@ -492,6 +492,7 @@ _dice_rule = _one_op_rule(
 
 # Sums of fields: deferred until a consumer needs them (FusionScope._defer_sum), then one StitchConcat and a sum.
 SUM_OPS = frozenset({"AddN", "AddV2"})
+DEFERRED_SUM_OPS = SUM_OPS | {"Sum"}  # also a reduce_sum over an unfused stack of fields (_stacked_sum_terms)
 
 # Op type -> rule(scope, op) returning the replacement outputs, or None to keep the op.
 RULES = {
