@@ -344,6 +344,32 @@ def test_lines_in_messages_count_blank_lines_and_quoted_newlines(tmp_path):
         hd.convert_text(src, tmp_path / "out.parquet", "avazu")
 
 
+def test_invalid_utf8_names_its_line_and_a_header_only_file_is_zero_rows_with_or_without_newline(tmp_path):
+    src = tmp_path / "avazu.csv"
+    src.write_bytes(
+        (AVAZU_HEADER + "\n" + _avazu_row("14102100") * 2).encode() + b"1,0,14102100,\xff\xfe" + b",x" * 20 + b"\n"
+    )
+    with pytest.raises(hd.TextFormatError, match=r"avazu.csv: line 4 is not valid UTF-8 text .*re-encode the file"):
+        hd.convert_text(src, tmp_path / "out.parquet", "avazu")
+    for end in ("", "\n"):
+        only = tmp_path / f"header{len(end)}.csv"
+        only.write_text(AVAZU_HEADER + end)
+        _, rows = hd.convert_text(only, tmp_path / "o.parquet", "avazu")
+        assert rows == 0 and read_table(tmp_path / "o.parquet")["label"] == []
+
+
+def test_a_tiny_non_zero_mask_keeps_its_history_position(tmp_path):
+    """The mask is read as float64: 1e-50 (0 in float32) marks a present position."""
+    src = tmp_path / "alimama.txt"
+    text = alimama_text().split("\n")
+    row = text[2].split(",")
+    row[9:12] = ["1e-50", "0", "1"]  # row 2's mask: positions 1 and 3
+    src.write_text("\n".join([text[0], text[1], ",".join(row)]) + "\n")
+    hd.convert_text(src, tmp_path / "out.parquet", "alimama", buckets=B)
+    bags = [b.tolist() for b in hd.decode_multi_hot(read_table(tmp_path / "out.parquet")["his_cate"])]
+    assert bags[1] == [h("0"), h("77")]
+
+
 def test_compressed_inputs_damaged_or_of_other_codecs_are_named(tmp_path, capsys):
     import bz2
     import gzip

@@ -15,7 +15,12 @@ columns, and written in row groups:
   (farmhash Fingerprint64, stable everywhere); a missing value is id 0.
 * sequences (Alimama behaviour histories, one header column per position with
   a ``mask`` column per position): the hashed ids of the positions whose mask
-  is non-zero, in order, as a multi-hot column (padding dropped).
+  is non-zero (read as float64: ``1e-50`` is present), in order, as a
+  multi-hot column (padding dropped). A present position with an empty value
+  is id 0, as a missing categorical value is.
+
+A file with a header and no rows (with or without a final newline) adds no
+rows; a line that is not valid UTF-8 is an error naming it.
 
 Formats (:data:`FORMATS`):
 
@@ -56,7 +61,15 @@ from hybridtf._src.data.layout import (
     pyarrow_modules,
 )
 from hybridtf._src.data.schema import check_parquet
-from hybridtf._src.data.text_input import RecordWhere, bad_record, compression_of, first_line, line_of_record
+from hybridtf._src.data.text_input import (
+    RecordWhere,
+    bad_record,
+    compression_of,
+    first_invalid_utf8_line,
+    first_line,
+    line_of_record,
+    only_one_line,
+)
 from hybridtf._src.limits import INT64_MAX
 
 
@@ -182,6 +195,13 @@ def _parse_error(error, path, fmt, delimiter, names, header, line) -> TextFormat
     The reader parses blocks ahead, so a failing block's first line (``line``, None for the first block)
     is not the bad line: it is found by reading the file again (``bad_record``).
     """
+    if "invalid UTF8" in str(error):
+        line_utf8 = first_invalid_utf8_line(path)
+        if line_utf8 is not None:
+            return TextFormatError(
+                f"{path}: line {line_utf8} is not valid UTF-8 text ({error}); re-encode the file as UTF-8 "
+                "(e.g. iconv -f latin1 -t utf-8) or drop that line."
+            )
     found = bad_record(path, delimiter, len(names), int(header))
     if found:
         where = f"line {found[0]} has {found[1]} fields, not {len(names)} ({error})"
@@ -215,11 +235,12 @@ def _layout(path: str, fmt: TextFormat) -> tuple[list[str], bool, str]:
     return names, header, delimiter
 
 
-def _parse_floats(arr, column: str, where, allow_empty: bool):
+def _parse_floats(arr, column: str, where, allow_empty: bool, float32: bool = True):
     """Strings -> float32 numpy; empty -> 0 when ``allow_empty``, otherwise an error naming the line.
 
     ``where(i)`` names the block's record ``i`` (``RecordWhere``). A value that is not finite in float32
-    (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN.
+    (``nan``, ``inf``, ``1e39``) is an error too: it would train as inf or NaN. ``float32=False`` returns
+    the float64 values (a mask, where only non-zero matters: ``1e-50`` is present, not rounded to 0).
     """
     pa, _ = pyarrow_modules()
     import pyarrow.compute as pc
@@ -235,14 +256,16 @@ def _parse_floats(arr, column: str, where, allow_empty: bool):
         at = f"{where(bad)} ({arr[bad].as_py()!r})" if bad is not None else f"{where(0)} or later"
         raise TextFormatError(f"{at}: column {column!r} must be {allowed}: {e}") from None
     values = out.fill_null(0.0).to_numpy(zero_copy_only=False)
-    wrong = ~(np.abs(values) <= _FLOAT32_MAX)  # NaN, infinities, and values float32 cannot hold
+    limit = _FLOAT32_MAX if float32 else np.finfo(np.float64).max
+    wrong = ~(np.abs(values) <= limit)  # NaN, infinities, and values float32 cannot hold
     if wrong.any():
         i = int(np.argmax(wrong))
+        kind = f"float32 value (|x| <= {_FLOAT32_MAX:.4g})" if float32 else "number"
         raise TextFormatError(
             f"{where(i)}: column {column!r} holds {arr[i].as_py()!r}, which is not a finite "
-            f"float32 value (|x| <= {_FLOAT32_MAX:.4g}); it would train as inf or NaN. Fix or drop that row."
+            f"{kind}; it would train as inf or NaN. Fix or drop that row."
         )
-    return values.astype(np.float32)
+    return values.astype(np.float32) if float32 else values
 
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -299,7 +322,9 @@ class _BlockConverter:
                 out[c] = hash_strings(strings, self.buckets[c])
         if fmt.sequences:
             mask_cols = [batch.column(i) for i in self.positions[fmt.sequence_mask]]
-            mask = np.stack([_parse_floats(m, fmt.sequence_mask, where, allow_empty=True) for m in mask_cols], axis=1)
+            mask = np.stack(
+                [_parse_floats(m, fmt.sequence_mask, where, allow_empty=True, float32=False) for m in mask_cols], axis=1
+            )
             keep = mask != 0
             for c in fmt.sequences:
                 strings = pa.chunked_array([batch.column(i) for i in self.positions[c]])
@@ -455,6 +480,8 @@ def _write(paths, output, fmt, spec, per_column, row_group_rows, compression, bl
                     ),
                 )
             except (pa.ArrowInvalid, OSError) as e:  # the first block failed to parse
+                if header and only_one_line(path):  # a header without a final newline and no rows
+                    continue
                 raise _parse_error(e, path, fmt, delimiter, names, header, None) from None
             first_record = 0  # of the block, among the data records
             while True:

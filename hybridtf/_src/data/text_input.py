@@ -117,3 +117,29 @@ def bad_record(path: str, delimiter: str, fields: int, header: bool) -> tuple[in
     except (*READ_ERRORS, csv.Error):
         return None
     return None
+
+
+def first_invalid_utf8_line(path: str) -> int | None:
+    """The number of the first line of ``path`` that is not valid UTF-8, or None (an error path)."""
+    _, opener = compression_of(path)
+    try:
+        with opener(path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    line.decode("utf-8")
+                except UnicodeDecodeError:
+                    return number
+    except READ_ERRORS:
+        return None
+    return None
+
+
+def only_one_line(path: str) -> bool:
+    """Whether ``path`` holds a single line (a header without rows; its final newline may be missing)."""
+    _, opener = compression_of(path)
+    try:
+        with opener(path, "rb") as f:
+            f.readline()
+            return not f.read(1)
+    except READ_ERRORS:
+        return False
