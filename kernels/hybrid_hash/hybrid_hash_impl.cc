@@ -380,13 +380,26 @@ void Store::RelayoutLocked(int num_slots, const float* slot_init) {
   }
 }
 
-ImplStatus Store::EnsureSlots(int num_slots, const float* slot_init) {
+ImplStatus Store::EnsureSlots(int num_slots, const float* slot_init, bool* replaced) {
+  if (replaced) *replaced = false;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    if (num_slots == num_slots_) return ImplStatus::Ok();
+    if (num_slots == num_slots_) {
+      // The imported slots are this optimizer's: training now uses them.
+      if (slots_imported_.load(std::memory_order_relaxed)) {
+        slots_imported_.store(false, std::memory_order_relaxed);
+      }
+      return ImplStatus::Ok();
+    }
   }
   std::unique_lock<std::shared_mutex> lock(mu_);
+  const bool imported = slots_imported_.exchange(false, std::memory_order_relaxed);
   if (num_slots == num_slots_) return ImplStatus::Ok();
+  if (num_slots_ != 0 && imported) {  // another optimizer's checkpoint: fresh slots
+    RelayoutLocked(num_slots, slot_init);
+    if (replaced) *replaced = true;
+    return ImplStatus::Ok();
+  }
   if (num_slots_ != 0) {
     return ImplStatus::InvalidArgument(
         Quoted(config_) + " holds " + std::to_string(num_slots_) +

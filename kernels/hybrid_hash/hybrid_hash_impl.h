@@ -268,9 +268,12 @@ class Store {
   ImplStatus CheckMembers(const int64_t* members, int64_t n) const;
 
   // Sets the optimizer slot layout (num_slots values of slot_init). A table
-  // without slots gets them (existing rows are given slot_init); asking for a
-  // different layout than the one held is an error.
-  ImplStatus EnsureSlots(int num_slots, const float* slot_init);
+  // without slots gets them (existing rows are given slot_init). Slots that
+  // came from an Import and were not updated since (a checkpoint of another
+  // optimizer: fine-tuning with a new one) are replaced by fresh ones (rows
+  // kept); *replaced (if given) tells.
+  // Asking for a different layout than the one training used is an error.
+  ImplStatus EnsureSlots(int num_slots, const float* slot_init, bool* replaced = nullptr);
 
   // Fused updates of distinct present ids with gradient rows grad[n * dim],
   // the same float operations as kernels/sparse_apply (Keras 2.15 exact).
@@ -499,6 +502,8 @@ class Store {
   int64_t key_bytes_ = 0;       // 8 in a packed store (the record's member), else 0
   int num_slots_ = 0;
   std::vector<float> slot_init_;
+  // The slots came from an Import and no update has used them yet (EnsureSlots).
+  std::atomic<bool> slots_imported_{false};
   int64_t record_bytes_ = 0;
   std::vector<LineChunk> chunks_;
   uint32_t next_record_ = 0;    // records [0, next_record_) were handed out

@@ -118,6 +118,7 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
     num_slots_ = static_cast<int>(num_slots);
     slot_init_.assign(slot_init, slot_init + num_slots);
     record_bytes_ = RecordBytes();
+    slots_imported_.store(num_slots > 0, std::memory_order_relaxed);
   } else {  // one member of a packed store: the others keep their rows
     WriteBackLocked();
     std::vector<uint32_t> old;
@@ -149,7 +150,10 @@ ImplStatus Store::Import(const int64_t* ids, const float* rows, const float* slo
       free_.push_back(r);
       --size_;
     }
-    if (num_slots > 0 && num_slots_ == 0) RelayoutLocked(static_cast<int>(num_slots), slot_init);
+    if (num_slots > 0 && num_slots_ == 0) {
+      RelayoutLocked(static_cast<int>(num_slots), slot_init);
+      slots_imported_.store(true, std::memory_order_relaxed);
+    }
   }
   step_ = static_cast<uint32_t>(step);
   const int64_t dim = config_.dim;

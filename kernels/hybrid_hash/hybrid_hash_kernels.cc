@@ -261,22 +261,30 @@ class ApplyOp : public OpKernel {
     }
     const ParallelFor pf = ChoosePf(ctx, n, store->dim());
     ImplStatus status;
+    bool replaced = false;
     switch (kind_) {
       case Kind::kSgd:
         status = store->ApplySgd(id, g, n, s[0], pf, mem, rec);
         break;
       case Kind::kAdagrad:
-        status = store->EnsureSlots(1, &acc_init_);
+        status = store->EnsureSlots(1, &acc_init_, &replaced);
         if (status.ok()) status = store->ApplyAdagrad(id, g, n, s[0], s[1], pf, mem, rec);
         break;
       case Kind::kAdam: {
         const float zeros[2] = {0.f, 0.f};
-        status = store->EnsureSlots(2, zeros);
+        status = store->EnsureSlots(2, zeros, &replaced);
         if (status.ok()) {
           status = store->ApplyAdam(id, g, n, s[0], s[1], s[2], s[3], lazy_, pf, mem, rec);
         }
         break;
       }
+    }
+    if (replaced) {
+      LOG(WARNING)
+          << Name(*store)
+          << ": the restored checkpoint holds another optimizer's slots (another number "
+             "per row); its rows are kept and this optimizer's slots start fresh. To resume "
+             "the checkpoint's optimizer state, compile with the optimizer that wrote it.";
     }
     OP_REQUIRES_OK(ctx, ToTfStatus(status));
     if (end_step_) store->EndStep(CpuParallelFor(ctx));

@@ -570,3 +570,27 @@ def test_a_keras_file_without_the_dynamic_table_is_refused_by_name(tmp_path, suf
     fresh = htf.layers.DynamicEmbedding(D, name="lazy")
     fresh.load_own_variables(store)
     assert fresh.table is None
+
+
+def test_a_checkpoint_of_another_optimizer_keeps_its_rows_and_starts_fresh_slots(tmp_path):
+    """Fine-tuning with a new optimizer: Adagrad's table trains on with Adam as a plain Embedding's
+    weights moved into a fresh Adam model do; switching without a restore stays an error."""
+    x, y = _data(steps=30)
+    half = 15 * BATCH
+    dyn, m1, m2 = _pair("adagrad", hot_rows=8, warmup_steps=4, flush_every=3)
+    _fit(m1, x[:half], y[:half])
+    _fit(m2, x[:half], y[:half])
+    path = tf.train.Checkpoint(table=dyn.table).write(str(tmp_path / "table"))
+
+    dyn_adam, n1, n2 = _pair("adam", hot_rows=8, warmup_steps=4, flush_every=3)
+    tf.train.Checkpoint(table=dyn_adam.table).read(path).assert_consumed()
+    assert dyn_adam.stats()["num_slots"] == 1  # Adagrad's accumulators, until Adam's first update
+    for fresh, trained in zip(n1.layers[2:], m1.layers[2:]):
+        fresh.set_weights(trained.get_weights())
+    n2.set_weights(m2.get_weights())  # the plain model's weights, its Adam fresh
+    np.testing.assert_allclose(_fit(n1, x[half:], y[half:]), _fit(n2, x[half:], y[half:]), rtol=1e-5)
+    assert dyn_adam.stats()["num_slots"] == 2
+
+    m1.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adam")), loss="mse")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"'items' holds 1 optimizer slot\(s\) per row"):
+        _fit(m1, x[:BATCH], y[:BATCH])

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
+import types
 
 import pytest
 
@@ -134,6 +136,35 @@ def test_the_watchdogs_shutdown_finishes_before_the_error_and_the_exit():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["raised while joining: False", "most shutdowns at once: 1"]
+
+
+def test_a_thread_awaiting_the_shutdown_never_joins_an_unstarted_one(monkeypatch):
+    """A rank raised "cannot join thread before it is started" when it awaited the watchdog's shutdown
+    between the shutdown thread's publication and its start."""
+    seen, probes = [], []
+
+    class Thread(threading.Thread):
+        def start(self):  # another thread awaits the shutdown just as this one starts
+            def probe():
+                try:
+                    seen.append(watchdog.await_shutdown(5))
+                except RuntimeError as e:
+                    seen.append(e)
+
+            probes.append(threading.Thread(target=probe))
+            probes[-1].start()
+            probes[-1].join(0.3)  # it returns, fails, or waits for the shutdown's publication
+            super().start()
+
+    class Hvd:
+        def shutdown(self):
+            pass
+
+    monkeypatch.setattr(watchdog, "_closer", None)
+    monkeypatch.setattr(watchdog, "threading", types.SimpleNamespace(Thread=Thread))
+    watchdog._shut_down(World(0, 2, Hvd()))
+    probes[0].join(10)
+    assert seen == [True]
 
 
 def _armed(phase, seq):

@@ -233,10 +233,10 @@ def _shut_down(world: World) -> None:
     """
     global _closer
     closer = threading.Thread(target=_shutdown_horovod, args=(world,), name="hybridtf-watchdog-shutdown", daemon=True)
-    with _lock:
-        _closer = closer
     atexit.register(_await_shutdown_at_exit)  # registered after hvd.init's: runs first
-    closer.start()
+    with _lock:  # started before it is published: a thread in await_shutdown never joins an unstarted one
+        closer.start()
+        _closer = closer
     closer.join(_EXIT_GRACE_S)
 
 
