@@ -15,17 +15,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import numbers
 from collections.abc import Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
 from hybridtf._src.integrations.keras_model import has_packed_tables, is_optimized
-from hybridtf._src.integrations.keras_unpacked import UnpackedModelMixin
+from hybridtf._src.integrations.keras_unpacked import UnpackedModelMixin, fusions_traced
 from hybridtf._src.op_count import COUNTING_RULE, PLUMBING_OPS, count_graph_ops, count_ops, synthetic_batch
 from hybridtf._src.plan.interleaving import InterleavingPlan
 from hybridtf._src.plan.packing import PackingPlan
-from hybridtf._src.report_dynamic import dynamic_tables
+from hybridtf._src.report_dynamic import bytes_per_row_text, dynamic_tables
 
 __all__ = [
     "COUNTING_RULE",
@@ -126,6 +128,12 @@ class Report:
             one StitchConcatMatMul op.
         shared_uniques: packed tables that take their unique ids from
             another packed table's chain (table -> source).
+        other_fusions: the other fusions of the last traced step, by kind
+            (``fm``: factorization-machine cross terms as one StitchFM;
+            ``dice``: Dice activations as one Dice op; ``attention``: DIN
+            attention products computed once per example; ``outer_products``:
+            batched 1-deep matrix products as a broadcast ``Mul``), each a list
+            of where it happened; kinds with nothing fused are left out.
         interleaving: the model's ``InterleavingPlan`` as a dict (K-groups
             with Capacity_g and members, excluded embeddings, micro-batching
             and how Eq. 2 chose it), or None.
@@ -157,6 +165,7 @@ class Report:
     interleaving: dict | None = None
     dynamic_tables: dict = dataclasses.field(default_factory=dict)
     dynamic_plan: tuple = ()
+    other_fusions: dict = dataclasses.field(default_factory=dict)
 
     @property
     def ops_ratio(self) -> float | None:
@@ -189,6 +198,7 @@ class Report:
             "interleaving": self.interleaving,
             "dynamic_tables": dict(self.dynamic_tables),
             "dynamic_plan": [dict(g) for g in self.dynamic_plan],
+            "other_fusions": {kind: list(where) for kind, where in self.other_fusions.items()},
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -216,6 +226,7 @@ class Report:
             dynamic_plan=tuple(
                 {"name": g["name"], "dim": g["dim"], "members": list(g["members"])} for g in d.get("dynamic_plan", ())
             ),
+            other_fusions={kind: list(where) for kind, where in d.get("other_fusions", {}).items()},
         )
 
     @classmethod
@@ -253,6 +264,9 @@ class Report:
             lines.append(f"Dense layers multiplying through the distinct rows (StitchConcatMatMul): {dense}")
             shared = ", ".join(f"{t} <- {src}" for t, src in sorted(self.shared_uniques.items()))
             lines.append(f"packed tables reusing another chain's unique ids (UniqueSubset): {shared or 'none'}")
+            lines += [
+                f"{OTHER_FUSIONS[kind]}: {', '.join(where)}" for kind, where in self.other_fusions.items() if where
+            ]
             plan = self.interleaving and InterleavingPlan.from_dict(self.interleaving)
             lines.append(str(plan) if plan else "interleaving: none (one group, whole batch)")
         if self.optimized:
@@ -263,7 +277,7 @@ class Report:
             lines += [
                 f"  {name}: {m['size']:,} rows, hit ratio {m['hit_ratio']:.3f} last step / "
                 f"{m['hit_ratio_cumulative']:.3f} cumulative, {m['inserts']:,} inserts, {m['evictions']:,} evictions, "
-                f"{m['flushes']:,} flushes, {m['bytes_per_row']:.0f} bytes/row"
+                f"{m['flushes']:,} flushes, {bytes_per_row_text(m)}"
                 for name, m in self.dynamic_tables.items()
             ]
         if self.communication:
@@ -279,6 +293,12 @@ class Report:
             ]
             placements = ", ".join(f"{name}: {t['placement']}" for name, t in c["tables"].items())
             lines.append(f"  (dense gradients {c['dense_gradient_bytes']:,} bytes; {placements})")
+            if c.get("ids_one_value"):
+                lines.append(
+                    "  (every id input of the traced batch holds one value, e.g. the synthetic batch's id 0: each "
+                    "table sends one distinct row, far less than real data; pass a batch of real ids for a real "
+                    "estimate)"
+                )
         return "\n".join(lines)
 
     def _ops_lines(self) -> list[str]:
@@ -383,6 +403,17 @@ def report(
                 "Tables in a custom loop, count the ops of your step's concrete function instead: "
                 "hybridtf.report.count_graph_ops(step.get_concrete_function(batch))."
             )
+    if num_ranks is not None and (isinstance(num_ranks, bool) or not isinstance(num_ranks, numbers.Integral)):
+        raise ValueError(f"hybridtf.report.report: num_ranks must be an int (the number of ranks), got {num_ranks!r}.")
+    if num_ranks is not None and num_ranks < 1:
+        raise ValueError(
+            f"hybridtf.report.report: num_ranks must be >= 1 (2 or more estimate the traffic), got {num_ranks}."
+        )
+    if baseline is not None and (not getattr(baseline, "_is_compiled", False) or baseline.optimizer is None):
+        raise ValueError(
+            "hybridtf.report.report: the baseline model is not compiled; compile it as the model is "
+            "(baseline.compile(optimizer=..., loss=...)) to compare their training steps."
+        )
     if sample_batch is None:
         sample_batch = synthetic_batch(model)
     # through optimize: packed static tables, dynamic stores only, or nothing packable
@@ -409,6 +440,9 @@ def report(
         interleaving=_interleaving(model) if optimized else None,
         dynamic_tables=dynamic_tables(model),
         dynamic_plan=dynamic_plan,
+        other_fusions={k: fusions_traced(model, k) for k in OTHER_FUSIONS if fusions_traced(model, k)}
+        if optimized
+        else {},
     )
 
 
@@ -428,4 +462,28 @@ def _communication(model, sample_batch, num_ranks):
         return None
     if not isinstance(sample_batch, (tuple, list)):
         raise ValueError("num_ranks needs sample_batch as a batch (features, labels), not a spec or a dataset.")
-    return estimate_traffic(model, sample_batch[0], num_ranks)
+    traffic = estimate_traffic(model, sample_batch[0], num_ranks)
+    traffic["ids_one_value"] = _ids_one_value(sample_batch[0])
+    return traffic
+
+
+def _ids_one_value(features) -> bool:
+    """Whether every integer input of ``features`` holds at most one distinct value (a degenerate batch)."""
+    ints = []
+    for t in tf.nest.flatten(features, expand_composites=False):
+        if isinstance(t, tf.RaggedTensor):
+            values = np.asarray(t.flat_values)
+        else:
+            values = np.asarray(t.values if isinstance(t, tf.SparseTensor) else t)
+        if values.dtype.kind in "iu":
+            ints.append(values)
+    return bool(ints) and all(np.unique(v).size <= 1 for v in ints)
+
+
+# Fusion kinds beyond the concatenations, dense layers and shared unique ids, as the report names them.
+OTHER_FUSIONS = {
+    "fm": "factorization-machine cross terms fused (StitchFM)",
+    "dice": "Dice activations fused (Dice)",
+    "attention": "DIN attention products computed once per example",
+    "outer_products": "batched 1-deep matrix products as a broadcast Mul",
+}

@@ -219,8 +219,9 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="STEPS",
-        help="add the dynamic-table (HybridHash) section: a small DynamicEmbedding model trains STEPS steps; "
-        "with --model none only that section",
+        help="add the dynamic-table (HybridHash) section: a small demo model of two DynamicEmbedding fields trains "
+        "STEPS steps of --batch examples; with --model none only that section (a user model's own dynamic tables "
+        "are in its report)",
     )
     p.add_argument(
         "--timing",
@@ -281,7 +282,7 @@ def main(argv=None) -> int:
     if args.dynamic:  # HybridHash statistics of a small DynamicEmbedding model (report_dynamic.py)
         from hybridtf._src.report_dynamic import dynamic_section
 
-        section = dynamic_section(steps=args.dynamic)
+        section = dynamic_section(steps=args.dynamic, batch=args.batch)
         _out(json.dumps({"dynamic_tables": section.to_dict()}) if args.json else section)
     if args.model == "none":
         return 0

@@ -29,8 +29,18 @@ _COLUMNS = (
     ("inserts", "{inserts:,}"),
     ("evictions", "{evictions:,}"),
     ("flushes", "{flushes:,}"),
-    ("bytes/row", "{bytes_per_row:.0f}"),
+    ("bytes/row", "{bytes_per_row_cell}"),
 )
+# bytes/row is shown from this many rows on: the store allocates its rows in chunks of 1,024 records,
+# so a table of a few rows would show a chunk's bytes over those rows.
+BYTES_PER_ROW_MIN_ROWS = 8192
+
+
+def bytes_per_row_text(metrics: dict) -> str:
+    """``"<n> bytes/row"``, or the table's bytes when it holds too few rows for a per-row figure."""
+    if metrics.get("bytes_per_row") is None:
+        return f"{metrics['bytes']:,} bytes (per row from {BYTES_PER_ROW_MIN_ROWS:,} rows)"
+    return f"{metrics['bytes_per_row']:.0f} bytes/row"
 
 
 def _owners(obj) -> list:
@@ -59,7 +69,7 @@ def dynamic_tables(obj) -> dict:
 
     Returns:
         For each table, ``caching.stats.summarize`` of its statistics plus
-        ``bytes_per_row``.
+        ``bytes_per_row`` (None under ``BYTES_PER_ROW_MIN_ROWS`` rows).
 
     Raises:
         TypeError: ``obj`` holds no dynamic tables of a known kind.
@@ -71,7 +81,8 @@ def dynamic_tables(obj) -> dict:
     found = {}
     for owner in _owners(obj):
         metrics = summarize(owner.table.stats())
-        metrics["bytes_per_row"] = metrics["bytes"] / max(metrics["size"], 1)
+        size = metrics["size"]
+        metrics["bytes_per_row"] = metrics["bytes"] / size if size >= BYTES_PER_ROW_MIN_ROWS else None
         found[owner.table.name] = metrics
     return found
 
@@ -98,10 +109,12 @@ class DynamicSection:
     def __str__(self) -> str:
         rows = [[title for title, _ in _COLUMNS]]
         for name, m in self.tables.items():
-            rows.append([fmt.format(name=name, **m) for _, fmt in _COLUMNS])
+            cell = "-" if m["bytes_per_row"] is None else f"{m['bytes_per_row']:.0f}"
+            rows.append([fmt.format(name=name, bytes_per_row_cell=cell, **m) for _, fmt in _COLUMNS])
         widths = [max(len(r[i]) for r in rows) for i in range(len(_COLUMNS))]
         lines = [
-            f"dynamic tables (HybridHash): {self.steps} training steps of batch {self.batch} in {self.seconds:.1f} s",
+            f"dynamic tables (HybridHash) of the demo model (two DynamicEmbedding fields, raw 64-bit Zipf ids): "
+            f"{self.steps} training steps of batch {self.batch} in {self.seconds:.1f} s",
         ]
         for i, r in enumerate(rows):
             lines.append(
@@ -110,6 +123,10 @@ class DynamicSection:
         lines.append(
             "  hit ratio: distinct ids of a step served by the hot tier (0 during warm-up); Algorithm 1 refills "
             "the hot tier with the top-k ids by frequency every flush_every steps."
+        )
+        lines.append(
+            f"  bytes/row: the store's bytes over its rows ('-' under {BYTES_PER_ROW_MIN_ROWS:,} rows, where "
+            "its chunked allocation dominates)."
         )
         return "\n".join(lines)
 

@@ -21,9 +21,18 @@ def test_section_reports_sizes_hit_ratios_inserts_and_evictions():
     for field, m in zip(("user", "item"), section.tables.values()):
         assert m["size"] == m["inserts"] == len(np.unique(ids[field])) and m["evictions"] == 0
         assert m["step"] == 12 and m["flushes"] == 2 and m["hot_used"] == m["hot_rows"] == 100
-        assert 0 < m["hit_ratio"] <= 1 and 0 < m["hit_ratio_cumulative"] < 1 and m["bytes_per_row"] > 4 * 4 * 2
+        assert 0 < m["hit_ratio"] <= 1 and 0 < m["hit_ratio_cumulative"] < 1
+        assert m["bytes_per_row"] is None and m["bytes"] > 0  # a few hundred rows: a chunk's bytes, not a row's
     text = str(section)
     assert "hit ratio (cumulative)" in text and "user_hash" in text and "evictions" in text
+    assert "'-' under 8,192 rows" in text
+
+
+def test_bytes_per_row_of_a_table_of_many_rows_is_near_its_rows_and_slots():
+    tables = htf.embedding.Tables([htf.embedding.DynamicTableConfig("t", 8, hot_rows=16)])
+    tables.lookup("t", tf.range(20_000, dtype=tf.int64))
+    m = htf_report.dynamic_tables(tables)["t"]
+    assert m["size"] == 20_000 and 8 * 4 < m["bytes_per_row"] < 4 * 8 * 4  # rows (no slots yet) + bookkeeping
 
 
 def test_command_prints_the_section_as_json(capsys):

@@ -233,3 +233,33 @@ def test_report_on_two_ranks_of_a_subclassed_model_whose_call_takes_no_training_
     model.compile("adagrad", "mse")
     report = htf_report.report(model, (x, np.zeros((8, 1), "float32")), num_ranks=2)
     assert report.optimized and report.communication["num_ranks"] == 2
+    assert not report.communication["ids_one_value"] and "pass a batch of real ids" not in str(report)
+    # the synthetic batch's ids are all 0: its traffic is no estimate of real data's, and the report says so
+    synthetic = htf_report.report(model, num_ranks=2)
+    assert synthetic.communication["ids_one_value"] and "pass a batch of real ids" in str(synthetic)
+    assert htf_report.Report.from_json(synthetic.to_json()) == synthetic
+
+
+@pytest.mark.parametrize(
+    ("num_ranks", "match"), [(2.5, "must be an int"), (True, "must be an int"), (-3, "must be >= 1")]
+)
+def test_report_refuses_a_bad_num_ranks_and_an_uncompiled_baseline(models, num_ranks, match):
+    batch, _, optimized = models
+    with pytest.raises(ValueError, match=f"num_ranks {match}"):
+        htf_report.report(optimized, batch, num_ranks=num_ranks)
+    uncompiled = ctr_models.wide_and_deep(_fields(), N_DENSE, hidden=(4,), seed=3)
+    uncompiled(batch[0])
+    with pytest.raises(ValueError, match=r"the baseline model is not compiled; compile it"):
+        htf_report.report(optimized, batch, baseline=uncompiled)
+
+
+def test_report_lists_the_factorization_machine_fusion():
+    batch = _batch()
+    model = ctr_models.deepfm(_fields(), N_DENSE, hidden=(4,), seed=3)
+    model(batch[0])
+    model = htf.keras.optimize(model)
+    model.compile(optimizer=tf.keras.optimizers.Adagrad(0.05), loss="binary_crossentropy")
+    r = htf_report.report(model, batch)
+    assert r.other_fusions["fm"] == model.hybridtf_fused_fm != []
+    assert f"factorization-machine cross terms fused (StitchFM): {', '.join(model.hybridtf_fused_fm)}" in str(r)
+    assert htf_report.Report.from_json(r.to_json()) == r
