@@ -21,6 +21,9 @@ Scenarios (rank 1 always has fewer batches, or fails):
   model_fn's ``StepWatchdogHook``);
 * ``estimator_evaluate``: a wrapped Estimator model_fn with sharded tables; both ranks ``train`` 3
   batches, then rank 1 ``evaluate``s while rank 0 ``train``s 3 more (both steps armed);
+* ``estimator_restore``: a wrapped Estimator model_fn with sharded tables; both ranks ``train`` 2
+  batches (and save), then train on, rank 0 from its checkpoint and rank 1 from an empty model_dir:
+  both must refuse before any step (the checkpoints the ranks restore are compared);
 * ``even``: both fit 6 batches and save (must succeed).
 
 Each rank prints ``hybridtf-fault-test: rank R diverges at T`` (``time.time()``)
@@ -156,13 +159,30 @@ def estimator_evaluate(out, rank):
         est.train(input_fn(3, 20))
 
 
+def estimator_restore(out, rank):
+    def input_fn(batches, seed):
+        return lambda: dataset(batches, seed=seed).map(lambda x, y: ({k: x[k] for k in ("a", "b")}, y))
+
+    def estimator(model_dir):
+        config = tf.estimator.RunConfig(save_checkpoints_steps=100, save_summary_steps=None, log_step_count_steps=None)
+        return tf.estimator.Estimator(
+            htf.estimator.model_fn(estimator_model_fn), model_dir=os.path.join(out, model_dir), config=config
+        )
+
+    estimator(f"estimator_restore_{rank}").train(input_fn(2, 10 + rank))
+    print(f"hybridtf-fault-test: rank {rank} diverges at {time.time():.3f}", flush=True)
+    estimator(f"estimator_restore_{rank}" if rank == 0 else "estimator_restore_empty").train(input_fn(2, 20))
+
+
 def main():
     scenario, out = sys.argv[1], sys.argv[2]
     hvd.init()
     rank = hvd.rank()
     hvd.allreduce(tf.constant(0), name="start")  # ranks start up at different speeds: align before timing anything
     if scenario.startswith("estimator_"):
-        {"estimator_uneven": estimator_uneven, "estimator_evaluate": estimator_evaluate}[scenario](out, rank)
+        scenarios = {"estimator_uneven": estimator_uneven, "estimator_evaluate": estimator_evaluate}
+        scenarios["estimator_restore"] = estimator_restore
+        scenarios[scenario](out, rank)
         print(f"hybridtf-fault-test: rank {rank} done", flush=True)
         return
     model = ctr_models.wide_and_deep(FIELDS, 2, hidden=(8,), seed=3)

@@ -4,6 +4,7 @@
 ``HYBRIDTF_COLLECTIVE_TIMEOUT_S=8`` (three launches at a time): rank 1 has fewer batches than rank 0 and
 then calls ``save_weights``, ``evaluate`` or ``predict`` (rank 0 is still in a
 training step), or saves an Estimator's final checkpoint, or evaluates an Estimator while rank 0 trains, or
+restores another checkpoint (none) than rank 0's, or
 ends its script, or raises in a
 callback, or is killed, or its
 step fails inside the graph in the middle of an interleaved (micro-batched,
@@ -42,6 +43,7 @@ SCENARIOS = (
     "interleaved",
     "estimator_uneven",
     "estimator_evaluate",
+    "estimator_restore",
 )
 # timeout (+ half the grace on a first call) + diagnosis grace (min(15, timeout)) + Horovod shutdown and process
 # exit, with slack for a loaded machine
@@ -174,6 +176,21 @@ def test_an_estimator_evaluated_on_one_rank_while_another_trains_ends_every_rank
         ended = re.search(rf"rank {rank} ends at [\d.]+ with CollectiveTimeoutError", output)
         terminated = re.search(rf"^\[{rank}\]<stderr>:Terminated$", output, re.MULTILINE)
         assert ended or terminated, output[-3000:]
+
+
+def test_estimator_ranks_that_would_restore_different_checkpoints_are_refused_before_any_step(launches):
+    """Rank 1's model_dir is empty while rank 0's holds its checkpoint: the first save gathered mismatched
+    tables (a Horovod shape error naming neither cause nor fix), or the ranks' schedules drifted apart."""
+    code, output, _ = launches["estimator_restore"]
+    assert code != 0, output[-3000:]
+    for rank in (0, 1):
+        assert re.search(
+            rf"rank {rank} ends at [\d.]+ with ValueError: hybridtf.estimator: the Horovod ranks would restore "
+            r"different checkpoints \(rank 0: step 2; rank 1: no checkpoint; this rank",
+            output,
+        ), output[-3000:]
+    assert "Copy the same checkpoint into each rank's model_dir" in output
+    assert "waited" not in output  # refused at once, not after a collective timed out
 
 
 def test_exception_on_one_rank_ends_both_within_seconds(launches):

@@ -328,6 +328,7 @@ def build(
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         estimator_horovod.check_save_schedule(real_graph, config, mode)
+        estimator_horovod.check_same_start(real_graph, config, mode)
         if not plain_predict:  # plain lookups read the rank's own checkpoint: no collective
             spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
         spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
@@ -378,6 +379,7 @@ def build(
                 spec = spec._replace(training_hooks=(*spec.training_hooks, ShardBroadcastGuardHook()))
     spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
     estimator_horovod.check_save_schedule(real_graph, config, mode)
+    estimator_horovod.check_same_start(real_graph, config, mode)
     spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
     if real.storage is not None:
         packed = {v.op.name: v for v in real.storage.packed.values()}

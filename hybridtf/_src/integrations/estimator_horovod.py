@@ -3,7 +3,8 @@
 A shard's rows are this rank's own, so Horovod must not average its gradient
 (refused); the dense variables' gradients must be averaged, or the ranks train
 apart (warned); checkpoints, which gather the shards, must be saved by steps
-(a schedule in seconds is refused).
+(a schedule in seconds is refused); and every rank must restore the same
+checkpoint into its rank-local tables (compared when the model_fn is built).
 """
 
 from __future__ import annotations
@@ -88,3 +89,49 @@ def warn_unaveraged_dense(packed: dict, world) -> None:
             world.size,
             updated[0][0].op.name,
         )
+
+
+def check_same_start(graph: tf.Graph, config, mode) -> None:
+    """Refuses Horovod ranks that would restore different checkpoints into rank-local tables.
+
+    A rank keeps its own rows of the tables sharded over the ranks (static shards, dynamic tables), which
+    Horovod's broadcast of rank 0's variables leaves alone: a rank whose model_dir holds another checkpoint,
+    or none, would train another model's rows, and its saves and steps would stop matching the others'
+    collectives. Each rank reads the step and the variables (names and shapes) of the checkpoint its
+    Estimator will restore; one allgather compares them before the session starts.
+    """
+    from hybridtf._src.distribute import agreement, watchdog
+    from hybridtf._src.distribute.world import current_world
+    from hybridtf._src.integrations.estimator_dynamic import dynamic_owners
+    from hybridtf._src.integrations.horovod_hooks import sharded_world
+
+    world = current_world()
+    if mode == tf.estimator.ModeKeys.PREDICT or not world.distributed:
+        return
+    if sharded_world(graph) is None and not any(o.table.world.distributed for o in dynamic_owners(graph)):
+        return
+    model_dir = getattr(config, "model_dir", None)
+    path = tf.train.latest_checkpoint(model_dir) if model_dir else None
+    step, layout = -1, 0
+    if path is not None:
+        names = tf.train.list_variables(path)
+        layout = agreement.digest(sorted((n, tuple(s)) for n, s in names))
+        if any(n == "global_step" for n, _ in names):
+            step = int(tf.train.load_variable(path, "global_step"))
+    # one allgather in a graph and session of its own, while the model_fn's graph is being built
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        gathered = world.hvd.allgather(tf.constant([[step, layout]], tf.int64), name="hybridtf_estimator_restore")
+        with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, "Estimator: the checkpoints to restore"):
+            values = session.run(gathered)
+    if (values == values[0]).all():
+        return
+    starts = "; ".join(
+        f"rank {r}: " + (f"step {int(values[r, 0])}" if values[r, 0] >= 0 else "no checkpoint")
+        for r in range(values.shape[0])
+    )
+    raise ValueError(
+        f"hybridtf.estimator: the Horovod ranks would restore different checkpoints ({starts}; this rank, "
+        f"{world.rank}, reads {path or 'none'} from model_dir {model_dir!r}). Each rank keeps its own rows of the "
+        "tables sharded over the ranks, which no broadcast replaces: every rank must restore the same checkpoint. "
+        "Copy the same checkpoint into each rank's model_dir (or give every rank an empty one to start fresh)."
+    )
