@@ -47,9 +47,8 @@ from wdl_keras_parquet import (
     example_parser,
     fields_from_spec,
     make_dataset,
-    prepare_parquet,
+    prepare_or_exit,
     print_comparison,
-    split_parquet,
 )
 
 from hybridtf import models
@@ -134,15 +133,15 @@ def write_alimama_text(path: str | os.PathLike, rows: int, seed: int = 0) -> str
 
 
 def main():
-    args = example_parser(
+    parser = example_parser(
         __doc__, "Alimama", batch=256, epochs=2, lr=0.1, dim_help="embedding width (equal for all fields: attention)"
-    ).parse_args()
+    )
+    args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="din_parquet_") as workdir:
-        path, spec, source = prepare_parquet(
-            args.data, workdir, "alimama", args.buckets, lambda p: write_alimama_text(p, args.rows, args.seed)
+        spec, source, train_path, eval_path, n_train = prepare_or_exit(
+            parser, args, workdir, "alimama", lambda p: write_alimama_text(p, args.rows, args.seed)
         )
-        train_path, eval_path, n_train, _ = split_parquet(path, workdir, args.eval_fraction)
         train_desc, eval_desc = describe_split(spec, train_path, eval_path)
         fields = fields_from_spec(spec, args.dim)
         pairs = {s: t for s, t in ATTENTION_PAIRS.items() if s in spec.multi_hot and t in spec.one_hot}
@@ -166,7 +165,7 @@ def main():
             train_rows=n_train,
             batch_size=args.batch,
         )
-        print_comparison(result, eval_desc)
+        print_comparison(result, eval_desc, train_rows=n_train, batch_size=args.batch)
 
 
 if __name__ == "__main__":

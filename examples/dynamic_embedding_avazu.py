@@ -20,6 +20,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # run f
 
 import numpy as np
 import tensorflow as tf
+from example_args import check_csv_columns, positive_int
 
 import hybridtf as htf
 
@@ -49,10 +50,11 @@ def build(hot_rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--hot-rows", type=int, default=16)
+    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA, help="Avazu CSV with a header")
+    parser.add_argument("--epochs", type=positive_int, default=2)
+    parser.add_argument("--hot-rows", type=positive_int, default=16, help="rows of each table's hot tier")
     args = parser.parse_args()
+    check_csv_columns(parser, args.data, ["click", *COLUMNS], "Avazu")
     features, labels = load(args.data)
     model, tables = build(args.hot_rows)
     model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.05)), loss="binary_crossentropy")

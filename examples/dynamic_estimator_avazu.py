@@ -24,6 +24,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # run f
 
 import numpy as np
 import tensorflow as tf
+from example_args import check_csv_columns, positive_int
 
 import hybridtf as htf
 import hybridtf.estimator as htf_estimator
@@ -66,11 +67,12 @@ def model_fn(features, labels, mode, params):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=pathlib.Path, default=DEFAULT_DATA, help="Avazu CSV with a header")
     parser.add_argument("--model-dir", default=None)
-    parser.add_argument("--hot-rows", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--hot-rows", type=positive_int, default=16, help="rows of each table's hot tier")
+    parser.add_argument("--steps", type=positive_int, default=20, help="steps of each of the two train calls")
     args = parser.parse_args()
+    check_csv_columns(parser, args.data, ["click", *COLUMNS], "Avazu")
     logging.getLogger("hybridtf").setLevel(logging.INFO)
     logging.getLogger("hybridtf").addHandler(logging.StreamHandler(sys.stdout))
     features, labels = load(args.data)

@@ -28,6 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybri
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
+from example_args import positive_int
 
 import hybridtf as htf
 from hybridtf import models
@@ -36,15 +37,21 @@ from hybridtf._src.distribute.traffic import estimate_traffic
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch", type=int, default=4096, help="global batch size (split over the ranks)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--fields", type=int, default=26, help="26 (Criteo-like) or more (mixed dims)")
+    parser.add_argument(
+        "--batch", type=positive_int, default=4096, help="global batch size (split over the ranks; a multiple of them)"
+    )
+    parser.add_argument("--steps", type=positive_int, default=30, help="at least 3: 2 warm-up steps, then timed ones")
+    parser.add_argument(
+        "--fields",
+        type=positive_int,
+        default=26,
+        help="26: Criteo-like fields (one-hot, dim 16); any other count n: n generated fields "
+        "(mixed dims 8/16/32, about 10%% of them multi-hot)",
+    )
     parser.add_argument("--strategy", choices=("mod", "range"), default="mod", help="how rows spread over ranks")
     args = parser.parse_args(argv)
     if args.steps < 3:
         parser.error(f"--steps must be at least 3 (2 warm-up steps, then the timed ones), got {args.steps}")
-    if args.fields < 1:
-        parser.error(f"--fields must be at least 1, got {args.fields}")
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np
 import tensorflow as tf
+from example_args import positive_int
 
 import hybridtf as htf
 from hybridtf._src.data.synthetic import zipf_ids
@@ -55,13 +56,16 @@ def median_ms(fn, ids, reps=10):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=16384)
-    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--batch", type=positive_int, default=16384, help="examples (each with 26 ids)")
+    parser.add_argument("--ranks", type=positive_int, default=8, help="owner ranks (partitions)")
     args = parser.parse_args()
 
     ids_np, rows = packed_batch(args.batch)
     ids = tf.constant(ids_np)
-    bounds = htf.ops.even_range_bounds(rows, args.ranks)
+    try:
+        bounds = htf.ops.even_range_bounds(rows, args.ranks)
+    except ValueError as e:  # more ranks than the op supports
+        parser.error(f"--ranks {args.ranks}: {e}")
     print(f"packed batch: {args.batch} examples x 26 fields = {ids_np.size:,} ids over {rows:,} rows")
 
     fused = tf.function(lambda x: htf.ops.unique_partition(x, args.ranks, "range", range_bounds=bounds))

@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybri
 
 import numpy as np
 import tensorflow as tf
+from example_args import non_negative_int, positive_int
 
 import hybridtf as htf
 from hybridtf import models
@@ -50,17 +51,17 @@ def train(model, dataset, lr):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fields", choices=["criteo", "26", "200"], default="criteo", help="criteo (= 26) or 200")
-    parser.add_argument("--batch", type=int, default=4096)
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--max-shards", type=int, default=None, help="planner: max shards per D-packing group")
+    parser.add_argument("--batch", type=positive_int, default=4096)
+    parser.add_argument("--steps", type=positive_int, default=40)
+    parser.add_argument("--warmup", type=non_negative_int, default=5, help="untimed first steps")
+    parser.add_argument(
+        "--max-shards", type=positive_int, default=None, help="planner: max shards per D-packing group (at least 1)"
+    )
     args = parser.parse_args()
-    if args.batch < 1:
-        parser.error(f"--batch must be at least 1, got {args.batch}")
-    if args.warmup < 0 or args.steps < args.warmup + 2:
+    if args.steps < args.warmup + 2:
         parser.error(
             f"--steps {args.steps} --warmup {args.warmup}: the throughput is timed over the steps after the "
-            "warm-up, so --steps must be at least --warmup + 2 (and --warmup at least 0)"
+            "warm-up, so --steps must be at least --warmup + 2"
         )
 
     if args.fields in ("criteo", "26"):

@@ -22,7 +22,8 @@ The last ``--eval-fraction`` of the rows is held out: the printed "held-out" los
 ``model.evaluate`` on those rows after training; "train" loss and AUC are Keras' running values over
 the last epoch. AUC is ``tf.keras.metrics.AUC`` (200 thresholds). Examples/s counts the training
 steps after the first of each epoch (the first includes tracing), Parquet reading included; on a
-file of a few batches (the 200-row sample) it is mostly overhead.
+file of a few batches (the 200-row sample) it is mostly overhead. It needs at least 2 steps per
+epoch (training rows > ``--batch``); with one, the example says so instead of printing a rate.
 
 The helpers (``write_criteo_text``, ``prepare_parquet``, ``split_parquet``, ``fields_from_spec``,
 ``make_dataset``, ``compare``) are also used by ``examples/din_multihot.py`` and
@@ -41,9 +42,11 @@ from collections.abc import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))  # hybridtf of the checkout when not installed
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # example_args.py (command-line checks)
 
 import numpy as np
 import tensorflow as tf
+from example_args import existing_file, fraction, int_at_least, non_negative_int, positive_float, positive_int
 
 import hybridtf as htf
 from hybridtf import models
@@ -255,7 +258,8 @@ def train_and_evaluate(model, train_ds, eval_ds, *, epochs: int, lr: float, trai
     Returns:
         ``step_losses`` (per training step), ``train_loss`` / ``train_auc`` (running over the last
         epoch), ``eval_loss`` / ``eval_auc`` (``model.evaluate`` on ``eval_ds``), ``examples_per_s``
-        (steps after the first of each epoch; NaN with one step per epoch) and ``seconds`` (the whole fit).
+        (steps after the first of each epoch; None with one step per epoch: nothing timed), ``timed_steps``
+        and ``seconds`` (the whole fit).
     """
     model.compile(
         optimizer=tf.keras.optimizers.Adagrad(lr),
@@ -270,13 +274,15 @@ def train_and_evaluate(model, train_ds, eval_ds, *, epochs: int, lr: float, trai
     # Steady state: the steps after the first of each epoch (the first includes tracing / iterator start).
     timed_examples = epochs * (train_rows - min(batch_size, train_rows))
     timed_seconds = sum(t[-1] - t[0] for t in log.times if t)
+    timed_steps = sum(max(len(t) - 1, 0) for t in log.times)
     return {
         "step_losses": np.array(log.losses),
         "train_loss": history.history["loss"][-1],
         "train_auc": history.history["auc"][-1],
         "eval_loss": evaluation["loss"],
         "eval_auc": evaluation["auc"],
-        "examples_per_s": timed_examples / timed_seconds if timed_seconds > 0 else float("nan"),
+        "examples_per_s": timed_examples / timed_seconds if timed_steps and timed_seconds > 0 else None,
+        "timed_steps": timed_steps,
         "seconds": seconds,
     }
 
@@ -305,9 +311,10 @@ def compare(build: Callable[[], tf.keras.Model], make_train_ds, make_eval_ds, **
     return out
 
 
-def print_comparison(result: dict, eval_desc: str) -> None:
+def print_comparison(result: dict, eval_desc: str, *, train_rows: int, batch_size: int) -> None:
     """Prints per model: final loss, AUC, examples/s; then the differences."""
     plain, fast = result["plain"], result["hybridtf"]
+    timed = plain["examples_per_s"] is not None and fast["examples_per_s"] is not None
     print(
         f"hybridtf plan: {result['tables']} embedding tables -> {result['packed_tables']} packed tables"
         + (f", skipped: {result['skipped']}" if result["skipped"] else "")
@@ -316,7 +323,7 @@ def print_comparison(result: dict, eval_desc: str) -> None:
     for name, r in (("plain", plain), ("hybridtf", fast)):
         print(
             f"{name:9} {r['train_loss']:10.6f} {r['train_auc']:10.6f} {r['eval_loss']:10.6f} {r['eval_auc']:10.6f} "
-            f"{r['examples_per_s']:11,.0f}"
+            + (f"{r['examples_per_s']:11,.0f}" if r["examples_per_s"] is not None else f"{'n/a':>11}")
         )
     rel = np.abs(fast["step_losses"] - plain["step_losses"]) / np.abs(plain["step_losses"])
     print(f"(train: running over the last epoch; eval: model.evaluate on {eval_desc})")
@@ -327,35 +334,77 @@ def print_comparison(result: dict, eval_desc: str) -> None:
         f"eval AUC {fast['eval_auc'] - plain['eval_auc']:+.2e}; per-step losses ({len(rel)} steps): "
         f"max relative difference {rel.max():.2e}"
     )
-    print(f"throughput hybridtf / plain: {fast['examples_per_s'] / plain['examples_per_s']:.2f}x")
+    if timed:
+        print(
+            f"throughput hybridtf / plain: {fast['examples_per_s'] / plain['examples_per_s']:.2f}x "
+            f"(examples/s over {plain['timed_steps']} timed steps: the steps after the first of each epoch)"
+        )
+    else:
+        smaller_batch = f"--batch {train_rows // 2:,} or less, or " if train_rows >= 2 else ""
+        print(
+            f"throughput: not measured: it is timed over the steps after the first of each epoch, and "
+            f"{train_rows:,} training rows at batch {batch_size:,} make 1 step per epoch. For at least 2 steps "
+            f"per epoch use {smaller_batch}more rows (--rows, or a larger --data)."
+        )
 
 
 def example_parser(doc: str, data_format: str, *, batch: int, epochs: int, lr: float, dim_help: str):
-    """The command line the data examples share (data path, generated rows, training settings)."""
+    """The command line the data examples share (data path, generated rows, training settings).
+
+    Bad values (a missing file, ``--epochs 0``, ``--eval-fraction 1.5``, ...) are usage errors.
+    """
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--data", help=f"{data_format} text file or converted Parquet file (default: generated data)")
-    parser.add_argument("--rows", type=int, default=20_000, help="rows of generated data")
-    parser.add_argument("--buckets", type=int, default=2**16, help="id space per categorical column (text input)")
-    parser.add_argument("--batch", type=int, default=batch)
-    parser.add_argument("--epochs", type=int, default=epochs)
-    parser.add_argument("--dim", type=int, default=16, help=dim_help)
-    parser.add_argument("--lr", type=float, default=lr, help="Adagrad learning rate")
-    parser.add_argument("--eval-fraction", type=float, default=0.2, help="last rows held out (0: eval on train)")
+    parser.add_argument(
+        "--data",
+        type=existing_file,
+        help=f"{data_format} text file or converted Parquet file (default: generated data)",
+    )
+    parser.add_argument("--rows", type=positive_int, default=20_000, help="rows of generated data")
+    parser.add_argument(
+        "--buckets", type=int_at_least(2), default=2**16, help="id space per categorical column (text input)"
+    )
+    parser.add_argument("--batch", type=positive_int, default=batch)
+    parser.add_argument("--epochs", type=positive_int, default=epochs)
+    parser.add_argument("--dim", type=positive_int, default=16, help=dim_help)
+    parser.add_argument("--lr", type=positive_float, default=lr, help="Adagrad learning rate")
+    parser.add_argument(
+        "--eval-fraction",
+        type=fraction,
+        default=0.2,
+        help="share of the rows held out, the last ones (0: eval on train)",
+    )
     parser.add_argument("--no-shuffle", action="store_true", help="read the training rows in file order")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     return parser
 
 
+def prepare_or_exit(parser: argparse.ArgumentParser, args, workdir: str, text_format: str, synthesize):
+    """:func:`prepare_parquet` and :func:`split_parquet`; a file they cannot use is a usage error.
+
+    Returns:
+        ``(spec, source, train path, eval path, train rows)``.
+    """
+    try:
+        path, spec, source = prepare_parquet(args.data, workdir, text_format, args.buckets, synthesize)
+    except htf.data.DataError as e:  # e.g. "... lacks the criteo columns [...]; is this criteo data?"
+        parser.error(f"--data: {e}")
+    try:
+        train_path, eval_path, n_train, _ = split_parquet(path, workdir, args.eval_fraction)
+    except ValueError as e:  # too few rows to hold out that share
+        parser.error(f"--eval-fraction {args.eval_fraction}: {e}")
+    return spec, source, train_path, eval_path, n_train
+
+
 def main():
-    args = example_parser(
+    parser = example_parser(
         __doc__, "Criteo", batch=512, epochs=1, lr=0.05, dim_help="embedding width of the deep part"
-    ).parse_args()
+    )
+    args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="wdl_parquet_") as workdir:
-        path, spec, source = prepare_parquet(
-            args.data, workdir, "criteo", args.buckets, lambda p: write_criteo_text(p, args.rows, args.seed)
+        spec, source, train_path, eval_path, n_train = prepare_or_exit(
+            parser, args, workdir, "criteo", lambda p: write_criteo_text(p, args.rows, args.seed)
         )
-        train_path, eval_path, n_train, _ = split_parquet(path, workdir, args.eval_fraction)
         train_desc, eval_desc = describe_split(spec, train_path, eval_path)
         fields = fields_from_spec(spec, args.dim)
         n_dense = len(spec.dense)
@@ -373,7 +422,7 @@ def main():
             train_rows=n_train,
             batch_size=args.batch,
         )
-        print_comparison(result, eval_desc)
+        print_comparison(result, eval_desc, train_rows=n_train, batch_size=args.batch)
 
 
 if __name__ == "__main__":
