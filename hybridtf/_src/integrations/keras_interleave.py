@@ -118,6 +118,13 @@ def _positive(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+def _micro_batch_count(micro_batches):
+    """``micro_batches`` checked: ``"auto"``, or a Python int (a NumPy integer too)."""
+    if not (micro_batches == "auto" or is_count(micro_batches)):
+        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
+    return micro_batches if micro_batches == "auto" else int(micro_batches)
+
+
 def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "embedding") -> None:
     """Micro-batches for a model with no packed static table: each micro-batch runs the whole forward.
 
@@ -125,9 +132,7 @@ def attach_unpacked(model, packing, *, micro_batches=1, interleave_from: str = "
     (``caching/fills.py``). ``"auto"`` and the modes that run packed chains once on the whole batch
     need packed static tables and are refused.
     """
-    if not (micro_batches == "auto" or is_count(micro_batches)):
-        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
-    micro_batches = micro_batches if micro_batches == "auto" else int(micro_batches)  # a NumPy integer too
+    micro_batches = _micro_batch_count(micro_batches)
     if micro_batches == 1:
         return
     if micro_batches == "auto":
@@ -204,9 +209,7 @@ def attach(
         plan, groups = interleave_groups, None
     else:
         plan, groups = None, interleave_groups
-    if not (micro_batches == "auto" or is_count(micro_batches)):
-        raise MicroBatchError(f"micro_batches must be an int >= 1 or 'auto', got {micro_batches!r}.")
-    micro_batches = micro_batches if micro_batches == "auto" else int(micro_batches)  # a NumPy integer too
+    micro_batches = _micro_batch_count(micro_batches)
     groups = groups if groups is None or groups == "auto" or not is_count(groups) else int(groups)
     if not (groups is None or groups == "auto" or is_count(groups)):
         raise MicroBatchError(
