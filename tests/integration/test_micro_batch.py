@@ -407,6 +407,25 @@ def test_a_batch_norm_unfrozen_after_optimize_is_refused_when_fit_starts(batches
     model.fit(*batches[0], verbose=0)
 
 
+class _Dice(tf.keras.layers.Layer):
+    """A Dice-like activation that builds its own BatchNormalization (as DeepCTR's Dice inside DIN's attention)."""
+
+    def build(self, input_shape):
+        self.norm = tf.keras.layers.BatchNormalization(name="batch_normalization")
+
+    def call(self, x, training=None):
+        p = tf.sigmoid(self.norm(x, training=training))
+        return p * x + (1 - p) * 0.25 * x
+
+
+def test_a_batch_norm_inside_another_layer_is_named_by_its_owner():
+    ids = tf.keras.Input((2,), dtype=tf.int64)
+    h = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(ids))
+    out = tf.keras.layers.Dense(1)(_Dice(name="attention_dice")(tf.keras.layers.Dense(4)(h)))
+    with pytest.raises(ValueError, match=r"layer 'attention_dice' > 'batch_normalization' is a BatchNormalization"):
+        htf.keras.optimize(tf.keras.Model(ids, out), micro_batches=2)
+
+
 @pytest.mark.parametrize("layer", ["hidden_0", "hidden_1"])
 def test_from_a_named_layer(layer, batches):
     """The model cut at a layer: lookups and the layers before it once, the rest per micro-batch."""

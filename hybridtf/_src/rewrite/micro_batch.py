@@ -142,22 +142,39 @@ def check_layers(model) -> None:
     from hybridtf._src.caching.layer import DynamicEmbedding
     from hybridtf._src.distribute.world import current_world
 
-    for layer in model._flatten_layers(include_self=False, recursive=True):
+    for layer, where in _layers_with_paths(model):
         if isinstance(layer, DynamicEmbedding) and current_world().distributed:
             raise MicroBatchError(SHARDED_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, DynamicEmbedding) and layer._table_config.capacity:
             raise MicroBatchError(CAPACITY_MESSAGE.format(name=repr(layer.name)))
         if isinstance(layer, _BATCH_NORMS) and layer.trainable and not _inference_only(layer):
             raise MicroBatchError(
-                f"layer {layer.name!r} is a BatchNormalization: in training it normalizes with the statistics of "
+                f"layer {where} is a BatchNormalization: in training it normalizes with the statistics of "
                 "the batch it sees, so micro-batches would compute different math. Use micro_batches=1, freeze the "
                 "layer (trainable=False) or use a per-example normalization (LayerNormalization)."
             )
         if getattr(layer, "activity_regularizer", None) is not None:
             raise MicroBatchError(
-                f"layer {layer.name!r} has an activity regularizer, a sum over the batch that micro-batches would "
+                f"layer {where} has an activity regularizer, a sum over the batch that micro-batches would "
                 "split differently. Use micro_batches=1 or remove the activity regularizer."
             )
+
+
+def _layers_with_paths(model):
+    """Every layer inside ``model`` (each once) with where it is: ``'outer' > 'inner' > 'layer'`` when nested, so
+    a layer a library built inside its own (a Dice activation's BatchNormalization) is found by its owners' names."""
+    seen = set()
+
+    def walk(owner, path):
+        for child in owner._flatten_layers(include_self=False, recursive=False):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            names = (*path, repr(child.name))
+            yield child, " > ".join(names)
+            yield from walk(child, names)
+
+    return list(walk(model, ()))
 
 
 def _batch_size(x) -> tf.Tensor:
