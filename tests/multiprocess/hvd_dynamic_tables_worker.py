@@ -14,7 +14,10 @@ A ``hybridtf.embedding.Tables`` set with a dynamic table (created after
   table, sharded by rows, whose shards must stay local too), checkpointed with
   ``tf.train.Checkpoint`` (one process: c1; 2 ranks restore c1 and continue),
 * in an Estimator model_fn (``hybridtf.horovod.DistributedOptimizer``),
-* as two ``Tables`` sets that both hold a table "users" (``average_gradients``, SGD).
+* as two ``Tables`` sets that both hold a table "users" (``average_gradients``, SGD),
+* in ``hybridtf.function`` steps with no Horovod tape or optimizer (a static-only set with a plain
+  Keras Adagrad, which the step hooks; a static + dynamic set with ``dynamic_optimizer``): hybridtf
+  averages the dense gradients and keeps the shards' local.
 
     python hvd_dynamic_tables_worker.py OUT            # one process: also writes c1
     horovodrun -np 2 ... hvd_dynamic_tables_worker.py OUT   # 2 ranks: also restores OUT/c1
@@ -177,6 +180,44 @@ def custom_loop(rank: int, size: int, out_dir: str) -> dict:
     return result
 
 
+class StaticTablesModel(tf.keras.Model):
+    """A ``Tables`` set with a static table only (sharded by rows over the ranks) and a dense head."""
+
+    def __init__(self):
+        super().__init__()
+        init = tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=5)
+        self.tables = htf.embedding.Tables([htf.embedding.TableConfig("items", STATIC_VOCAB, DIM, initializer=init)])
+        self.out = tf.keras.layers.Dense(1, kernel_initializer=tf.keras.initializers.GlorotUniform(4))
+
+    def call(self, inputs, training=None):
+        ids = tf.math.floormod(inputs["ids"], STATIC_VOCAB)
+        return self.out(tf.concat([self.tables.lookup("items", ids, "mean"), inputs["x"]], 1))
+
+
+def _untaped_run(model, optimizer, rank: int, size: int, name: str) -> dict:
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    losses = []
+    for s in range(STEPS):
+        x, y = batch(s)
+        losses.append(float(step(local(x, rank, size), local(y, rank, size))))
+    return {f"{name}_losses": allreduce_mean(losses, size, name), f"{name}_head": model.out.kernel.numpy().tolist()}
+
+
+def untaped(rank: int, size: int) -> dict:
+    """Custom steps that average nothing themselves: hybridtf averages (before, each rank trained its own head)."""
+    result = _untaped_run(StaticTablesModel(), tf.keras.optimizers.Adagrad(0.1), rank, size, "untaped_static")
+    mixed = htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1))
+    result.update(_untaped_run(TablesModel(with_static=True), mixed, rank, size, "untaped_mixed"))
+    return result
+
+
 def twin_sets(rank: int, size: int) -> dict:
     """Two ``Tables`` sets that both hold a dynamic table "users", looked up in one step: no collective clash."""
     sets = [
@@ -278,6 +319,7 @@ def main():
     result.update(custom_loop(rank, size, out_dir))
     result.update(estimator(rank, size, out_dir))
     result.update(twin_sets(rank, size))
+    result.update(untaped(rank, size))
     with open(os.path.join(out_dir, f"tables_{size}_{rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -23,7 +23,8 @@ from hybridtf._src.caching.v1_optimizer import V1DynamicOptimizerMixin
 from hybridtf._src.capture import context
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
-from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
+from hybridtf._src.distribute.dynamic_exchange import is_rank_local
+from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import keras_end_of_data
 from hybridtf._src.integrations.keras_horovod_classes import (
     horovod_class_with,
@@ -61,10 +62,11 @@ def update_kind(optimizer) -> str | None:
 class _DynamicOptimizerMixin:
     def compute_gradients(self, loss, var_list, tape=None):
         # Under a hvd.DistributedOptimizer (whose compute_gradients allreduces what this returns): the buffers
-        # of tables sharded by id are Horovod local variables (their owners receive every rank's rows).
+        # of tables sharded by id and the static tables' shards are Horovod local variables (their owners
+        # receive every rank's rows).
         if hasattr(self, "register_local_var") and not callable(var_list):
             for v in var_list:
-                if is_sharded_dynamic_buffer(v):
+                if is_rank_local(v):
                     self.register_local_var(v)
         return super().compute_gradients(loss, var_list, tape)
 
@@ -127,7 +129,8 @@ class _DynamicOptimizerMixin:
 def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
     """The step's gradients averaged over the ranks when nothing else averages them.
 
-    A model whose only tables are dynamic ones sharded by id, trained on several ranks by an optimizer that is not
+    A model whose only tables are dynamic ones sharded by id (or a ``Tables`` set with static tables sharded over
+    the ranks, dynamic ones or not), trained on several ranks by an optimizer that is not
     a ``hvd.DistributedOptimizer``, in a step that did not average (no Horovod tape, no ``average_gradients``):
     hybridtf averages, as it does for a model with static tables (whose hook, ``_htf_storage``, averages the
     buffers too). Without it each rank trained its own dense layers, silently (found by a probe). An eager step's
@@ -136,8 +139,8 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
     """
     if getattr(optimizer, "_htf_storage", None) is not None or is_horovod_distributed(optimizer):
         return grads_and_vars
-    buffers = [v for g, v in grads_and_vars if g is not None and is_sharded_dynamic_buffer(v)]
-    if not buffers or len(buffers) == sum(g is not None for g, _ in grads_and_vars):
+    local = [v for g, v in grads_and_vars if g is not None and is_rank_local(v)]
+    if not local or len(local) == sum(g is not None for g, _ in grads_and_vars):
         # (only tables' gradients: whether the step scaled them by 1 / size shows nowhere; a dense gradient
         # that comes out of an allreduce does)
         return grads_and_vars
@@ -145,7 +148,7 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
         if not getattr(optimizer, "_htf_eager_unaveraged_told", False):
             object.__setattr__(optimizer, "_htf_eager_unaveraged_told", True)
             _log.warning(
-                "hybridtf: optimizer %r trains dynamic tables sharded over the Horovod ranks in an eager step: "
+                "hybridtf: optimizer %r trains tables sharded over the Horovod ranks in an eager step: "
                 "hybridtf cannot tell whether the step averaged the dense gradients over the ranks, and leaves them "
                 "as they are. Average them with htf.horovod.DistributedGradientTape(tape, model), or wrap the "
                 "optimizer with hvd.DistributedOptimizer, or run the step traced (tf.function / Keras fit without "
@@ -155,7 +158,7 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
         return grads_and_vars
     if gradients.already_averaged(grads_and_vars, set()):
         return grads_and_vars
-    return gradients.reduce_gradients(grads_and_vars, set(), _layer_of(buffers[0]).table.world)
+    return gradients.reduce_gradients(grads_and_vars, set(), current_world())
 
 
 def _unsupported(optimizer) -> list[str]:

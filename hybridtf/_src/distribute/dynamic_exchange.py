@@ -299,6 +299,12 @@ def is_sharded_dynamic_buffer(variable) -> bool:
     return world is not None and world.distributed
 
 
+def is_rank_local(variable) -> bool:
+    """Whether ``variable``'s gradient is this rank's own, never allreduced: a packed static table's shard
+    (``packed_storage`` marks it) or the distinct-rows buffer of a dynamic table sharded by id."""
+    return is_sharded_dynamic_buffer(variable) or bool(getattr(variable, "_htf_sharded_table", False))
+
+
 def sharded_dynamic_buffers(model) -> list:
     """The distinct-rows buffers of ``model``'s dynamic tables sharded by id (its local variables)."""
     return [v for v in getattr(model, "trainable_variables", []) if is_sharded_dynamic_buffer(v)]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridtf._src.distribute.dynamic_exchange import is_sharded_dynamic_buffer
+from hybridtf._src.distribute.dynamic_exchange import is_rank_local
 from hybridtf._src.distribute.world import World
 
 
@@ -37,7 +37,7 @@ def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
     """
     hvd = world.hvd
     out = list(grads_and_vars)
-    sharded_ids = set(sharded_ids) | {id(v) for _, v in out if is_sharded_dynamic_buffer(v)}
+    sharded_ids = set(sharded_ids) | {id(v) for _, v in out if is_rank_local(v)}
     dense = [i for i, (g, v) in enumerate(out) if g is not None and id(v) not in sharded_ids]
     tensors = [i for i in dense if not isinstance(out[i][0], tf.IndexedSlices)]
     if tensors:
@@ -77,7 +77,7 @@ def already_averaged(grads_and_vars, sharded_ids: set) -> bool:
     """
     for g, v in grads_and_vars:
         tensor = g.values if isinstance(g, tf.IndexedSlices) else g
-        if g is None or id(v) in sharded_ids or is_sharded_dynamic_buffer(v) or not hasattr(tensor, "op"):
+        if g is None or id(v) in sharded_ids or is_rank_local(v) or not hasattr(tensor, "op"):
             continue  # (eager: nothing to read)
         seen, stack = set(), [tensor.op]
         while stack and len(seen) < _REDUCED_WALK:

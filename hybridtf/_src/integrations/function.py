@@ -271,6 +271,7 @@ def attach_optimizers(objects: list) -> None:
     """
     from hybridtf._src.integrations.keras_variables import hook_optimizers
 
+    _average_over_sharded_tables(objects)
     models = {}
     for obj in objects:
         if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
@@ -279,6 +280,56 @@ def attach_optimizers(objects: list) -> None:
         hook_optimizers(next(iter(models.values())), objects)
     elif not models:
         _warn_unhooked_clipping(objects)
+
+
+def _average_over_sharded_tables(objects: list) -> None:
+    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` sharded over the ranks.
+
+    Hooked as ``dynamic_optimizer`` hooks them.
+
+    The hooked optimizer averages the dense gradients over the ranks, and scales the shards' own, when the step
+    did not (no ``DistributedGradientTape``, no ``average_gradients``: ``gradients.already_averaged``), as a
+    compiled optimized model's does. Unhooked, each rank trained its own dense layers and the shards' gradients
+    were not divided by the number of ranks, silently (found by a probe). A ``hvd.DistributedOptimizer``
+    averages by itself; a legacy optimizer cannot be hooked: warned.
+    """
+    from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin, dynamic_optimizer
+    from hybridtf._src.capture.lookup_api import Tables
+    from hybridtf._src.distribute.world import current_world
+    from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
+    from hybridtf._src.integrations.keras_optimizers import loss_scale_inner
+
+    if not current_world().distributed:
+        return
+    sets = [obj for obj in objects if isinstance(obj, Tables)]
+    sets += [m for obj in objects if isinstance(obj, tf.Module) for m in obj.submodules if isinstance(m, Tables)]
+    sharded = False
+    for tables in sets:  # the step's own, or a model's that the step calls
+        storage = getattr(getattr(tables, "_htf_runtime", None), "storage", None)
+        dynamic = any(t.table is not None and t.table.world.distributed for t in tables.dynamic_tables.values())
+        sharded = sharded or dynamic or bool(storage is not None and storage.sharded)
+    if not sharded:
+        return
+    for obj in objects:
+        inner = loss_scale_inner(obj) if isinstance(obj, tf.keras.optimizers.Optimizer) else None
+        target = inner if inner is not None else obj
+        if isinstance(target, tf.keras.optimizers.legacy.Optimizer) and not is_horovod_distributed(target):
+            if not getattr(target, "_htf_unaveraged_told", False):
+                object.__setattr__(target, "_htf_unaveraged_told", True)
+                _log.warning(
+                    "hybridtf.function: the legacy optimizer %s trains Tables sharded over the Horovod ranks; hybridtf "
+                    "cannot hook it to average the dense gradients over the ranks. Average them in the step with "
+                    "htf.horovod.DistributedGradientTape(tape, tables), or use a tf.keras.optimizers optimizer.",
+                    type(target).__name__,
+                )
+            continue
+        if (
+            isinstance(target, tf.keras.optimizers.Optimizer)
+            and not isinstance(target, _DynamicOptimizerMixin)
+            and getattr(target, "_htf_storage", None) is None
+            and not is_horovod_distributed(target)
+        ):
+            dynamic_optimizer(obj)
 
 
 def _note_split_optimizers(objects: list) -> None:

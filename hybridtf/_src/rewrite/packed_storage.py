@@ -409,6 +409,8 @@ class PackedTables(tf.Module):
                 self.packed[pt.name] = tf.Variable(np.concatenate(parts, axis=0), name=pt.name, trainable=trainable)
                 if release is not None:
                     release(self, [m.name for m in pt.members])
+            if layout is not None:  # rank-local: its gradient is never allreduced (distribute/gradients.py)
+                object.__setattr__(self.packed[pt.name], "_htf_sharded_table", True)
         if self.sharded:  # Horovod's broadcast_variables (its recipes) must leave this rank's rows alone
             local_broadcast.register(self)
 
