@@ -22,7 +22,11 @@ def _check_dtype(dtype: tf.DType, table: str, cast_floats: bool) -> tf.DType | N
         return None
     if cast_floats and (dtype.is_floating or dtype.is_integer):
         return tf.int32 if dtype.is_floating else tf.int64
-    raise TypeError(f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}.")
+    raise TypeError(
+        f"embedding table {table!r}: ids must be int32 or int64, got {dtype.name}. Cast whole-number ids with "
+        "tf.cast(ids, tf.int64); hash strings first (tf.strings.to_hash_bucket_fast, or a Keras Hashing / "
+        "StringLookup layer)."
+    )
 
 
 def sparse_bags(ids: tf.SparseTensor, table: str = "ids") -> tf.RaggedTensor:
