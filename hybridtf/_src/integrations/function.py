@@ -283,9 +283,8 @@ def attach_optimizers(objects: list) -> None:
 
 
 def _average_over_sharded_tables(objects: list) -> None:
-    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` sharded over the ranks.
-
-    Hooked as ``dynamic_optimizer`` hooks them.
+    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` sharded over the ranks (as
+    ``dynamic_optimizer`` hooks them).
 
     The hooked optimizer averages the dense gradients over the ranks, and scales the shards' own, when the step
     did not (no ``DistributedGradientTape``, no ``average_gradients``: ``gradients.already_averaged``), as a
@@ -318,8 +317,10 @@ def _average_over_sharded_tables(objects: list) -> None:
                 object.__setattr__(target, "_htf_unaveraged_told", True)
                 _log.warning(
                     "hybridtf.function: the legacy optimizer %s trains Tables sharded over the Horovod ranks; hybridtf "
-                    "cannot hook it to average the dense gradients over the ranks. Average them in the step with "
-                    "htf.horovod.DistributedGradientTape(tape, tables), or use a tf.keras.optimizers optimizer.",
+                    "cannot hook it to average the dense gradients over the ranks when the step does not. Unless the "
+                    "step averages them itself (htf.horovod.DistributedGradientTape(tape, tables), average_gradients), "
+                    "each rank trains its own dense layers: average them there, or use a tf.keras.optimizers "
+                    "optimizer (hooked).",
                     type(target).__name__,
                 )
             continue
