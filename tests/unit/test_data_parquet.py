@@ -277,6 +277,11 @@ def test_a_top_level_column_named_with_a_dot_reads_and_a_nested_one_is_named_mis
     assert features["user.id"].numpy().tolist() == [7, 9]
     with pytest.raises(ValueError, match=r"one_hot column 's\.a' is not in"):
         hd.parquet_dataset(path, label="y", one_hot=["s.a"], batch_size=2)
+    # a top-level "s.x" next to a struct s with a field x: the same path (tensorflow-io read the struct's values)
+    clash = str(tmp_path / "clash.parquet")
+    pq.write_table(pa.table({"y": [1, 0], "s": [{"x": 100}, {"x": 200}], "s.x": pa.array([1, 2], pa.int64())}), clash)
+    with pytest.raises(hd.ParquetSchemaError, match=r"'s\.x' of .*clash.parquet has the same path as a nested field"):
+        hd.parquet_dataset(clash, label="y", one_hot=["s.x"], batch_size=2)
 
 
 @pytest.mark.parametrize("compression", ["lz4", "snappy", "zstd", "none"])

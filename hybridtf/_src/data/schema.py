@@ -345,6 +345,13 @@ def check_columns(files: Sequence[ParquetFileMeta], spec: FeatureSpec) -> dict[s
                     raise ParquetSchemaError(
                         f"{role} column {name!r} is not in {meta.path} (its columns: {shown}).{hint}"
                     )
+                leaves = [i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name]
+                if len(leaves) > 1:  # "s.x" and the field x of a struct s: tensorflow-io may read either
+                    raise ParquetSchemaError(
+                        f"{role} column {name!r} of {meta.path} has the same path as a nested field (a struct "
+                        f"column {name.split('.')[0]!r} with a field {name.split('.', 1)[1]!r}); tensorflow-io "
+                        "cannot tell them apart. Rename the top-level column (or the struct) when writing."
+                    )
                 problem = _role_error(role, name, meta.path, meta.schema.field(name).type, pa)
                 if problem:
                     raise ColumnTypeError(problem)
