@@ -90,8 +90,17 @@ def test_forward_matches_float64_numpy(case):
     want_y, want_mean, want_variance = _numpy_dice(x, alpha.astype(np.float64), np.float32(epsilon))
     rtol = 2e-6 if x.dtype == np.float32 else 1e-12
     # y = alpha * (1 - p) * x + p * x: its two terms are each up to |alpha * x| and |x|, and may cancel
-    terms = float(np.max(np.abs(x.reshape(-1, x.shape[-1])) * (np.abs(alpha) + 1)))
-    _close(y.numpy().reshape(want_y.shape), want_y, rtol, scale=terms)
+    flat = x.reshape(-1, x.shape[-1]).astype(np.float64)
+    terms = float(np.max(np.abs(flat) * (np.abs(alpha) + 1)))
+    # x - mean loses digits when a column's spread is far below its mean (a batch of 2 or 3 rows draws such
+    # columns by chance: -1.0662 and -1.0628): its normalized values then carry the float32 rounding of the mean
+    # times |mean| / std, in any implementation. The tolerance grows with that condition number past 10.
+    std = np.sqrt(flat.var(0) + epsilon)
+    condition = np.maximum(1.0, (np.abs(flat.mean(0)) + std) / std / 10)
+    got_y = y.numpy().reshape(want_y.shape).astype(np.float64)
+    bound = rtol * terms * condition.reshape([1] * (x.ndim - 1) + [-1]) + rtol * np.abs(want_y)
+    worst = float(np.max(np.abs(got_y - want_y) - bound))
+    assert worst <= 0, f"y differs from the float64 reference beyond the conditioned tolerance by {worst}"
     _close(mean.numpy(), want_mean, rtol)
     _close(variance.numpy(), want_variance, 4 * rtol)
 
