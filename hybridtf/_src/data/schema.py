@@ -279,12 +279,17 @@ def _role_error(role: str, name: str, path: str, arrow_type, pa) -> str | None:
     )
 
 
+def _leaf_columns(meta: ParquetFileMeta, name: str) -> list[int]:
+    """The footer's leaf columns whose path is ``name`` (two: a top-level "s.x" and a struct s's field x)."""
+    return [i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name]
+
+
 def _null_count(meta: ParquetFileMeta, name: str) -> int:
     """Nulls in a flat column: from row-group statistics, or by reading the column when they are absent."""
     if meta.max_def.get(name, 0) == 0:
         return 0
     index = meta.schema.get_field_index(name)
-    leaf = next(i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name)
+    leaf = _leaf_columns(meta, name)[0]
     total = 0
     for g in range(meta.metadata.num_row_groups):
         stats = meta.metadata.row_group(g).column(leaf).statistics
@@ -298,15 +303,12 @@ def _null_count(meta: ParquetFileMeta, name: str) -> int:
     return pq.ParquetFile(source).read(columns=[meta.schema.field(index).name]).column(0).null_count
 
 
-def _check_dictionary_encoded(meta: ParquetFileMeta, name: str) -> None:
+def _check_dictionary_encoded(meta: ParquetFileMeta, name: str, leaf: int) -> None:
     """Refuses a multi-hot column chunk written without a dictionary (only PLAIN-encoded pages).
 
     tensorflow-io 0.36 misreads a binary column when one read spans several PLAIN-encoded data pages:
     other ids than the file's, silently (a probe: 717 of 3,000 rows of a ``use_dictionary=False`` file).
     """
-    leaf = next((i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name), None)
-    if leaf is None:
-        return
     for g in range(meta.metadata.num_row_groups):
         chunk = meta.metadata.row_group(g).column(leaf)
         if chunk.num_values and not chunk.has_dictionary_page:
@@ -345,7 +347,7 @@ def check_columns(files: Sequence[ParquetFileMeta], spec: FeatureSpec) -> dict[s
                     raise ParquetSchemaError(
                         f"{role} column {name!r} is not in {meta.path} (its columns: {shown}).{hint}"
                     )
-                leaves = [i for i in range(meta.metadata.num_columns) if meta.metadata.schema.column(i).path == name]
+                leaves = _leaf_columns(meta, name)
                 if len(leaves) > 1:  # "s.x" and the field x of a struct s: tensorflow-io may read either
                     raise ParquetSchemaError(
                         f"{role} column {name!r} of {meta.path} has the same path as a nested field (a struct "
@@ -368,8 +370,8 @@ def check_columns(files: Sequence[ParquetFileMeta], spec: FeatureSpec) -> dict[s
                         "write all files with the same schema."
                     )
                 physical.setdefault(name, (kind, meta.path))
-                if role == "multi_hot":
-                    _check_dictionary_encoded(meta, name)
+                if role == "multi_hot" and leaves:
+                    _check_dictionary_encoded(meta, name, leaves[0])
                 nulls = _null_count(meta, name)
                 if nulls:
                     raise ParquetSchemaError(
