@@ -440,9 +440,7 @@ def report(
         interleaving=_interleaving(model) if optimized else None,
         dynamic_tables=dynamic_tables(model),
         dynamic_plan=dynamic_plan,
-        other_fusions={k: fusions_traced(model, k) for k in OTHER_FUSIONS if fusions_traced(model, k)}
-        if optimized
-        else {},
+        other_fusions={k: where for k in OTHER_FUSIONS if (where := fusions_traced(model, k))} if optimized else {},
     )
 
 
