@@ -9,7 +9,14 @@ from __future__ import annotations
 
 
 class HybridTFError(Exception):
-    """Base class of hybridtf's own exceptions."""
+    """Base class of hybridtf's own exceptions.
+
+    Raised while AutoGraph converts a step (Keras ``fit``'s ``train_function``, a user's ``tf.function``),
+    they keep their class: ``ag_pass_through`` tells AutoGraph not to rebuild them (it turns an exception whose
+    constructor it does not know into a ``StagingError``, which ``except ValueError`` would not catch).
+    """
+
+    ag_pass_through = True
 
 
 class OpLibraryError(HybridTFError, ImportError):

@@ -190,6 +190,41 @@ def test_sum_reduction_counts_a_weight_regularizer_once():
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6, err_msg=mode)
 
 
+def _summed_bce(y, p):
+    return tf.reduce_sum(tf.keras.losses.binary_crossentropy(y, p))
+
+
+class _SummedBce(tf.keras.losses.Loss):
+    def call(self, y_true, y_pred):
+        return tf.reduce_sum(tf.keras.losses.binary_crossentropy(y_true, y_pred))
+
+
+@pytest.mark.parametrize("loss", [_summed_bce, _SummedBce()], ids=["function", "loss_subclass"])
+def test_a_loss_returning_one_summed_value_is_refused(loss):
+    """Keras trains on the sum as it is; each micro-batch's sum was weighted as a mean (n_i / B): the step's
+    gradient shrank N times, silently (a probe: losses 20.8 -> 6.9 x 3 = 20.9 at step 2)."""
+    batches, _ = _uneven(steps=1)
+    for mode in ("embedding", "mlp", "hidden_1"):
+        with pytest.raises(ValueError, match=r"returns one value for the whole batch.*reduction=.sum."):
+            _losses(wide_and_deep, "adagrad", batches, loss=loss, micro_batches=4, interleave_from=mode)
+
+
+def test_a_loss_returning_one_mean_is_accepted_and_exact():
+    batches, _ = _uneven()
+
+    def mean_bce(y, p):
+        return tf.reduce_mean(tf.keras.losses.binary_crossentropy(y, p))
+
+    whole, _ = _losses(wide_and_deep, "adagrad", batches, loss=mean_bce)
+    for mode in ("embedding", "mlp"):
+        micro, _ = _losses(wide_and_deep, "adagrad", batches, loss=mean_bce, micro_batches=4, interleave_from=mode)
+        np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0, err_msg=mode)
+    # with sample weights Keras scales the one value by their mean, which micro-batches cannot split
+    batches, weights = _uneven(steps=1)
+    with pytest.raises(ValueError, match="sample weights then do not scale rows"):
+        _losses(wide_and_deep, "adagrad", batches, loss=mean_bce, weights=weights, micro_batches=2)
+
+
 def test_losses_mixing_sums_and_means_over_outputs_are_refused():
     """One weight per micro-batch cannot serve a sum and a mean: the step's gradient was off (by up to 11)."""
     ids, dense = _inputs()

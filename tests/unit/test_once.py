@@ -1,45 +1,38 @@
-"""``tests/once.py``: an expensive fixture's directory is computed once, by whichever caller comes first."""
+"""``first_time``: a notice said once per object, without entering Keras's tracked state."""
 
-from __future__ import annotations
+import tensorflow as tf
 
-import threading
-import time
-
-import pytest
-
-from tests.once import computed_once
+from hybridtf._src.once import first_time
 
 
-def test_concurrent_callers_compute_once_and_share_the_directory(tmp_path_factory):
-    calls, dirs = [], []
-
-    def compute(out):
-        calls.append(out)
-        time.sleep(0.3)  # the other callers arrive while this one computes
-        (out / "result.txt").write_text("42")
-
-    def ask():
-        dirs.append(computed_once(tmp_path_factory, "shared", compute))
-
-    threads = [threading.Thread(target=ask) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(calls) == 1 and len(set(dirs)) == 1
-    assert (dirs[0] / "result.txt").read_text() == "42"
-    assert computed_once(tmp_path_factory, "shared", compute) == dirs[0] and len(calls) == 1
+def test_true_once_per_object_and_flag():
+    a, b = tf.keras.layers.Dense(1), tf.keras.layers.Dense(1)
+    assert first_time(a, "_htf_test_told")
+    assert not first_time(a, "_htf_test_told")
+    assert first_time(a, "_htf_other_told")  # another notice of the same object
+    assert first_time(b, "_htf_test_told")  # another object
 
 
-def test_a_failure_is_not_computed_again(tmp_path_factory):
-    calls = []
+def test_the_mark_stays_out_of_a_layers_checkpoint(tmp_path):
+    layer = tf.keras.layers.Dense(1)
+    layer.build((None, 2))
+    first_time(layer, "_htf_test_told")
+    names = [name for name, _ in tf.train.list_variables(tf.train.Checkpoint(layer=layer).write(str(tmp_path / "ck")))]
+    assert not any("_htf_test_told" in name for name in names)
 
-    def compute(out):
-        calls.append(out)
-        raise RuntimeError("horovodrun failed: rank 1 exited with 134")
 
-    with pytest.raises(RuntimeError, match="rank 1 exited"):
-        computed_once(tmp_path_factory, "failing", compute)
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)failed in another worker.*rank 1 exited"):
-        computed_once(tmp_path_factory, "failing", compute)
-    assert len(calls) == 1
+def test_hybridtf_errors_keep_their_class_through_autograph():
+    from hybridtf._src.errors import InterleavingError
+
+    @tf.function
+    def step(x):
+        if x.shape[0] == 3:  # a trace-time check, as hybridtf's are
+            raise InterleavingError("named problem and fix")
+        return x
+
+    try:
+        step(tf.zeros([3]))
+    except InterleavingError as e:  # AutoGraph made a StagingError of it before
+        assert "named problem and fix" in str(e)
+    else:
+        raise AssertionError("no error")

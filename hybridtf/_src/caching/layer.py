@@ -42,6 +42,7 @@ from hybridtf._src.capture.ids import prepare_ids
 from hybridtf._src.capture.keras_capture import to_compute_dtype
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World, current_world, refuse_mirroring_strategy
+from hybridtf._src.once import first_time
 
 _log = logging.getLogger("hybridtf")
 BAG_COMBINERS = ("sum", "mean", "sqrtn")
@@ -318,7 +319,7 @@ class DynamicEmbedding(tf.keras.layers.Layer):
         so a fill whose rows no update consumed yet is only known at the next fill
         (a skipped loss-scale step also leaves one): logged once per layer.
         """
-        if getattr(self, "_eager_unapplied", False) and not getattr(self, "_eager_warned", False):
+        if getattr(self, "_eager_unapplied", False) and first_time(self, "_eager_warned"):
             _log.warning(
                 "hybridtf: dynamic table %r was looked up again in training mode before its table was updated. If both "
                 "calls feed one loss (a layer shared by two inputs), only the last call's rows are trained eagerly: "
@@ -326,7 +327,6 @@ class DynamicEmbedding(tf.keras.layers.Layer):
                 "of the shared table up in one call (tf.concat them and split the output).",
                 self.name,
             )
-            object.__setattr__(self, "_eager_warned", True)
         object.__setattr__(self, "_eager_unapplied", True)
 
     def _check_sharding(self) -> None:

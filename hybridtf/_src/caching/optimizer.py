@@ -38,6 +38,7 @@ from hybridtf._src.integrations.keras_optimizers import (
     loss_scale_inner,
     user_class,
 )
+from hybridtf._src.once import first_time
 
 _log = logging.getLogger("hybridtf")
 
@@ -145,8 +146,7 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
         # that comes out of an allreduce does)
         return grads_and_vars
     if tf.executing_eagerly():
-        if not getattr(optimizer, "_htf_eager_unaveraged_told", False):
-            object.__setattr__(optimizer, "_htf_eager_unaveraged_told", True)
+        if first_time(optimizer, "_htf_eager_unaveraged_told"):
             _log.warning(
                 "hybridtf: optimizer %r trains tables sharded over the Horovod ranks in an eager step: "
                 "hybridtf cannot tell whether the step averaged the dense gradients over the ranks, and leaves them "
@@ -182,9 +182,8 @@ def _note_no_gradient(layer) -> None:
     """A dynamic table without a gradient in a step trains nothing: said once per table (its output under
     ``tf.stop_gradient``, or a custom loop that calls the model without ``training=True``, which looks its ids up
     read-only)."""
-    if getattr(layer, "_no_gradient_warned", False):
+    if not first_time(layer, "_no_gradient_warned"):
         return
-    object.__setattr__(layer, "_no_gradient_warned", True)
     _log.warning(
         "hybridtf: dynamic table %r got no gradient, so its rows are not trained in this step (as Keras skips a "
         "variable without gradient). If it should train: its output must reach the loss (not under tf.stop_gradient), "

@@ -22,6 +22,7 @@ from hybridtf._src.capture.call_reads import call_readers
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.regularizers import RegularizerSpec, find_penalty, regularizer_spec
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
+from hybridtf._src.once import first_time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,9 +269,8 @@ def _warn_user_read_of_variables(layer) -> None:
     runtime = getattr(layer, "_htf_runtime", None)
     if caller.split(".")[0] in _FRAMEWORK_MODULES or runtime is None:
         return
-    if getattr(runtime, "_htf_warned_variable_read", False):
+    if not first_time(runtime, "_htf_warned_variable_read"):
         return
-    runtime._htf_warned_variable_read = True
     try:
         packed = runtime.storage.plan.location(layer._htf_table)[0]
     except (AttributeError, KeyError):  # a property never raises for a message

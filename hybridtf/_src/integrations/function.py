@@ -49,6 +49,7 @@ from hybridtf._src.integrations.graph_lift import (
     lift_ids,
     side_effect_op,
 )
+from hybridtf._src.once import first_time
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
 
@@ -313,8 +314,7 @@ def _average_over_sharded_tables(objects: list) -> None:
         inner = loss_scale_inner(obj) if isinstance(obj, tf.keras.optimizers.Optimizer) else None
         target = inner if inner is not None else obj
         if isinstance(target, tf.keras.optimizers.legacy.Optimizer) and not is_horovod_distributed(target):
-            if not getattr(target, "_htf_unaveraged_told", False):
-                object.__setattr__(target, "_htf_unaveraged_told", True)
+            if first_time(target, "_htf_unaveraged_told"):
                 _log.warning(
                     "hybridtf.function: the legacy optimizer %s trains Tables sharded over the Horovod ranks; hybridtf "
                     "cannot hook it to average the dense gradients over the ranks when the step does not. Unless the "
@@ -354,9 +354,8 @@ def _warn_unhooked_clipping(objects) -> None:
         return
     for opt in objects:
         settings = {k: v for k in ("clipnorm", "global_clipnorm", "clipvalue") if (v := getattr(opt, k, None))}
-        if not settings or getattr(opt, "_htf_clip_warned", False):
+        if not settings or not first_time(opt, "_htf_clip_warned"):
             continue
-        object.__setattr__(opt, "_htf_clip_warned", True)
         _log.warning(
             "hybridtf.function: optimizer %s clips gradients (%s) in a step over hybridtf Tables. It clips each "
             "packed variable's gradient as it is, one summed row per distinct id for several tables together, so "

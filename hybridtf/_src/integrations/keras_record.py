@@ -29,6 +29,7 @@ from tensorflow.python.framework import ops
 
 from hybridtf._src.capture import context
 from hybridtf._src.integrations import graph_lift
+from hybridtf._src.once import first_time
 
 _log = logging.getLogger("hybridtf")
 
@@ -134,8 +135,7 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
     real = ops.get_default_graph()
     if tf.executing_eagerly() or not isinstance(real, func_graph_module.FuncGraph):
         eager_training = tf.executing_eagerly() and _training(kwargs)
-        if eager_training and not getattr(model, "_htf_eager_ids_noted", False):
-            object.__setattr__(model, "_htf_eager_ids_noted", True)
+        if eager_training and first_time(model, "_htf_eager_ids_noted"):
             _log.warning(
                 "hybridtf: model %r runs a training step eagerly (run_eagerly=True, or an eager call with "
                 "training=True): its lookups are recorded in an extra inference-mode pass. Exact when the ids "
@@ -168,8 +168,7 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
                 "from the plain model's. Apply the augmentation in the input pipeline (tf.data), or keep the table "
                 f"unpacked: htf.keras.optimize(model, exclude=[{request.table!r}])."
             )
-        if not getattr(model, "_htf_side_effect_noted", False):
-            object.__setattr__(model, "_htf_side_effect_noted", True)
+        if first_time(model, "_htf_side_effect_noted"):
             _log.warning(
                 "hybridtf: the ids of embedding table %r are computed inside the model through op %r (%s), which has "
                 "side effects: the optimized model records its lookups in an extra inference-mode pass, where this op "

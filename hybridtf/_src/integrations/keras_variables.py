@@ -17,6 +17,8 @@ import logging
 
 import tensorflow as tf
 
+from hybridtf._src.once import first_time
+
 
 def layer_variables(model, layers) -> list:
     """The trainable variables of ``model`` that hold the weights of ``layers``, each once.
@@ -136,8 +138,7 @@ def hook_optimizers(model, candidates) -> None:
         if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
             exact = clipping_can_be_exact(model, obj) or None  # None: leave the model's clipping as it is
             hybridize_optimizer(obj, storage, model._htf_fused_updates, model._htf_plain_trainable, exact)
-        elif is_legacy(obj) and storage.packed and not getattr(obj, "_htf_inexact_named", False):
-            object.__setattr__(obj, "_htf_inexact_named", True)
+        elif is_legacy(obj) and storage.packed and first_time(obj, "_htf_inexact_named"):
             warn_inexact(obj)  # a legacy optimizer clips the packed rows in its own apply_gradients, as compile says
 
 
@@ -177,9 +178,8 @@ def note_split_optimizers(model, candidates) -> None:
     optimizers = {id(o): o for o in candidates if isinstance(o, _OPTIMIZER_TYPES)}
     if len(optimizers) < 2 or not storage.packed:
         return
-    if getattr(model, "_htf_split_warned", False) or getattr(model, "_htf_split_by_layer", False):
-        return  # told already, or the step splits with layer_variables
-    object.__setattr__(model, "_htf_split_warned", True)
+    if getattr(model, "_htf_split_by_layer", False) or not first_time(model, "_htf_split_warned"):
+        return  # the step splits with layer_variables, or told already
     packed = {
         storage.packed[pt.name].name: [m.name for m in pt.members]
         for pt in storage.plan.packed_tables

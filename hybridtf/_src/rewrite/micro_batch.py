@@ -57,7 +57,7 @@ from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
 from hybridtf._src.rewrite import micro_batch_split
-from hybridtf._src.rewrite.micro_batch_loss import step_loss, sums_over_batch, unscaled_gradients
+from hybridtf._src.rewrite.micro_batch_loss import micro_batch_loss, step_loss, sums_over_batch, unscaled_gradients
 from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
 
@@ -294,7 +294,7 @@ def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: st
             xi, yi, swi = split((x, y, sample_weight), bounds[i], bounds[i + 1])
             with tf.GradientTape() as tape:
                 pred = model(xi, training=True)
-                loss = model.compute_loss(xi, yi, pred, swi)
+                loss = micro_batch_loss(model, xi, yi, pred, swi)
                 scaled = step_loss(model, loss, weights[i], n)
             model._validate_target_and_loss(yi, loss)
             acc.add(tape.gradient(scaled, variables))
@@ -343,7 +343,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
             tape.watch(sliced_i)
             with context.replaying(requests, out_i):
                 pred = model(xi, training=True)
-            loss = model.compute_loss(xi, yi, pred, swi)
+            loss = micro_batch_loss(model, xi, yi, pred, swi)
             scaled = step_loss(model, loss, weights[i], len(bounds) - 1)
         model._validate_target_and_loss(yi, loss)
         g = tape.gradient(scaled, dense_vars + stitch.rows + sliced_i)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.errors import InterleavingError
-from hybridtf._src.rewrite.micro_batch_loss import step_loss
+from hybridtf._src.rewrite.micro_batch_loss import micro_batch_loss, step_loss
 from hybridtf._src.rewrite.runtime import lookup_all
 
 # The model cannot be cut at the named layer.
@@ -123,7 +123,7 @@ def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, spli
         with tf.GradientTape() as tape:
             tape.watch(f_i)
             pred = tail(f_i, training=True)
-            loss = model.compute_loss(xi, yi, pred, swi)
+            loss = micro_batch_loss(model, xi, yi, pred, swi)
             scaled = step_loss(model, loss, weights[i], len(bounds) - 1)
         model._validate_target_and_loss(yi, loss)
         g = tape.gradient(scaled, list(variables) + f_i)
