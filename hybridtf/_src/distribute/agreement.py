@@ -31,7 +31,12 @@ _SAME_MODEL = (
 
 
 def check_same_settings(
-    world: World, settings: dict, what: str, hints: dict | None = None, fix: str = _SAME_MODEL
+    world: World,
+    settings: dict,
+    what: str,
+    hints: dict | None = None,
+    fix: str = _SAME_MODEL,
+    phase: str = watchdog.INITIAL_BROADCAST,
 ) -> None:
     """Raises ValueError naming the settings whose values differ between the ranks (``world`` distributed).
 
@@ -41,6 +46,7 @@ def check_same_settings(
         what: the model or model_fn, for the message.
         hints: setting name -> a sentence added to the message when that setting differs.
         fix: what to do, after the settings that differ (default: build and optimize the same model).
+        phase: the collective phase the allgather is armed as (what a diverged rank's error names).
     """
     if not world.distributed or not settings:
         return
@@ -49,7 +55,7 @@ def check_same_settings(
         world,
         names,
         [digest(settings[n]) for n in names],
-        watchdog.INITIAL_BROADCAST,
+        phase,
         f"{what}: the ranks' settings",
         "hybridtf_optimize_settings",
     )
@@ -67,7 +73,13 @@ def check_same_settings(
         )
 
 
-def check_same_restored_values(world: World, variables: list, what: str) -> None:
+_SAME_CHECKPOINT = (
+    "Every rank must load the same checkpoint (the same path on a shared file system, or identical copies), or "
+    "each would train its own dense layers."
+)
+
+
+def check_same_restored_values(world: World, variables: list, what: str, fix: str = _SAME_CHECKPOINT) -> None:
     """Raises ValueError when the ranks hold different values of replicated ``variables`` after a restore.
 
     Every rank of a data-parallel job must restore the same checkpoint: a rank that read another one (a local
@@ -78,6 +90,7 @@ def check_same_restored_values(world: World, variables: list, what: str) -> None
         world: the job (nothing is checked in one process).
         variables: the replicated variables (not the rank-local shards), in the same order on every rank.
         what: the call, for the message.
+        fix: what to do, after what differs.
     """
     if not world.distributed:
         return
@@ -92,21 +105,24 @@ def check_same_restored_values(world: World, variables: list, what: str) -> None
     )
     if differ is None:
         raise ValueError(
-            f"{what}: the Horovod ranks hold different sets of variables; every rank must build the same model."
+            f"{what}: the Horovod ranks hold different sets of variables after the restore (they built different "
+            f"models, or restored different checkpoints, one with the optimizer's state). Every rank must build the "
+            f"same model. {fix}"
         )
     if differ:
         ranks = [r for r in range(values.shape[0]) if (values[r] != values[0]).any()]
         raise ValueError(
             f"{what}: after the restore the Horovod ranks hold different values of {len(differ)} replicated "
             f"variable(s) ({', '.join(repr(n) for n in differ[:5])}{', ...' if len(differ) > 5 else ''}; ranks "
-            f"{ranks} differ from rank 0): the ranks restored different checkpoints. Every rank must load the same "
-            "checkpoint (the same path on a shared file system, or identical copies), or each would train its own "
-            "dense layers."
+            f"{ranks} differ from rank 0): the ranks restored different checkpoints. {fix}"
         )
 
 
-def check_model_restored(model, world: World, local: list) -> None:
-    """``check_same_restored_values`` over a Keras model's variables and its optimizer's, but ``local`` ones."""
+def check_model_restored(
+    model, world: World, local: list, what: str = "load_weights", fix: str = _SAME_CHECKPOINT
+) -> None:
+    """``check_same_restored_values`` over a Keras model's variables and its optimizer's, but ``local`` ones
+    (``what``: the call that restored them, for the message)."""
     if not world.distributed:
         return
     optimizer = getattr(model, "optimizer", None)
@@ -118,7 +134,7 @@ def check_model_restored(model, world: World, local: list) -> None:
         if id(variable) not in skip and id(variable) not in seen and hasattr(variable, "numpy"):
             seen.add(id(variable))
             chosen.append(variable)
-    check_same_restored_values(world, chosen, f"model {model.name!r}: load_weights")
+    check_same_restored_values(world, chosen, f"model {model.name!r}: {what}", fix)
 
 
 def _compare(world: World, names: list, values: list, phase: str, detail: str, collective: str):

@@ -44,8 +44,11 @@ from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, h
 from hybridtf._src.integrations.keras_unpacked import (
     FusionListsMixin,
     UnpackedModelMixin,
+    check_same_path,
+    rank_local_variables,
     sharded_save_error,
     sharded_size,
+    writes_here,
 )
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers, note_split_train_step
 from hybridtf._src.plan.packing import PackingPlan
@@ -199,7 +202,8 @@ class _HybridModelMixin(
 
         dynamic = dynamic_exchange.sharded_tables(self)  # DynamicEmbedding tables sharded by id
         if not storage.sharded and not dynamic:
-            return write()
+            return write() if writes_here(self, storage.world, filepath, "save_weights") else None
+        check_same_path(self, storage.world, filepath)
         with contextlib.ExitStack() as stack:
             if storage.sharded:
                 self._htf_optimizer_plain_variables()  # slot views exist on every rank before they are gathered
@@ -220,9 +224,8 @@ class _HybridModelMixin(
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         result = super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
-        storage = self._htf_runtime.storage
-        local = [*storage.local_variables(), *dynamic_exchange.sharded_dynamic_buffers(self)]
-        agreement.check_model_restored(self, storage.world, local)  # every rank restored the same checkpoint
+        # every rank restored the same checkpoint
+        agreement.check_model_restored(self, self._htf_runtime.storage.world, rank_local_variables(self))
         return result
 
     def _htf_optimizer_plain_variables(self) -> None:
@@ -235,6 +238,8 @@ class _HybridModelMixin(
         size = sharded_size(self)
         if size:
             raise sharded_save_error(size)
+        if not writes_here(self, self._htf_runtime.storage.world, filepath, "save"):
+            return None
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)

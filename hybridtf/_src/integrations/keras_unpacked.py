@@ -12,6 +12,7 @@ Horovod with tables sharded by id, and crash-safe saves
 
 from __future__ import annotations
 
+import logging
 import os
 
 import tensorflow as tf
@@ -19,12 +20,15 @@ import tensorflow as tf
 from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
 from hybridtf._src.capture.keras_capture import SkippedLayer
 from hybridtf._src.capture.subclassing import PlainConstruction
-from hybridtf._src.distribute import agreement, dynamic_exchange
+from hybridtf._src.distribute import agreement, dynamic_exchange, watchdog
 from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import atomic_checkpoint, keras_end_of_data, keras_notices, keras_slots
 from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_optimizers import user_class
+from hybridtf._src.once import first_time
 from hybridtf._src.plan.packing import PackingPlan
+
+_log = logging.getLogger("hybridtf")
 
 
 def sharded_save_error(size: int) -> NotImplementedError:
@@ -43,6 +47,54 @@ def sharded_size(model) -> int | None:
         return storage.world.size
     dynamic = dynamic_exchange.sharded_tables(model)
     return dynamic[0].world.size if dynamic else None
+
+
+def rank_local_variables(model) -> list:
+    """``model``'s variables each rank holds its own values of under Horovod: its static tables' shards with
+    their optimizer slots, and its sharded dynamic tables' distinct-rows buffers."""
+    storage = getattr(getattr(model, "_htf_runtime", None), "storage", None)
+    local = list(storage.local_variables()) if storage is not None else []
+    return local + dynamic_exchange.sharded_dynamic_buffers(model)
+
+
+def writes_here(model, world, filepath, call: str) -> bool:
+    """Whether this rank writes a save of ``model`` whose tables are not sharded over the ranks of ``world``.
+
+    Every rank holds the same values then, so under Horovod rank 0 writes, as it does for sharded models, and
+    the other ranks' calls write nothing (said once per model). Before, every rank wrote: a ``ModelCheckpoint``
+    on every rank (needed for sharded models) had two ranks' crash-safe saves of one path remove each other's
+    temporaries, and rank 0's save failed (found by a probe).
+    """
+    if not world.distributed or world.rank == 0:
+        return True
+    if first_time(model, "_htf_rank_save_told"):
+        _log.warning(
+            "hybridtf: under Horovod rank 0 writes the saves of model %r (every rank holds the same values); rank %d's "
+            "%s(%r) writes nothing. Load rank 0's path on every rank (on hosts without a shared file system, copy "
+            "rank 0's files there first).",
+            model.name,
+            world.rank,
+            call,
+            os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else filepath,
+        )
+    return False
+
+
+def check_same_path(model, world, filepath) -> None:
+    """Before a gathering save of a sharded model: every rank gives the same path, which rank 0 writes.
+
+    A per-rank path (``ModelCheckpoint(f"ckpt/rank{rank}/w")``) left the other ranks' directories empty,
+    silently (found by a probe). One allgather of the path's digest.
+    """
+    path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else repr(filepath)
+    agreement.check_same_settings(
+        world,
+        {"the path": path},
+        f"save_weights of model {model.name!r}",
+        fix="The model's tables are sharded over the ranks: every rank gives its shards and rank 0 writes one "
+        "checkpoint, which any number of ranks restores. Give every rank the same path (no rank in it).",
+        phase=watchdog.CHECKPOINT_GATHER,  # the first collective of the save, as a diverged rank's error names it
+    )
 
 
 def refuse_sharded_model_saves(model, callbacks) -> None:
@@ -150,6 +202,8 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         size = sharded_size(self)
         if size:
             raise sharded_save_error(size)
+        if not writes_here(self, current_world(), filepath, "save"):
+            return None
         if isinstance(filepath, (str, os.PathLike)) and os.fspath(filepath).endswith(".keras"):
             with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
                 return super().save(path, overwrite=overwrite, save_format=save_format, **kwargs)
@@ -157,7 +211,8 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
 
     def save_weights(self, filepath, overwrite=True, save_format=None, options=None):
         """Crash-safe; with DynamicEmbedding tables sharded by id over Horovod ranks every rank calls it, rank 0
-        writes."""
+        writes. Under Horovod without them rank 0 writes too, and the other ranks' calls write nothing
+        (``writes_here``)."""
 
         def write():
             with atomic_checkpoint.crash_safe_path(filepath, overwrite) as path:
@@ -167,8 +222,9 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
 
         dynamic = dynamic_exchange.sharded_tables(self)
         if not dynamic:
-            return write()
+            return write() if writes_here(self, current_world(), filepath, "save_weights") else None
         world = dynamic[0].world
+        check_same_path(self, world, filepath)
         with dynamic_exchange.gathered_exports(dynamic):  # every rank gathers the whole tables
             if world.rank == 0:
                 write()

@@ -1,0 +1,82 @@
+"""Keras checkpoint callbacks given to ``fit`` on every rank under ``horovodrun -np 2 --gloo``.
+
+One launch of ``hvd_checkpoint_worker.py``:
+
+* a model with replicated tables only, ``ModelCheckpoint`` of the whole model and of the weights on every
+  rank at one path: rank 0 writes, the others' saves write nothing (said once). Before, both ranks wrote and
+  one's crash-safe save removed the other's temporary file: rank 0's save failed, rank 1 waited until the
+  collective timeout (found by a probe);
+* sharded tables and a per-rank ``ModelCheckpoint`` path: refused at the first save on every rank, naming
+  the path (rank 1's directory stayed empty, silently);
+* ``BackupAndRestore`` with a directory per rank resumes a failed run as the uninterrupted run, and ranks
+  that find different backups (rank 1's removed, as after a run on another number of ranks) are refused
+  when ``fit`` starts, not after the collective timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.once import computed_once
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.xdist_group("test_horovod_checkpoints")]
+
+WORKER = os.path.join(os.path.dirname(__file__), "hvd_checkpoint_worker.py")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    def launch(out):
+        horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, WORKER, str(out)]
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500, env=env, check=False)
+        assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+
+    out = computed_once(tmp_path_factory, "horovod_checkpoints", launch)
+    return out, [json.loads((out / f"checkpoints_{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_replicated_model_checkpoints_are_written_by_rank_0(runs):
+    _, ranks = runs
+    for result in ranks:
+        assert result["replicated_error"] is None, result["replicated_error"]
+        assert result["replicated_reload_diff"] == 0.0
+        assert result["replicated_keras_file"]
+        assert result["replicated_leftovers"] == []  # no temporary or backup files left
+    assert ranks[0]["replicated_told"] == []
+    [told] = ranks[1]["replicated_told"]  # once, for both callbacks and every epoch
+    assert "rank 1's save" in told and "Load rank 0's path on every rank" in told
+
+
+def test_a_per_rank_checkpoint_path_of_sharded_tables_is_refused_on_every_rank(runs):
+    out, ranks = runs
+    for rank, result in enumerate(ranks):
+        error = result["per_rank_error"]
+        assert error is not None and "the Horovod ranks differ in the path" in error
+        assert f"rank{rank}" in error and "Give every rank the same path" in error
+        assert result["per_rank_seconds"] < 60  # refused at the first save, not after a collective timeout
+    for rank in (0, 1):  # nothing written under either path
+        directory = out / "per_rank" / f"rank{rank}"
+        assert not directory.exists() or not os.listdir(directory)
+
+
+def test_backup_and_restore_resumes_as_the_uninterrupted_run(runs):
+    _, ranks = runs
+    for result in ranks:
+        np.testing.assert_allclose(result["resumed"], result["uninterrupted"], rtol=1e-6, atol=0)
+
+
+def test_ranks_restoring_different_backups_are_refused_when_fit_starts(runs):
+    _, ranks = runs
+    for result in ranks:
+        error = result["mismatch_error"]
+        assert error is not None and "BackupAndRestore(backup_dir=" in error
+        assert "found different backups" in error and "load_weights" in error
+        assert result["mismatch_seconds"] < 60
