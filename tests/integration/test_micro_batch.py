@@ -538,3 +538,27 @@ def test_hybridtfs_own_step_classes_do_not_count_as_a_train_step_override():
     custom = Custom(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(5, 2)(ids))))
     horovod_hooks.guard_collectives(custom)
     assert overrides_train_step(custom)
+
+
+class _HandWrittenBatchNorm(tf.keras.layers.Layer):
+    def call(self, x):
+        mean, variance = tf.nn.moments(x, [0])
+        return (x - mean) / tf.sqrt(variance + 1e-3)
+
+
+@pytest.mark.parametrize("mode", ["embedding", "mlp"])
+def test_a_hand_written_batch_normalization_is_told(mode, caplog):
+    """hybridtf refuses the Keras layers it can name; a custom layer's statistics over the batch are found in the
+    first micro-batch's graph and told (the step differs from the whole batch's: 1.2e-2)."""
+    ids, dense = _inputs()
+    x = tf.keras.layers.Concatenate()(
+        [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(n, 4)(ids[f])) for f, n in FIELDS]
+        + [_HandWrittenBatchNorm()(dense)]
+    )
+    model = tf.keras.Model({**ids, "dense_features": dense}, tf.keras.layers.Dense(1, activation="sigmoid")(x))
+    model = htf.keras.optimize(model, micro_batches=2, interleave_from=mode)
+    model.compile("sgd", "binary_crossentropy")
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        model.train_on_batch(*_batches(steps=1)[0])
+    [message] = [r.getMessage() for r in caplog.records if "statistics over the batch" in r.getMessage()]
+    assert f"model {model.name!r}" in message and "moments" in message

@@ -56,7 +56,7 @@ from hybridtf._src.caching import fills
 from hybridtf._src.capture import context
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
-from hybridtf._src.rewrite import micro_batch_split
+from hybridtf._src.rewrite import batch_statistics, micro_batch_split
 from hybridtf._src.rewrite.micro_batch_loss import micro_batch_loss, step_loss, sums_over_batch, unscaled_gradients
 from hybridtf._src.rewrite.micro_batch_stitch import MicroBatchStitch
 from hybridtf._src.rewrite.runtime import lookup_all
@@ -292,7 +292,7 @@ def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: st
         preds = []
         for i in range(n):
             xi, yi, swi = split((x, y, sample_weight), bounds[i], bounds[i + 1])
-            with tf.GradientTape() as tape:
+            with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
                 pred = model(xi, training=True)
                 loss = micro_batch_loss(model, xi, yi, pred, swi)
                 scaled = step_loss(model, loss, weights[i], n)
@@ -336,7 +336,7 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split((x, y, sample_weight), lo, hi)
-        with tf.GradientTape() as tape:
+        with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
             tape.watch(stitch.rows)
             out_i = stitch.micro_batch(lo, hi)
             sliced_i = [_leaf(out_i[j]) for j in sliced]  # a ragged output (Embedding on ragged ids): its values

@@ -48,6 +48,7 @@ from hybridtf._src import thread_state
 from hybridtf._src.caching import fills
 from hybridtf._src.errors import InterleavingError
 from hybridtf._src.plan.interleaving import is_count
+from hybridtf._src.rewrite import batch_statistics
 from hybridtf._src.rewrite.micro_batch import _Accumulator, _sum_grads, split
 
 MODES = ("embedding", "mlp")
@@ -224,7 +225,11 @@ def _per_micro_batch(loss_fn, inputs, variables, bounds, weights):
     given = variables is not None
     for i in range(len(bounds) - 1):
         part = split(inputs, bounds[i], bounds[i + 1])
-        with _segment(), tf.GradientTape(watch_accessed_variables=not given) as tape:
+        with (
+            _segment(),
+            batch_statistics.noted("micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2),
+            tf.GradientTape(watch_accessed_variables=not given) as tape,
+        ):
             if given:
                 tape.watch(variables)
             loss = _check_loss(loss_fn(part), "loss_fn")
@@ -261,7 +266,11 @@ def _from_features(loss_fn, features_fn, inputs, variables, bounds, weights):
         lo, hi = bounds[i], bounds[i + 1]
         part = split(inputs, lo, hi)
         f_i = [f[lo:hi] for f in features]
-        with _segment(), tf.GradientTape(watch_accessed_variables=not given) as tape:  # lookups in loss_fn: own chains
+        with (
+            _segment(),
+            batch_statistics.noted("micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2),
+            tf.GradientTape(watch_accessed_variables=not given) as tape,  # lookups in loss_fn: own chains
+        ):
             tape.watch(f_i)
             if given:
                 tape.watch(variables)

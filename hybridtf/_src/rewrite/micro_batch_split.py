@@ -25,6 +25,7 @@ import tensorflow as tf
 from hybridtf._src.capture import context
 from hybridtf._src.capture.keras_capture import is_captured
 from hybridtf._src.errors import InterleavingError
+from hybridtf._src.rewrite import batch_statistics
 from hybridtf._src.rewrite.micro_batch_loss import micro_batch_loss, step_loss
 from hybridtf._src.rewrite.runtime import lookup_all
 
@@ -120,7 +121,7 @@ def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, spli
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split_fn((x, y, sample_weight), lo, hi)
         f_i = [f[lo:hi] for f in frontier]
-        with tf.GradientTape() as tape:
+        with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
             tape.watch(f_i)
             pred = tail(f_i, training=True)
             loss = micro_batch_loss(model, xi, yi, pred, swi)
