@@ -372,3 +372,14 @@ def test_statistics_over_the_batch_in_loss_fn_are_told(make, told, caplog):
     if told:
         assert "micro_batch_gradients' loss_fn" in messages[0] and "micro_batches=1" in messages[0]
     assert not _batch_statistics_told(caplog, make(), micro_batches=1)  # one micro-batch is the whole batch
+
+
+def test_statistics_of_a_weight_are_not_told(caplog):
+    """A weight-standardized layer's ``tf.nn.moments(kernel, [0])`` does not depend on the batch: exact."""
+    kernel = tf.Variable(np.random.default_rng(1).normal(size=(3, 3)).astype(np.float32))
+
+    def standardized(x):
+        mean, variance = tf.nn.moments(kernel, [0])
+        return tf.matmul(x, (kernel - mean) / tf.sqrt(variance + 1e-3))
+
+    assert not _batch_statistics_told(caplog, standardized, micro_batches=3)

@@ -35,7 +35,8 @@ def batch_statistics_ops(operations) -> list[str]:
         elif op.type == "Mean" and op.name.split("/")[-2:-1] == ["moments"]:
             axes = tf.get_static_value(op.inputs[1])
             rank = op.inputs[0].shape.rank
-            if axes is not None and rank and any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist())):
+            over_rows = axes is not None and rank and any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist()))
+            if over_rows and reaches_inputs(op.inputs[0]):  # not a weight's statistics (weight standardization)
                 found.append(op.name)
     return found
 
@@ -62,3 +63,62 @@ def noted(where: str, enabled: bool = True):
             where,
             ", ".join(found[:5]) + (", ..." if len(found) > 5 else ""),
         )
+
+
+_DATA_OPS = ("IteratorGetNext", "IteratorGetNextSync", "OptionalGetValue")
+
+
+def reaches_inputs(tensor, limit: int = 20_000) -> bool:
+    """Whether ``tensor`` (traced) depends on the step's data: its graph's non-resource placeholders (a
+    function's arguments) or an iterator's elements, following op inputs back and stopping at variable reads
+    and constants. Past ``limit`` ops it answers True (cannot tell: assumed to)."""
+    seen, stack = set(), [tensor.op]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        if len(seen) > limit or op.type in _DATA_OPS:
+            return True
+        if op.type in ("ReadVariableOp", "Const", "VarHandleOp"):
+            continue
+        if op.type == "Placeholder":
+            if op.outputs[0].dtype != tf.resource:
+                return True
+            continue
+        stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _scaled_source(value):
+    """``value`` without casts, identities and scaling by a scalar that does not depend on the data."""
+    while True:
+        op = value.op
+        if op.type in ("Identity", "Cast", "Neg"):
+            value = op.inputs[0]
+        elif op.type in ("Mul", "RealDiv", "DivNoNan") and len(op.inputs) == 2:
+            a, b = op.inputs
+            scalar = [t.shape.rank == 0 and not reaches_inputs(t) for t in (a, b)]
+            if scalar[1]:
+                value = a
+            elif scalar[0] and op.type == "Mul":
+                value = b
+            else:
+                return value
+        else:
+            return value
+
+
+def mean_over_rows(value, rows) -> bool:
+    """Whether scalar ``value`` (traced) is a ``tf.reduce_mean`` over axes including the first of a tensor of
+    the step's data whose first dimension is ``rows`` (the micro-batch's static size, or None), up to casts and
+    scaling by a data-independent scalar. ``tf.reduce_mean(tf.reduce_sum(x))`` is not (a sum)."""
+    source = _scaled_source(value)
+    if source.op.type != "Mean":
+        return False
+    data = source.op.inputs[0]
+    rank = data.shape.rank
+    axes = tf.get_static_value(source.op.inputs[1])
+    if not rank or axes is None or not any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist())):
+        return False
+    return data.shape[0] == rows and reaches_inputs(data)
