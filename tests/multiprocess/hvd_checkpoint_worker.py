@@ -116,6 +116,20 @@ def per_rank_path(out, rank):
     return {"per_rank_error": error, "per_rank_seconds": time.monotonic() - start}
 
 
+def fail_after_a_backup(directory, rank):
+    """A fit that backs up every epoch and fails after epoch 1 (of ``EPOCHS``) on every rank."""
+    try:
+        model().fit(
+            dataset(rank),
+            epochs=EPOCHS,
+            verbose=0,
+            callbacks=[tf.keras.callbacks.BackupAndRestore(directory), FailAfterEpoch()],
+        )
+    except RuntimeError:
+        return
+    raise AssertionError("the fit did not fail")
+
+
 def backup(out, rank):
     x = probe_batch()
     result = {}
@@ -124,16 +138,7 @@ def backup(out, rank):
     result["uninterrupted"] = whole.predict(x, verbose=0).tolist()
 
     directory = os.path.join(out, "backup", f"rank{rank}")
-    failing = model()
-    try:
-        failing.fit(
-            dataset(rank),
-            epochs=EPOCHS,
-            verbose=0,
-            callbacks=[tf.keras.callbacks.BackupAndRestore(directory), FailAfterEpoch()],
-        )
-    except RuntimeError:
-        pass
+    fail_after_a_backup(directory, rank)
     resumed = model()
     history = resumed.fit(
         dataset(rank), epochs=EPOCHS, verbose=0, callbacks=[tf.keras.callbacks.BackupAndRestore(directory)]
@@ -142,16 +147,7 @@ def backup(out, rank):
     result["resumed"] = resumed.predict(x, verbose=0).tolist()
 
     directory = os.path.join(out, "mismatch", f"rank{rank}")
-    failing = model()
-    try:
-        failing.fit(
-            dataset(rank),
-            epochs=EPOCHS,
-            verbose=0,
-            callbacks=[tf.keras.callbacks.BackupAndRestore(directory), FailAfterEpoch()],
-        )
-    except RuntimeError:
-        pass
+    fail_after_a_backup(directory, rank)
     barrier("mismatch_failed")
     if rank == 1:
         shutil.rmtree(directory)  # as after a run on another number of ranks: no backup here

@@ -70,6 +70,7 @@ def test_a_per_rank_checkpoint_path_of_sharded_tables_is_refused_on_every_rank(r
 def test_backup_and_restore_resumes_as_the_uninterrupted_run(runs):
     _, ranks = runs
     for result in ranks:
+        assert result["resumed_epochs"] == 1  # restored after epoch 1 (of 0, 1, 2): only epoch 2 ran
         np.testing.assert_allclose(result["resumed"], result["uninterrupted"], rtol=1e-6, atol=0)
 
 
