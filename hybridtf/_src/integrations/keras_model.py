@@ -189,8 +189,10 @@ class _HybridModelMixin(
         complete one and removes what killed saves left.
 
         With tables sharded over the ranks of a Horovod job, every rank must
-        call it (the tables are gathered, a collective); rank 0 writes the
-        file, which any number of ranks (or the plain model) can restore.
+        call it with the same path (the tables are gathered, a collective);
+        rank 0 writes the file, which any number of ranks (or the plain model)
+        can restore. Without sharded tables every rank holds the same values:
+        rank 0 writes, and the other ranks' calls write nothing (``writes_here``).
         """
         keras_notices.refuse_legacy_hdf5(filepath, save_format)
         storage = self._htf_runtime.storage
