@@ -145,3 +145,23 @@ def test_an_added_loss_averaging_activations_is_accepted_and_exact():
     whole, _ = _losses(build, "adagrad", batches)
     micro, _ = _losses(build, "adagrad", batches, micro_batches=3, interleave_from="mlp")
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
+
+
+def test_one_loss_object_serving_two_outputs_is_watched_once():
+    """It was wrapped twice and unwrapped twice: AttributeError at the second (a regression caught in review)."""
+
+    def build():
+        tf.keras.utils.set_random_seed(0)
+        ids, dense = _inputs()
+        x = tf.keras.layers.Concatenate()(
+            [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(n, 4)(ids[f])) for f, n in FIELDS] + [dense]
+        )
+        outputs = {"a": tf.keras.layers.Dense(1)(x), "b": tf.keras.layers.Dense(1)(x)}
+        return tf.keras.Model({**ids, "dense_features": dense}, outputs)
+
+    loss = tf.keras.losses.MeanSquaredError()
+    losses = []
+    for model in (build(), htf.keras.optimize(build(), micro_batches=2)):
+        model.compile("sgd", loss=loss)
+        losses.append([model.train_on_batch(x, {"a": y, "b": y}) for x, y in _batches(steps=3)])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5, atol=0)

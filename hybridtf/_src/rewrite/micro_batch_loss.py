@@ -97,11 +97,12 @@ def per_row_losses_checked(model, y_pred, sample_weight):
         compiled.build(y_pred)  # as its first call would: the user's functions become Loss objects
     rows = _rows(y_pred)
     losses = getattr(compiled, "_losses", None)
-    watched = [
-        obj
+    watched = {  # each once: one Loss object may serve several outputs
+        id(obj): obj
         for obj in tf.nest.flatten(losses)
         if isinstance(obj, tf.keras.losses.Loss) and obj.reduction in _MEAN_REDUCTIONS
-    ]
+    }
+    watched = list(watched.values())
     weighted = sample_weight is not None
     checked_calls: set[int] = set()
     own = [obj.__dict__.get("call", _UNSET) for obj in watched]
