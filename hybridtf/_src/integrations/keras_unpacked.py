@@ -242,7 +242,7 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         result = super().load_weights(filepath, *args, **kwargs)
         tables = dynamic_exchange.sharded_tables(self)
         if tables:  # every rank restored the same checkpoint
-            agreement.check_model_restored(self, tables[0].world, dynamic_exchange.sharded_dynamic_buffers(self))
+            agreement.check_model_restored(self, tables[0].world, rank_local_variables(self))
         return result
 
     @property

@@ -33,10 +33,7 @@ def batch_statistics_ops(operations) -> list[str]:
             if op.get_attr("is_training") and not (shape.rank and shape[0] == 1):
                 found.append(op.name)
         elif op.type == "Mean" and op.name.split("/")[-2:-1] == ["moments"]:
-            axes = tf.get_static_value(op.inputs[1])
-            rank = op.inputs[0].shape.rank
-            over_rows = axes is not None and rank and any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist()))
-            if over_rows and reaches_inputs(op.inputs[0]):  # not a weight's statistics (weight standardization)
+            if _averages_first_axis(op) and reaches_inputs(op.inputs[0]):  # not a weight's (weight standardization)
                 found.append(op.name)
     return found
 
@@ -117,8 +114,11 @@ def mean_over_rows(value, rows) -> bool:
     if source.op.type != "Mean":
         return False
     data = source.op.inputs[0]
-    rank = data.shape.rank
-    axes = tf.get_static_value(source.op.inputs[1])
-    if not rank or axes is None or not any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist())):
-        return False
-    return data.shape[0] == rows and reaches_inputs(data)
+    return _averages_first_axis(source.op) and data.shape[0] == rows and reaches_inputs(data)
+
+
+def _averages_first_axis(mean) -> bool:
+    """Whether ``Mean`` op ``mean`` averages over its input's first axis (static axes, known rank >= 1)."""
+    rank = mean.inputs[0].shape.rank
+    axes = tf.get_static_value(mean.inputs[1])
+    return bool(rank) and axes is not None and any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist()))
