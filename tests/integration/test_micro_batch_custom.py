@@ -323,15 +323,15 @@ def test_a_traced_batch_shorter_than_micro_batches_gives_the_whole_batch_loss():
     np.testing.assert_allclose(float(loss), float(want), rtol=1e-6)
 
 
-def _batch_statistics_told(caplog, layer, micro_batches):
+def _batch_statistics_told(caplog, layer, micro_batches, units=1, reduce=tf.reduce_mean):
     x = tf.constant(np.random.default_rng(0).normal(size=(12, 3)).astype(np.float32))
-    dense = tf.keras.layers.Dense(1)
+    dense = tf.keras.layers.Dense(units)
     dense.build((None, 3))
 
     @tf.function
     def step(x):
         return htf.micro_batch_gradients(
-            lambda part: tf.reduce_mean(tf.square(dense(layer(part)))),
+            lambda part: reduce(tf.square(dense(layer(part)))),
             x,
             dense.trainable_variables,
             micro_batches=micro_batches,
@@ -349,6 +349,12 @@ class _HandWrittenBatchNorm(tf.keras.layers.Layer):
         return (x - mean) / tf.sqrt(variance + 1e-3)
 
 
+def _reduce_mean_batch_norm(x):
+    """A batch normalization written with ``tf.reduce_mean(x, 0)`` (no ``tf.nn.moments`` in its op names)."""
+    variance = tf.reduce_mean(tf.square(x - tf.reduce_mean(x, axis=0)), axis=0)
+    return x / tf.sqrt(variance + 1e-3)
+
+
 def _built(layer, **call):
     layer.build((None, 3))
     return lambda x: layer(x, **call)
@@ -359,10 +365,17 @@ def _built(layer, **call):
     [
         (lambda: _built(tf.keras.layers.BatchNormalization(), training=True), True),
         (lambda: _built(_HandWrittenBatchNorm()), True),
+        (lambda: _reduce_mean_batch_norm, True),
         (lambda: _built(tf.keras.layers.LayerNormalization()), False),  # statistics per row
         (lambda: _built(tf.keras.layers.BatchNormalization(), training=False), False),
     ],
-    ids=["keras_batch_norm_training", "tf_nn_moments_axis_0", "layer_norm", "batch_norm_inference"],
+    ids=[
+        "keras_batch_norm_training",
+        "tf_nn_moments_axis_0",
+        "reduce_mean_axis_0",
+        "layer_norm",
+        "batch_norm_inference",
+    ],
 )
 def test_statistics_over_the_batch_in_loss_fn_are_told(make, told, caplog):
     """Each micro-batch normalizes with its own rows' statistics: the gradients differ from the whole batch's
@@ -383,3 +396,13 @@ def test_statistics_of_a_weight_are_not_told(caplog):
         return tf.matmul(x, (kernel - mean) / tf.sqrt(variance + 1e-3))
 
     assert not _batch_statistics_told(caplog, standardized, micro_batches=3)
+
+
+def test_a_loss_averaged_over_the_rows_per_output_is_not_told(caplog):
+    """``tf.reduce_mean(losses, 0)`` per output, then summed: a mean over the rows that only reaches the loss (exact
+    when micro-batched), not a statistic applied to the rows again."""
+
+    def per_output_mean(losses):
+        return tf.reduce_sum(tf.reduce_mean(losses, axis=0) * tf.constant([1.0, 0.5]))
+
+    assert not _batch_statistics_told(caplog, tf.identity, micro_batches=3, units=2, reduce=per_output_mean)

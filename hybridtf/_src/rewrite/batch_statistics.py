@@ -5,8 +5,10 @@ normalization in training mode, ``tf.nn.moments(x, [0])`` in a hand-written norm
 softmax) differs from the whole step. hybridtf refuses the Keras layers it can name
 (``micro_batch.check_layers``); this scan finds the ops such code leaves in the first micro-batch's
 graph: a fused batch normalization in training mode (not the per-row one of Keras's
-``LayerNormalization``), and a ``tf.nn.moments`` mean over axis 0. Other batch-dependent math
-stays the caller's to avoid (documented).
+``LayerNormalization``), a ``tf.nn.moments`` mean over axis 0, and a hand-written one: a
+``tf.reduce_mean`` over axis 0 of the step's data whose result (through element-wise math) is combined
+with the rows again, as ``x - tf.reduce_mean(x, 0)`` is (a mean that only reaches the loss is the loss's
+own). Other batch-dependent math stays the caller's to avoid (documented).
 """
 
 from __future__ import annotations
@@ -32,10 +34,38 @@ def batch_statistics_ops(operations) -> list[str]:
             shape = op.inputs[0].shape
             if op.get_attr("is_training") and not (shape.rank and shape[0] == 1):
                 found.append(op.name)
-        elif op.type == "Mean" and op.name.split("/")[-2:-1] == ["moments"]:
-            if _averages_first_axis(op) and reaches_inputs(op.inputs[0]):  # not a weight's (weight standardization)
+        elif op.type == "Mean" and _averages_first_axis(op) and reaches_inputs(op.inputs[0]):  # not a weight's
+            if op.name.split("/")[-2:-1] == ["moments"] or _meets_rows_again(op.outputs[0]):
                 found.append(op.name)
     return found
+
+
+# element-wise ops through which a statistic is followed; one whose other operand holds rows of the data joins it
+# with the rows (x - mean, x / std, x * scale)
+_ELEMENTWISE = frozenset(
+    "Identity Cast Neg Square Sqrt Rsqrt Reciprocal Abs Exp Log StopGradient Reshape ExpandDims Squeeze AddV2 Add Sub "
+    "Mul RealDiv DivNoNan SquaredDifference Maximum Minimum Pow BiasAdd".split()
+)
+
+
+def _meets_rows_again(statistic, depth: int = 8) -> bool:
+    """Whether ``statistic`` (a mean over the batch, traced) is combined, through element-wise ops, with a tensor
+    of several rows of the step's data: a hand-written normalization ``(x - mean) / std``. A loss's mean (summed,
+    scaled, returned) never is."""
+    frontier, seen = [statistic], set()
+    for _ in range(depth):
+        following = []
+        for tensor in frontier:
+            for consumer in tensor.consumers():
+                if consumer.type not in _ELEMENTWISE or consumer in seen:
+                    continue
+                seen.add(consumer)
+                others = [t for t in consumer.inputs if t is not tensor]
+                if any(t.shape.rank and t.shape[0] != 1 and reaches_inputs(t) for t in others):
+                    return True
+                following.extend(consumer.outputs)
+        frontier = following
+    return False
 
 
 @contextlib.contextmanager
@@ -53,10 +83,10 @@ def noted(where: str, enabled: bool = True):
         _told.add((where, found))
         _log.warning(
             "hybridtf: %s computes statistics over the batch in each micro-batch (ops %s: a batch normalization in "
-            "training mode, or tf.nn.moments over axis 0): a micro-batch normalizes with its own rows' statistics, "
-            "so the step differs from the whole batch's. Call such layers with training=False (moving statistics), "
-            "compute the statistics before the micro-batched part (interleave_from after them), or use "
-            "micro_batches=1.",
+            "training mode, tf.nn.moments over axis 0, or a mean over axis 0 applied to the rows again): a micro-batch "
+            "normalizes with its own rows' statistics, so the step differs from the whole batch's. Call such layers "
+            "with training=False (moving statistics), compute the statistics before the micro-batched part "
+            "(interleave_from after them), or use micro_batches=1.",
             where,
             ", ".join(found[:5]) + (", ..." if len(found) > 5 else ""),
         )
