@@ -41,6 +41,14 @@ from tensorflow.python.util import object_identity
 from hybridtf._src.capture import context
 from hybridtf._src.capture.context import RUNS_LOOKUPS_ATTR, CaptureError, LookupRequest
 from hybridtf._src.integrations import keras_record
+from hybridtf._src.integrations.function_optimizers import (
+    attach_optimizers,
+    hook_tables_optimizers,
+    note_split_optimizers,
+    reachable_optimizers,
+    warn_partly_looked_up,
+    warn_unhooked_clipping,
+)
 from hybridtf._src.integrations.graph_lift import (
     GATHER_OPS,
     READ_ONLY_OPS,
@@ -49,7 +57,6 @@ from hybridtf._src.integrations.graph_lift import (
     lift_ids,
     side_effect_op,
 )
-from hybridtf._src.once import first_time
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
 from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
 
@@ -254,174 +261,6 @@ def _referenced_layers(python_function, referenced: list) -> list:
     return [obj for obj in found if isinstance(obj, tf.keras.layers.Layer)]
 
 
-def attach_optimizers(objects: list) -> None:
-    """Hooks the Keras optimizers a step uses into the optimized model it uses, as ``compile`` would.
-
-    A custom loop's optimizer is often never given to ``model.compile``; then
-    its state for the packed tables would be checkpointed in the packed
-    layout (``tf.train.Checkpoint(model=..., optimizer=...)`` would not load
-    into the plain model, nor the plain model's into it) and its updates
-    would not be fused. When the step reaches exactly one optimized model
-    and some optimizers (arguments, closure, globals), each optimizer not
-    yet hooked gets ``hybridize_optimizer`` with that model's tables. Not in
-    a Horovod job (there the step's tape averages the gradients, and a
-    hooked optimizer would average the shards' gradients a second time), nor
-    for a model with L1/L2-regularized tables (a hooked optimizer adds their
-    penalties' gradients, right only when the step's loss holds
-    ``model.losses``). ``objects`` are what the step reaches directly (``_referenced``).
-    """
-    from hybridtf._src.integrations.keras_variables import hook_optimizers
-
-    _average_over_sharded_tables(objects)
-    models = {}
-    for obj in objects:
-        if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
-            models[id(obj._htf_runtime.storage)] = obj
-    if len(models) == 1:
-        hook_optimizers(next(iter(models.values())), objects)
-    elif not models:
-        _warn_unhooked_clipping(objects)
-
-
-def _average_over_sharded_tables(objects: list) -> None:
-    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` sharded over the ranks (as
-    ``dynamic_optimizer`` hooks them).
-
-    The hooked optimizer averages the dense gradients over the ranks, and scales the shards' own, when the step
-    did not (no ``DistributedGradientTape``, no ``average_gradients``: ``gradients.already_averaged``), as a
-    compiled optimized model's does. Unhooked, each rank trained its own dense layers and the shards' gradients
-    were not divided by the number of ranks, silently (found by a probe). A ``hvd.DistributedOptimizer``
-    averages by itself; a legacy optimizer cannot be hooked: warned.
-    """
-    from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin, dynamic_optimizer
-    from hybridtf._src.capture.lookup_api import Tables
-    from hybridtf._src.distribute.world import current_world
-    from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
-    from hybridtf._src.integrations.keras_optimizers import loss_scale_inner
-
-    if not current_world().distributed:
-        return
-    sets = [obj for obj in objects if isinstance(obj, Tables)]
-    sets += [m for obj in objects if isinstance(obj, tf.Module) for m in obj.submodules if isinstance(m, Tables)]
-    sharded = False
-    for tables in sets:  # the step's own, or a model's that the step calls
-        storage = getattr(getattr(tables, "_htf_runtime", None), "storage", None)
-        dynamic = any(t.table is not None and t.table.world.distributed for t in tables.dynamic_tables.values())
-        sharded = sharded or dynamic or bool(storage is not None and storage.sharded)
-    if not sharded:
-        return
-    for obj in objects:
-        inner = loss_scale_inner(obj) if isinstance(obj, tf.keras.optimizers.Optimizer) else None
-        target = inner if inner is not None else obj
-        if isinstance(target, tf.keras.optimizers.legacy.Optimizer) and not is_horovod_distributed(target):
-            if first_time(target, "_htf_unaveraged_told"):
-                _log.warning(
-                    "hybridtf.function: the legacy optimizer %s trains Tables sharded over the Horovod ranks; hybridtf "
-                    "cannot hook it to average the dense gradients over the ranks when the step does not. Unless the "
-                    "step averages them itself (htf.horovod.DistributedGradientTape(tape, tables), average_gradients), "
-                    "each rank trains its own dense layers: average them there, or use a tf.keras.optimizers "
-                    "optimizer (hooked).",
-                    type(target).__name__,
-                )
-            continue
-        if (
-            isinstance(target, tf.keras.optimizers.Optimizer)
-            and not isinstance(target, _DynamicOptimizerMixin)
-            and getattr(target, "_htf_storage", None) is None
-            and not is_horovod_distributed(target)
-        ):
-            dynamic_optimizer(obj)
-
-
-def _note_split_optimizers(objects: list) -> None:
-    """After the record pass: several optimizers over one optimized model, split without ``layer_variables``."""
-    from hybridtf._src.integrations.keras_variables import note_split_optimizers
-
-    models = {id(o): o for o in objects if isinstance(o, tf.keras.Model) and getattr(o, "_htf_runtime", None)}
-    for model in models.values():
-        note_split_optimizers(model, objects)
-
-
-def _warn_unhooked_clipping(objects) -> None:
-    """Warns (once per optimizer) when a step over ``Tables`` uses an optimizer that clips its gradients.
-
-    No model hooks it, so it clips each packed variable's gradient as given: one summed row per distinct
-    id, several tables in one variable, not the plain tables' per-lookup rows and per-table norms.
-    """
-    from hybridtf._src.capture.lookup_api import Tables
-
-    if not any(isinstance(obj, Tables) for obj in objects):
-        return
-    for opt in objects:
-        settings = {k: v for k in ("clipnorm", "global_clipnorm", "clipvalue") if (v := getattr(opt, k, None))}
-        if not settings or not first_time(opt, "_htf_clip_warned"):
-            continue
-        _log.warning(
-            "hybridtf.function: optimizer %s clips gradients (%s) in a step over hybridtf Tables. It clips each "
-            "packed variable's gradient as it is, one summed row per distinct id for several tables together, so "
-            "once it clips the tables train unlike plain tf.Variable tables. Clip the gradients in your step "
-            "before apply_gradients if that is what you want, or use an optimized Keras model (exact clipping).",
-            getattr(opt, "name", type(opt).__name__),
-            ", ".join(f"{k}={v}" for k, v in settings.items()),
-        )
-
-
-def _row_local(optimizer) -> bool:
-    """Whether ``optimizer``'s update of a variable with a sparse gradient changes only the gradient's rows."""
-    from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin
-    from hybridtf._src.integrations.keras_optimizers import LazyAdam, user_class
-
-    if getattr(optimizer, "weight_decay", None) or getattr(optimizer, "use_ema", False):
-        return False
-    base = user_class(optimizer, skip=(_DynamicOptimizerMixin,))  # under dynamic_optimizer's run-time class too
-    if base in (tf.keras.optimizers.SGD, tf.keras.optimizers.legacy.SGD):
-        return not getattr(optimizer, "momentum", 0.0)
-    return base in (tf.keras.optimizers.Adagrad, tf.keras.optimizers.legacy.Adagrad, LazyAdam)
-
-
-def _warn_partly_looked_up(requests, objects) -> None:
-    """Warns (once per Tables set and table set) when a step looks up some tables of a packed variable only.
-
-    Plain TensorFlow skips a table variable without gradient; a packed variable has a gradient as soon as one
-    of its tables has, and an optimizer that moves every row of such a variable (Adam's or RMSprop's decaying
-    moments, momentum, weight decay, FTRL) then moves the other tables' rows too. A step over a ``Tables`` set
-    is never hooked, so its rows are not kept as an optimized Keras model keeps them.
-    """
-    from hybridtf._src.capture.lookup_api import Tables
-    from hybridtf._src.integrations.keras_variables import _OPTIMIZER_TYPES
-
-    moving = [o for o in objects if isinstance(o, _OPTIMIZER_TYPES) and not _row_local(o)]
-    if not moving:
-        return
-    used: dict[int, tuple] = {}  # id(Tables) -> (the Tables, names of the tables the step looks up)
-    for request in requests:
-        if isinstance(request.owner, Tables):
-            used.setdefault(id(request.owner), (request.owner, set()))[1].add(request.table)
-    for owner, names in used.values():
-        for packed in owner.plan.packed_tables:
-            members = [m.name for m in packed.members]
-            idle = sorted(set(members) - names)
-            if not idle or len(idle) == len(members):
-                continue
-            seen = owner.__dict__.setdefault("_htf_idle_warned", set())
-            if tuple(idle) in seen:
-                continue
-            seen.add(tuple(idle))
-            _log.warning(
-                "hybridtf.function: this step looks up tables %s of packed variable %r but not %s, and optimizer %s "
-                "moves every row of a variable with a gradient (moments, momentum or weight decay): the rows of %s "
-                "will change, which plain tf.Variable tables without gradient would not. Give them a packed "
-                "variable of their own (Tables(..., plan=htf.plan.plan_packing([c.spec() for c in configs], "
-                "exclude=%s))), look them all up in each step, or train with SGD, Adagrad or htf.keras.LazyAdam.",
-                sorted(set(members) & names),
-                packed.name,
-                idle,
-                getattr(moving[0], "name", type(moving[0]).__name__),
-                idle,
-                idle,
-            )
-
-
 class _PackedStep:
     """The Python function tf.function traces: record pass (scratch graph), then real pass (replay)."""
 
@@ -451,8 +290,12 @@ class _PackedStep:
             self._run(args, kwargs)
         if not rec.requests:
             return self._run(args, kwargs)
-        _note_split_optimizers(objects)
-        _warn_partly_looked_up(rec.requests, objects)
+        note_split_optimizers(objects)
+        optimizers = reachable_optimizers(self._python_function, objects, _referenced)
+        hook_tables_optimizers(rec.requests, optimizers)
+        if not any(getattr(o, "_htf_plain_trainable", None) is not None for o in objects):
+            warn_unhooked_clipping(rec.requests, optimizers)  # an optimized model's compile hooks and warns
+        warn_partly_looked_up(rec.requests, [*objects, *optimizers])
         _check_top_level(rec.requests, scratch)
         with context.replaying(rec.requests, []) as rep:
             rep.outputs = _ServedOutputs(rec.requests, scratch, real, rec.requests.segments)

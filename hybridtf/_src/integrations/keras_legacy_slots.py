@@ -47,15 +47,16 @@ class _LegacySlotsMixin:
     """Per-instance overrides of a legacy Keras optimizer training packed tables (see the module docstring)."""
 
     def _htf_packed_view(self, variable):
-        """``variable`` if it is a view of one of the hooked storage's packed tables, else None."""
-        storage = self.__dict__.get("_htf_legacy_storage")
+        """(storage, view) if ``variable`` is a view of one of the hooked storages' packed tables, else None."""
         table = getattr(variable, "table", None)
-        if storage is None or not isinstance(table, str) or table not in self.__dict__["_htf_legacy_tables"]:
+        if not isinstance(table, str):
             return None
-        view = storage.view(table)
-        return view if variable is view else None
+        for storage, tables in self.__dict__.get("_htf_legacy_storages", ()):
+            if table in tables and storage.view(table) is variable:
+                return storage, variable
+        return None
 
-    def _htf_slot(self, view, slot_name: str, create: bool = False):
+    def _htf_slot(self, storage, view, slot_name: str, create: bool = False):
         packed = view._variable
         slots = self._slots.get(_var_key(packed), {})
         if slot_name not in slots and create:
@@ -63,22 +64,22 @@ class _LegacySlotsMixin:
                 self._create_all_weights([packed])
             slots = self._slots.get(_var_key(packed), {})
         slot = slots.get(slot_name)
-        return None if slot is None else self.__dict__["_htf_legacy_storage"].slot_view(slot, view.table)
+        return None if slot is None else storage.slot_view(slot, view.table)
 
     def get_slot(self, var, slot_name):
-        view = self._htf_packed_view(var)
-        if view is None:
+        found = self._htf_packed_view(var)
+        if found is None:
             return super().get_slot(var, slot_name)
-        slot = self._htf_slot(view, slot_name)
+        slot = self._htf_slot(*found, slot_name)
         if slot is None:
-            raise KeyError(f"no slot {slot_name!r} for packed table {view.table!r} yet")
+            raise KeyError(f"no slot {slot_name!r} for packed table {var.table!r} yet")
         return slot
 
     def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
-        view = self._htf_packed_view(variable)
-        if view is None:
+        found = self._htf_packed_view(variable)
+        if found is None:
             return super()._create_or_restore_slot_variable(slot_variable_position, slot_name, variable)
-        slot = self._htf_slot(view, slot_name, create=True)
+        slot = self._htf_slot(*found, slot_name, create=True)
         if slot is not None:
             slot_variable_position.restore(slot)
 
@@ -86,18 +87,40 @@ class _LegacySlotsMixin:
 def hook_legacy_slots(optimizer, storage) -> None:
     """Hooks a legacy Keras ``optimizer`` (in place) so the slots of ``storage``'s packed tables checkpoint per table.
 
-    One process only (a Horovod job's shards take another route). Slots the
-    optimizer already holds for the tables' former variables are copied in.
+    One process only (a Horovod job's shards take another route). One optimizer may train the tables of
+    several storages (a custom step over two ``Tables`` sets). State the optimizer already holds for a table
+    is moved in: slots of the tables' former variables (an optimizer that trained the plain model), and what a
+    checkpoint restored before the hook (slots the optimizer created for the table's view, keyed by it, or
+    restorations it deferred until such slots exist), which training would otherwise never read.
     """
     if not storage.packed or storage.world.distributed:
         return
     if not isinstance(optimizer, _LegacySlotsMixin):
         optimizer.__class__ = runtime_subclass(_LegacySlotsMixin, type(optimizer))
-    tables = {m.name for pt in storage.plan.packed_tables for m in pt.members}
-    object.__setattr__(optimizer, "_htf_legacy_storage", storage)
-    object.__setattr__(optimizer, "_htf_legacy_tables", frozenset(tables))  # get_slot runs per object and slot
+    hooked = optimizer.__dict__.get("_htf_legacy_storages", ())
+    if any(known is storage for known, _ in hooked):
+        return
+    tables = frozenset(m.name for pt in storage.plan.packed_tables for m in pt.members)
+    # get_slot runs per object and slot: a tuple, set outside Keras's attribute tracking
+    object.__setattr__(optimizer, "_htf_legacy_storages", (*hooked, (storage, tables)))
+    with tf.init_scope():  # hooked while a step is traced too: the state moves once, now, not in every step
+        _adopt_held_state(optimizer, storage, tables)
+
+
+def _adopt_held_state(optimizer, storage, tables) -> None:
     for table in sorted(tables):
         view = storage.view(table)
-        old = optimizer._slots.get(view._htf_plain_key or "", {})
-        for slot_name, value in old.items():
-            optimizer._htf_slot(view, slot_name, create=True).assign(value)
+        key = _var_key(view)  # the former variable's key, else the view's own
+        held = optimizer._slots.get(key, {})
+        for slot_name, value in held.items():
+            optimizer._htf_slot(storage, view, slot_name, create=True).assign(value)
+        if view._htf_plain_key is None and held:  # the view's own stray slots: not trained, not to be saved
+            del optimizer._slots[key]
+            stray = {id(v) for v in held.values()}
+            optimizer._weights[:] = [w for w in optimizer._weights if id(w) not in stray]
+        for slot_name, deferred in optimizer._deferred_slot_restorations.items():
+            positions = deferred.pop(key, [])
+            if positions:
+                slot = optimizer._htf_slot(storage, view, slot_name, create=True)
+                for position in sorted(positions, key=lambda p: p.restore_uid):  # the latest restore last
+                    position.restore(slot)

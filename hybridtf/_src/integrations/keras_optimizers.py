@@ -82,6 +82,17 @@ def _clipping_context(world) -> str:
     )
 
 
+def _legacy_clipping_context(optimizer) -> str:
+    """Why a legacy optimizer's clipping is not made exact, and the optimizer that would be (named in the warning)."""
+    if not keras_legacy_slots.is_legacy(optimizer):
+        return ""
+    name = user_class(optimizer).__name__
+    current = getattr(tf.keras.optimizers, name, None)
+    instead = f"tf.keras.optimizers.{name} with the same settings clips exactly" if current is not None else ""
+    why = "a tf.keras.optimizers.legacy optimizer clips inside its own apply_gradients, which hybridtf does not hook"
+    return f"{why} ({instead})" if instead else why
+
+
 def inexact_settings(optimizer, exact_clipping: bool = False, clip_context: str = "") -> list[str]:
     """The settings of ``optimizer`` whose math differs on packed tables, each with the reason and the fix.
 
@@ -464,7 +475,7 @@ def hybridize_optimizer(
         keras_legacy_slots.hook_legacy_slots(optimizer, storage)
     if not isinstance(optimizer, tf.keras.optimizers.Optimizer):
         if storage.packed:  # a legacy optimizer clips in its own apply_gradients, on the packed rows
-            warn_inexact(optimizer)
+            warn_inexact(optimizer, clip_context=_legacy_clipping_context(optimizer))
         if world.distributed and storage.sharded:
             raise TypeError(
                 f"a model with tables sharded over {world.size} Horovod ranks needs a tf.keras.optimizers.Optimizer "

@@ -10,6 +10,7 @@ the packed model restores into the plain model and the other way round.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -65,6 +66,9 @@ class _ViewSaveable(saveable_object.SaveableObject):
         return self._view.assign(restored_tensors[0], read_value=False)
 
 
+_view_numbers = itertools.count(1)
+
+
 class TableView(tf.__internal__.tracking.Trackable):
     """One table's rows ``[offset, offset + num_rows)`` inside a packed variable.
 
@@ -85,7 +89,8 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     @property
     def _unique_id(self) -> str:
-        return self._htf_plain_key or f"hybridtf_table:{self.table}"
+        # else unique per view: two Tables sets may each hold a table "user" (a legacy optimizer keys slots by it)
+        return self._htf_plain_key or f"hybridtf_table:{self.table}:{self._htf_view_number}"
 
     def __init__(
         self,
@@ -105,6 +110,7 @@ class TableView(tf.__internal__.tracking.Trackable):
         self._layout = layout
         self._world = world
         self._gathered = None  # the whole table, while PackedTables.gathered() is active
+        self._htf_view_number = next(_view_numbers)
 
     def __repr__(self) -> str:
         # TensorFlow quotes this when a view reaches an API that wants a variable (tape.gradient sources, ...).
@@ -243,6 +249,12 @@ class TableView(tf.__internal__.tracking.Trackable):
     @property
     def _shared_name(self) -> str:
         return self.name[: -len(":0")]
+
+    @property
+    def _distribute_strategy(self):
+        # A legacy Keras optimizer's add_slot asks, when a checkpoint restores a slot of the view into it before
+        # hybridtf hooked it (keras_legacy_slots moves that slot into the packed one when it hooks it).
+        return getattr(self._variable, "_distribute_strategy", None)
 
     @property
     def trainable(self) -> bool:
