@@ -336,6 +336,24 @@ def test_a_restore_of_another_dim_names_the_member_table(tmp_path):
         tf.train.Checkpoint(model=build(8, True)).read(str(tmp_path / "ck"))
 
 
+@pytest.mark.parametrize("pack", [False, True], ids=["unpacked", "packed"])
+def test_a_restore_into_layers_in_another_order_names_the_order(tmp_path, pack):
+    """A probe: a checkpoint of layers [a, b] read into a model built [b, a] told the user to rename layer 'b' to
+    'a' (which a layer already has); TensorFlow matched the layers by position: the error says so."""
+
+    def build(names):
+        ids = tf.keras.Input((1,), dtype=tf.int64)
+        parts = [tf.keras.layers.Flatten()(htf.layers.DynamicEmbedding(4, name=n)(ids)) for n in names]
+        model = tf.keras.Model(ids, tf.keras.layers.Add()(parts))
+        return htf.keras.optimize(model) if pack else model
+
+    model = build(["a", "b"])
+    model(np.array([[1], [2]]), training=True)
+    model.save_weights(str(tmp_path / "ck"))
+    with pytest.raises(ValueError, match=r"table 'b': the checkpoint entry holds table 'a'.* by their position.*order"):
+        build(["b", "a"]).load_weights(str(tmp_path / "ck"))
+
+
 def test_a_refused_member_restore_leaves_the_table_as_it_was(tmp_path):
     """An Adam checkpoint into an Adagrad-trained store: the restore is refused naming the layer, and the member's
     trained rows are still there (they used to be removed before the check; the capacity check, reachable through

@@ -92,6 +92,16 @@ def _whole_number(value, what: str, table: str):
     return number
 
 
+def wrong_table_message(name: str, saved: str) -> str:
+    """The error of a restore whose checkpoint entry for table ``name`` holds table ``saved``."""
+    return (
+        f"HybridHash table {name!r}: the checkpoint entry holds table {saved!r}. A TensorFlow checkpoint matches "
+        "a model's layers by their position in the model, not by name: build the model with its layers in the "
+        f"order of the model that saved it (same layers, names and order), or, if {name!r} is table {saved!r} "
+        f"renamed, name the layer {saved!r}."
+    )
+
+
 def default_hot_rows(hot_rows, capacity) -> int:
     """``hot_rows`` as given, or the default: 100,000, or a tenth of a capacity below a million rows."""
     if hot_rows is not None:
@@ -374,17 +384,14 @@ class HybridHashTable(tf.saved_model.experimental.TrackableResource):
         if tf.executing_eagerly():
             saved = saved_name.numpy().decode()
             if saved != self.name:
-                raise ValueError(
-                    f"HybridHash table {self.name!r}: the checkpoint entry holds table {saved!r}. Restore a "
-                    f"checkpoint of this model (same layers and names), or rename the layer to {saved!r}."
-                )
+                raise ValueError(wrong_table_message(self.name, saved))
             check = tf.no_op()
         else:
             check = tf.debugging.assert_equal(
                 saved_name,
                 tf.constant(self.name),
                 message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table; restore a "
-                "checkpoint of this model (same layers and names)",
+                "checkpoint of this model (same layers, names and order)",
             )
         ids, rows, slots, counts = t["ids"], t["rows"], t["slots"], t["counts"]
         if self._world.distributed:  # the whole table was saved: keep this rank's ids

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from hybridtf._src.caching.table import HybridHashTable, TableConfig
+from hybridtf._src.caching.table import HybridHashTable, TableConfig, wrong_table_message
 from hybridtf._src.distribute import dynamic_exchange
 from hybridtf._src.distribute.world import World
 
@@ -109,16 +109,14 @@ class MemberTable(tf.__internal__.tracking.Trackable):
         if tf.executing_eagerly():
             saved = t["table_name"].numpy().decode()
             if saved != self.name:
-                raise ValueError(
-                    f"HybridHash table {self.name!r}: the checkpoint entry holds table {saved!r}. Restore a "
-                    f"checkpoint of this model (same layers and names), or rename the layer to {saved!r}."
-                )
+                raise ValueError(wrong_table_message(self.name, saved))
             check = tf.no_op()
         else:
             check = tf.debugging.assert_equal(
                 t["table_name"],
                 tf.constant(self.name),
-                message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table",
+                message=f"HybridHash table {self.name!r}: the checkpoint entry holds another table; restore a "
+                "checkpoint of this model (same layers, names and order)",
             )
         ids, rows, slots, counts = t["ids"], t["rows"], t["slots"], t["counts"]
         width = rows.shape[-1] if rows.shape.rank == 2 else None
