@@ -111,6 +111,50 @@ def test_scaled_and_kept_dimension_means_are_accepted_and_exact(loss):
     np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0)
 
 
+def _bce(y, p):
+    return tf.keras.losses.binary_crossentropy(y, p)
+
+
+def _mean_over_size(y, p):
+    squares = tf.square(y - p)
+    return tf.reduce_sum(squares) / tf.cast(tf.size(squares), tf.float32)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda y, p: tf.reduce_sum(_bce(y, p)) / tf.cast(tf.shape(y)[0], tf.float32),
+        lambda y, p: tf.nn.compute_average_loss(_bce(y, p)),
+        _mean_over_size,
+    ],
+    ids=["sum_over_shape_rows", "compute_average_loss", "sum_over_size"],
+)
+def test_hand_written_means_are_accepted_and_exact(loss):
+    """A sum divided by the micro-batch's number of rows (or, summed over every axis, by its size) is a mean over
+    the rows: refused before although exact."""
+    batches, _ = _uneven(steps=3)
+    whole, _ = _losses(wide_and_deep, "adagrad", batches, loss=loss)
+    for mode in ("embedding", "mlp"):
+        micro, _ = _losses(wide_and_deep, "adagrad", batches, loss=loss, micro_batches=3, interleave_from=mode)
+        np.testing.assert_allclose(micro, whole, rtol=1e-5, atol=0, err_msg=mode)
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda y, p: tf.reduce_sum(_bce(y, p)) / 37.0,  # the whole batch's size written in the code
+        lambda y, p: tf.reduce_sum(_bce(y, p)) / tf.cast(tf.shape(y)[1], tf.float32),  # columns, not rows
+        lambda y, p: tf.reduce_sum(tf.square(y - p)) / tf.cast(tf.size(y[:, :1]) * 2, tf.float32),
+    ],
+    ids=["constant_divisor", "columns_divisor", "twice_the_size"],
+)
+def test_sums_divided_by_other_counts_are_refused(loss):
+    """Each micro-batch's value is a share of a sum there, not a mean over its rows."""
+    batches, _ = _uneven(steps=1)
+    with pytest.raises(ValueError, match="returns one value for the whole batch"):
+        _losses(wide_and_deep, "adagrad", batches, loss=loss, micro_batches=2)
+
+
 def test_one_row_micro_batches_of_per_row_losses_are_accepted():
     """A micro-batch of one row gives a per-row loss of one element: it was refused as one value for the batch."""
     batches = _batches(steps=2, batch=4)

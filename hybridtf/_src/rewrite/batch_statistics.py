@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
@@ -117,10 +119,13 @@ def reaches_inputs(tensor, limit: int = 20_000) -> bool:
     return False
 
 
-def _scaled_source(value):
-    """``value`` without casts, identities and scaling by a scalar that does not depend on the data."""
+def _scaled_source(value, keep=lambda op: False):
+    """``value`` without casts, identities and scaling by a scalar that does not depend on the data; stops at an
+    op for which ``keep`` is true."""
     while True:
         op = value.op
+        if keep(op):
+            return value
         if op.type in ("Identity", "Cast", "Neg"):
             value = op.inputs[0]
         elif op.type in ("Mul", "RealDiv", "DivNoNan") and len(op.inputs) == 2:
@@ -137,14 +142,99 @@ def _scaled_source(value):
 
 
 def mean_over_rows(value, rows) -> bool:
-    """Whether scalar ``value`` (traced) is a ``tf.reduce_mean`` over axes including the first of a tensor of
-    the step's data whose first dimension is ``rows`` (the micro-batch's static size, or None), up to casts and
-    scaling by a data-independent scalar. ``tf.reduce_mean(tf.reduce_sum(x))`` is not (a sum)."""
-    source = _scaled_source(value)
-    if source.op.type != "Mean":
+    """Whether scalar ``value`` (traced) is a mean over the rows of a tensor of the step's data whose first
+    dimension is ``rows`` (the micro-batch's static size, or None), up to casts and scaling by a data-independent
+    scalar: a ``tf.reduce_mean`` over axes including the first, or a ``tf.reduce_sum`` over them divided by the
+    tensor's number of rows (``tf.shape(x)[0]``, ``tf.nn.compute_average_loss``) or, summed over every axis, by
+    its size (``tf.size(x)``). ``tf.reduce_mean(tf.reduce_sum(x))`` is not (a sum), nor a sum divided by a
+    number written in the code (the whole batch's size: each micro-batch's value is then a share of a sum)."""
+    source = _scaled_source(value, keep=lambda op: _sum_over_rows(op, rows))
+    if source.op.type == "Mean":
+        data = source.op.inputs[0]
+        return _averages_first_axis(source.op) and data.shape[0] == rows and reaches_inputs(data)
+    return _sum_over_rows(source.op, rows)
+
+
+def _sum_over_rows(op, rows) -> bool:
+    """Whether ``op`` divides a sum over the first axis of the step's data (``rows`` rows) by its number of rows
+    (``_counts_rows``); checked before a division by a constant is taken for scaling (a static shape is one)."""
+    if op.type not in ("RealDiv", "DivNoNan"):
         return False
-    data = source.op.inputs[0]
-    return _averages_first_axis(source.op) and data.shape[0] == rows and reaches_inputs(data)
+    total, count = op.inputs
+    total = _scaled_source(total)
+    if total.op.type != "Sum":
+        return False
+    data = total.op.inputs[0]
+    if not (_averages_first_axis(total.op) and data.shape[0] == rows and reaches_inputs(data)):
+        return False
+    return _counts_rows(count, data, rows, every_axis=_reduces_every_axis(total.op))
+
+
+_SHAPE_NAME = re.compile(r"^Shape(_\d+)?$")
+_SIZE_NAME = re.compile(r"^Size(_\d+)?$")
+
+
+def _counts_rows(count, data, rows, every_axis: bool) -> bool:
+    """Whether ``count`` is the number of rows of ``data`` (a micro-batch's tensor of ``rows`` rows): the first
+    element of its shape (``tf.shape(t)[0]`` of ``data`` or another tensor of the step's data with as many rows;
+    a static shape TensorFlow wrote as a constant named ``Shape``), times 1 (``compute_average_loss``'s replica
+    count), cast; with ``every_axis``, ``tf.size(data)``."""
+    while True:
+        op = count.op
+        if op.type in ("Cast", "Identity"):
+            count = op.inputs[0]
+        elif op.type == "Mul" and len(op.inputs) == 2 and any(_static_equals(t, 1) for t in op.inputs):
+            count = op.inputs[1] if _static_equals(op.inputs[0], 1) else op.inputs[0]
+        else:
+            break
+    op = count.op
+    if op.type == "StridedSlice" and _first_element(op):
+        shape = op.inputs[0]
+        if shape.op.type == "Shape":
+            shaped = shape.op.inputs[0]
+            return shaped is data or (
+                bool(shaped.shape.rank) and shaped.shape[0] == data.shape[0] and reaches_inputs(shaped)
+            )
+        if shape.op.type == "Const" and _SHAPE_NAME.match(shape.op.name.rsplit("/", 1)[-1]):
+            value = tf.get_static_value(shape)
+            return rows is not None and value is not None and np.ndim(value) == 1 and int(value[0]) == rows
+        return False
+    if not every_axis:
+        return False
+    if op.type == "Size":
+        return op.inputs[0] is data
+    if op.type == "Const" and _SIZE_NAME.match(op.name.rsplit("/", 1)[-1]):
+        return data.shape.is_fully_defined() and _static_equals(count, data.shape.num_elements())
+    return False
+
+
+def _static_equals(tensor, number) -> bool:
+    value = tf.get_static_value(tensor)
+    return value is not None and np.size(value) == 1 and float(np.reshape(value, ())) == float(number)
+
+
+def _first_element(strided_slice) -> bool:
+    """Whether a ``StridedSlice`` op takes element 0 of a vector as a scalar (``v[0]``)."""
+    begin, end, strides = (tf.get_static_value(t) for t in strided_slice.inputs[1:4])
+    if begin is None or end is None or strides is None:
+        return False
+    return (
+        list(begin) == [0]
+        and list(end) == [1]
+        and list(strides) == [1]
+        and strided_slice.get_attr("shrink_axis_mask") == 1
+        and not strided_slice.get_attr("begin_mask")
+        and not strided_slice.get_attr("end_mask")
+    )
+
+
+def _reduces_every_axis(reduction) -> bool:
+    """Whether a reduction op (``Sum``) reduces every axis of its input (static axes and rank)."""
+    rank = reduction.inputs[0].shape.rank
+    axes = tf.get_static_value(reduction.inputs[1])
+    if rank is None or axes is None:
+        return False
+    return {int(a) % rank for a in np.ravel(axes)} == set(range(rank)) if rank else True
 
 
 def _averages_first_axis(mean) -> bool:

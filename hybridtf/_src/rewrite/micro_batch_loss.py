@@ -8,7 +8,8 @@ loss scale is applied per micro-batch and taken off the summed gradients.
 
 A compiled loss whose function returns one value for the whole batch (``tf.reduce_sum(...)`` inside it) is
 taken whole by Keras's default reduction: a micro-batch's value is then a sum or a mean over its rows, which
-its graph shows only for ``tf.reduce_mean`` (accepted); ``per_row_losses_checked`` refuses the others.
+its graph shows for ``tf.reduce_mean`` and for a sum divided by the rows' count (``mean_over_rows``: accepted);
+``per_row_losses_checked`` refuses the others.
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def per_row_losses_checked(model, y_pred, sample_weight):
     Keras averages per-row losses; a value without rows (rank 0, or one element of a micro-batch of more rows)
     it takes as it is, so a function returning ``tf.reduce_sum`` of its rows trains on the sum, while
     micro-batching weighted each micro-batch's value by its share of the batch: the step's gradient shrank N
-    times, silently (found by a probe). Accepted: a ``tf.reduce_mean`` over the micro-batch's rows
-    (``batch_statistics.mean_over_rows``) without sample weights. A ``Loss`` that overrides ``__call__`` is
+    times, silently (found by a probe). Accepted: a mean over the micro-batch's rows
+    (``batch_statistics.mean_over_rows``: ``tf.reduce_mean``, or a sum over the rows divided by their count)
+    without sample weights. A ``Loss`` that overrides ``__call__`` is
     checked on the value it returns, unless its ``call`` was checked on the way. The loss objects are watched
     while the block runs (trace time only): ``call`` on the instance, ``__call__`` through a stand-in in the
     compiled container.
@@ -210,7 +212,7 @@ def _refuse_unless_mean(obj, value, weighted: bool, rows, method: str) -> None:
         f"micro-batching: loss {name!r} ({type(obj).__name__}.{method}) returns one value for the whole batch "
         f"(shape {value.shape}, computed by op {source.op.name!r} of type {source.op.type}) under Keras's default "
         "reduction, which takes that value as it is: micro-batching cannot tell whether it is a sum or a mean over "
-        "the rows (only a tf.reduce_mean over the rows shows it)"
+        "the rows (only a tf.reduce_mean over the rows, or a sum divided by tf.shape(x)[0], shows it)"
         + (" (and sample weights then do not scale rows)" if weighted else "")
         + f". {_FIX}"
     )
