@@ -5,8 +5,12 @@ runs one short exactness check over models whose structure differs from those: a
 SENET + bilinear interaction (FiBiNET), inner products (PNN), bi-interaction pooling (NFM),
 field-aware embeddings (ONN: a table per field pair), convolutions (FGCNN), a transformer over a
 behaviour sequence (BST), a BiLSTM over sessions (DSIN: Keras' unrolled backward RNN), and multi-task
-towers (MMOE, two outputs). DSIN failed to train once optimized before the dataflow fusion's op callback
-returned the ops' outputs as TensorFlow builds them.
+towers (MMOE, two outputs); also attention over field pairs (AFM), convolutions over fields (CCPM),
+field-pair weights (FwFM), field groups (FLEN), input-aware factors (DIFM), field-embedded
+factorization (DeepFEFM), bridged cross and deep layers (EDCN) and progressive layered extraction
+(PLE, two outputs). DIEN is left out: DeepCTR 0.9.4's GRU does not build on TensorFlow 2.15 (it calls
+``array_ops.stack``, which that version has no more). DSIN failed to train once optimized before the
+dataflow fusion's op callback returned the ops' outputs as TensorFlow builds them.
 """
 
 from __future__ import annotations
@@ -28,6 +32,10 @@ SEQ = 5
 
 def _sparse(n):
     return [SparseFeat(f"C{i}", vocabulary_size=40 + 10 * i, embedding_dim=4) for i in range(n)]
+
+
+def _grouped(n):
+    return [SparseFeat(f"C{i}", 40 + 10 * i, embedding_dim=4, group_name=f"group{i % 2}") for i in range(n)]
 
 
 def _sequence_columns(kind):
@@ -63,6 +71,14 @@ MODELS = {
         pooling_width=(2, 2),
         seed=5,
     ),
+    "AFM": lambda: dm.AFM(_sparse(4), _sparse(4), seed=5),
+    "CCPM": lambda: dm.CCPM(_sparse(6), _sparse(6), conv_kernel_width=(3, 2), conv_filters=(2, 1), seed=5),
+    "FwFM": lambda: dm.FwFM(_sparse(4), _sparse(4), seed=5),
+    "FLEN": lambda: dm.FLEN(_grouped(4), _grouped(4), seed=5),
+    "DIFM": lambda: dm.DIFM(_sparse(4), _sparse(4), seed=5),
+    "DeepFEFM": lambda: dm.DeepFEFM(_sparse(4), _sparse(4), seed=5),
+    "EDCN": lambda: dm.EDCN(_sparse(4), _sparse(4), seed=5),
+    "PLE": lambda: dm.PLE([*_sparse(4), DenseFeat("I0", 1)], seed=5),
     "MMOE": lambda: dm.MMOE([*_sparse(4), DenseFeat("I0", 1)], seed=5),
     "BST": lambda: dm.BST(_sequence_columns("BST"), ["item_id", "cate_id"], seed=5),
     "DSIN": lambda: dm.DSIN(_sequence_columns("DSIN"), ["item_id", "cate_id"], sess_max_count=2, seed=5),
