@@ -10,7 +10,10 @@ One launch of ``hvd_checkpoint_worker.py``:
   the path (rank 1's directory stayed empty, silently);
 * ``BackupAndRestore`` with a directory per rank resumes a failed run as the uninterrupted run, and ranks
   that find different backups (rank 1's removed, as after a run on another number of ranks) are refused
-  when ``fit`` starts, not after the collective timeout.
+  when ``fit`` starts, not after the collective timeout;
+* a ``ModelCheckpoint(save_best_only=True)`` saving every batch of a sharded model decides on the ranks' mean
+  of its monitored value, as one process would on the whole batch (before, each rank on its own: they parted
+  and ended after the collective timeout).
 """
 
 from __future__ import annotations
@@ -81,3 +84,16 @@ def test_ranks_restoring_different_backups_are_refused_when_fit_starts(runs):
         assert error is not None and "BackupAndRestore(backup_dir=" in error
         assert "found different backups" in error and "load_weights" in error
         assert result["mismatch_seconds"] < 60
+
+
+def test_a_best_only_checkpoint_every_batch_decides_on_the_ranks_mean(runs):
+    out, ranks = runs
+    for result in ranks:
+        assert result["best_error"] is None, result["best_error"]
+        assert result["best_seconds"] < 60
+    own = np.array([r["best_own_losses"] for r in ranks])  # each rank's running mean of its batches' losses
+    assert own.shape == (2, 6) and not np.allclose(own[0], own[1])  # the ranks' own logs differ
+    mean = own.mean(axis=0)
+    assert ranks[0]["best_value"] == ranks[1]["best_value"]
+    np.testing.assert_allclose(ranks[0]["best_value"], mean.min(), rtol=1e-6)
+    assert (out / "best" / "w.index").exists()

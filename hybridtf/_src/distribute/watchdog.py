@@ -336,7 +336,8 @@ def _timeout_message(world: World, armed: _Armed, others, grace: float) -> str:
         "steps_per_epoch / steps; an Estimator's train / evaluate: the same steps / max_steps) and call these on "
         "every rank. "
         "A callback deciding on a rank's own metrics (ModelCheckpoint(save_best_only=True), EarlyStopping, "
-        "ReduceLROnPlateau) decides differently on each rank: put hvd.callbacks.MetricAverageCallback() before it."
+        "ReduceLROnPlateau) decides differently on each rank: put hvd.callbacks.MetricAverageCallback() before it "
+        "(it averages the metrics at each epoch's end)."
     )
     lines.append(
         f"Ending every rank: Horovod is shut down on this one. The limit is {TIMEOUT_ENV}={armed.limit:g} "

@@ -12,7 +12,8 @@
 * under Horovod with sharded tables, ``ModelCheckpoint`` / ``BackupAndRestore``
   on some ranks only (each save is a collective): refused when ``fit`` starts,
   after one allgather (``keras_unpacked.check_ranks_save_alike``), not after the collective
-  timeout at the first save.
+  timeout at the first save. A ``ModelCheckpoint(save_best_only=True)`` saving every N batches decides
+  on its monitored value averaged over the ranks (``keras_unpacked.average_best_batch_metric``).
 * ``EarlyStopping(restore_best_weights=True)``: the dynamic tables are kept
   and restored with the weights (``keras_best_weights``).
 * under Horovod, ``BackupAndRestore``: before it restores, the ranks compare
@@ -35,6 +36,7 @@ from hybridtf._src.distribute.world import current_world
 from hybridtf._src.integrations import keras_notices
 from hybridtf._src.integrations.keras_best_weights import keep_best_tables
 from hybridtf._src.integrations.keras_unpacked import (
+    average_best_batch_metric,
     check_ranks_save_alike,
     rank_local_variables,
     refuse_sharded_model_saves,
@@ -45,6 +47,7 @@ def adapt_callbacks(model, callbacks) -> None:
     """Checks and adapts ``fit``'s callbacks for the optimized ``model`` (see the module docstring)."""
     refuse_sharded_model_saves(model, callbacks)
     check_ranks_save_alike(model, callbacks)
+    average_best_batch_metric(model, callbacks)
     for callback in callbacks or ():
         if isinstance(callback, tf.keras.callbacks.ModelCheckpoint):
             keras_notices.refuse_legacy_hdf5(callback.filepath, None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import tensorflow as tf
 
 from hybridtf._src.caching.optimizer import hook_for_model as hook_dynamic_optimizer
@@ -119,7 +120,8 @@ def check_ranks_save_alike(model, callbacks) -> None:
         return
     world = current_world()
     saving = [
-        f"{type(c).__name__}(save_freq={getattr(c, 'save_freq', None)!r})"
+        f"{type(c).__name__}(save_freq={getattr(c, 'save_freq', None)!r}"
+        + (f", save_best_only=True, monitor={c.monitor!r})" if getattr(c, "save_best_only", False) else ")")
         for c in callbacks or ()
         if isinstance(c, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.BackupAndRestore))
     ]
@@ -131,6 +133,46 @@ def check_ranks_save_alike(model, callbacks) -> None:
         "ModelCheckpoint (save_weights_only=True) / BackupAndRestore callbacks on every rank, not on rank 0 only "
         "(rank 0 writes the file; BackupAndRestore needs one backup_dir per rank).",
     )
+
+
+def average_best_batch_metric(model, callbacks) -> None:
+    """Under Horovod, with tables sharded over the ranks: a ``ModelCheckpoint(save_best_only=True)`` that saves
+    every N batches decides on its monitored value averaged over the ranks.
+
+    Its batch-end logs hold each rank's own metrics (``hvd.callbacks.MetricAverageCallback`` averages at epoch
+    ends only), so the ranks decided differently: one saved (a collective gather of the shards) while another
+    trained on, until the collective timeout, whose advice (``MetricAverageCallback``) the user had followed
+    (found by a probe). The callback now sees, at each batch's end, the ranks' mean of the monitored value (one
+    allreduce of a scalar; the other callbacks see the rank's own logs): with equal batches per rank, the value
+    one process computes on the whole batch. ``check_ranks_save_alike`` has compared the ranks' callbacks first.
+    """
+    if not sharded_size(model):
+        return
+    world = current_world()
+    for callback in callbacks or ():
+        if (
+            isinstance(callback, tf.keras.callbacks.ModelCheckpoint)
+            and callback.save_best_only
+            and callback.save_freq != "epoch"
+            and not getattr(callback, "_htf_ranks_mean", False)
+        ):
+            _decide_on_ranks_mean(callback, world)
+
+
+def _decide_on_ranks_mean(callback, world) -> None:
+    own = callback.on_train_batch_end
+    monitor = callback.monitor
+
+    def on_train_batch_end(batch, logs=None):
+        if logs and monitor in logs:  # the same keys on every rank (the same compiled metrics)
+            local = tf.constant(float(np.asarray(logs[monitor])), tf.float64)
+            with watchdog.collective_phase(world, watchdog.CHECKPOINT_GATHER, f"ModelCheckpoint's {monitor!r}"):
+                mean = world.hvd.allreduce(local, op=world.hvd.Average, name="hybridtf_best_checkpoint_metric")
+            logs = {**logs, monitor: float(mean)}
+        return own(batch, logs)
+
+    callback.on_train_batch_end = on_train_batch_end
+    callback._htf_ranks_mean = True
 
 
 def fusions_traced(model, kind: str) -> list[str]:
@@ -194,6 +236,7 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
     def fit(self, *args, **kwargs):
         refuse_sharded_model_saves(self, kwargs.get("callbacks"))
         check_ranks_save_alike(self, kwargs.get("callbacks"))
+        average_best_batch_metric(self, kwargs.get("callbacks"))
         for callback in kwargs.get("callbacks") or ():
             keep_best_tables(callback, self)  # EarlyStopping(restore_best_weights=True): the dynamic tables too
         return super().fit(*args, **kwargs)
