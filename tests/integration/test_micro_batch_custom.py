@@ -19,6 +19,7 @@ import tensorflow as tf
 import hybridtf as htf
 import hybridtf.estimator as htf_estimator
 from hybridtf._src.capture.lookup_api import TableConfig, Tables
+from hybridtf._src.rewrite import batch_statistics
 from hybridtf.errors import InterleavingError
 
 FIELDS = [("f0", 40), ("f1", 70), ("f2", 30), ("f3", 90)]
@@ -406,3 +407,104 @@ def test_a_loss_averaged_over_the_rows_per_output_is_not_told(caplog):
         return tf.reduce_sum(tf.reduce_mean(losses, axis=0) * tf.constant([1.0, 0.5]))
 
     assert not _batch_statistics_told(caplog, tf.identity, micro_batches=3, units=2, reduce=per_output_mean)
+
+
+def _rows_combined_told(caplog, combine, micro_batches=3):
+    """Whether a micro-batched ``loss_fn`` that projects its rows (``[4, 3]`` per micro-batch) and applies
+    ``combine`` to them is warned about (each case's ops may have the names another's had: told again)."""
+    batch_statistics._told.clear()
+    x = tf.constant(np.random.default_rng(2).normal(size=(12, 3)).astype(np.float32))
+    w = tf.Variable(np.random.default_rng(3).normal(size=(3, 3)).astype(np.float32))
+
+    @tf.function
+    def step(x):
+        return htf.micro_batch_gradients(lambda part: combine(tf.matmul(part, w)), x, [w], micro_batches=micro_batches)
+
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hybridtf"):
+        step(x)
+    return [r.getMessage() for r in caplog.records if "statistics over the batch" in r.getMessage()]
+
+
+def _in_batch_negatives(h):
+    logits = tf.matmul(h, h, transpose_b=True)  # each row against every row of the batch
+    labels = tf.range(tf.shape(h)[0])
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits))
+
+
+def _stacked_fields(h):
+    """A factorization machine over fields stacked on axis 0: its reductions over axis 0 are per example."""
+    fields = tf.stack([h, 2.0 * h, -h], axis=0)  # [fields, rows, dim]
+    cross = tf.square(tf.reduce_sum(fields, 0)) - tf.reduce_sum(tf.square(fields), 0)
+    return tf.reduce_mean(cross)
+
+
+@pytest.mark.parametrize(
+    "combine, told",
+    [
+        (_in_batch_negatives, True),
+        (lambda h: tf.reduce_mean(tf.einsum("bd,cd->bc", h, h)), True),
+        (lambda h: tf.reduce_mean(tf.matmul(h, h, transpose_a=True)), True),  # a Gram matrix over the rows
+        (lambda h: tf.reduce_mean(tf.nn.softmax(h, axis=0) * h), True),  # a softmax over the batch
+        (lambda h: tf.reduce_mean(tf.nn.log_softmax(h[:, 0])), True),  # a vector of the rows
+        (lambda h: tf.reduce_mean(h / tf.reduce_sum(tf.abs(h), 0)), True),  # a sum over the rows, applied again
+        (lambda h: tf.reduce_mean(tf.matmul(h[:, :, None], h[:, None, :])), False),  # per-example products
+        (lambda h: tf.reduce_mean(tf.einsum("bd,bd->b", h, h)), False),
+        (lambda h: tf.reduce_mean(tf.nn.softmax(h) * h), False),  # a softmax per row
+        (_stacked_fields, False),
+    ],
+    ids=[
+        "in_batch_negatives",
+        "einsum_across_rows",
+        "gram_matrix",
+        "softmax_axis_0",
+        "softmax_of_a_column",
+        "sum_over_rows_normalization",
+        "batched_outer_products",
+        "einsum_per_row",
+        "softmax_per_row",
+        "fields_stacked_on_axis_0",
+    ],
+)
+def test_math_combining_the_batch_rows_in_loss_fn_is_told(combine, told, caplog):
+    """In-batch negatives, a softmax over the batch, ... see only the micro-batch's rows: the step differs from
+    the whole batch's. It was not told before; per-example products and reductions over fields stacked on axis 0
+    are not told."""
+    messages = _rows_combined_told(caplog, combine)
+    assert bool(messages) == told, messages
+    if told:
+        assert "in-batch negatives" in messages[0] and "micro_batches=1" in messages[0]
+    assert not _rows_combined_told(caplog, combine, micro_batches=1)
+
+
+def test_a_keras_two_tower_model_with_in_batch_negatives_is_told(caplog):
+    """A retrieval model's in-batch softmax (its logits a product of the two towers' outputs over the batch),
+    micro-batched by optimize: warned when its first step is traced (rows unknown), not with one micro-batch."""
+
+    def build(micro_batches):
+        tf.keras.utils.set_random_seed(4)
+        user = tf.keras.Input((1,), name="user", dtype="int64")
+        item = tf.keras.Input((1,), name="item", dtype="int64")
+        u = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 8)(user))
+        v = tf.keras.layers.Flatten()(tf.keras.layers.Embedding(60, 8)(item))
+        u, v = tf.keras.layers.Dense(8)(u), tf.keras.layers.Dense(8)(v)
+        logits = tf.keras.layers.Lambda(lambda t: tf.matmul(t[0], t[1], transpose_b=True))([u, v])
+        model = htf.keras.optimize(tf.keras.Model([user, item], logits), micro_batches=micro_batches)
+
+        def in_batch_softmax(y_true, y_pred):
+            return tf.nn.sparse_softmax_cross_entropy_with_logits(tf.range(tf.shape(y_pred)[0]), y_pred)
+
+        model.compile(tf.keras.optimizers.Adagrad(0.1), loss=in_batch_softmax)
+        return model
+
+    rng = np.random.default_rng(5)
+    x = {"user": rng.integers(0, 50, (16, 1)), "item": rng.integers(0, 60, (16, 1))}
+    y = np.zeros((16, 1), np.float32)
+    told = {}
+    for micro_batches in (2, 1):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hybridtf"):
+            build(micro_batches).fit(x, y, batch_size=8, epochs=1, verbose=0)
+        told[micro_batches] = [r.getMessage() for r in caplog.records if "statistics over the batch" in r.getMessage()]
+    assert told[2] and "in-batch negatives" in told[2][0], told
+    assert not told[1]

@@ -5,10 +5,13 @@ normalization in training mode, ``tf.nn.moments(x, [0])`` in a hand-written norm
 softmax) differs from the whole step. hybridtf refuses the Keras layers it can name
 (``micro_batch.check_layers``); this scan finds the ops such code leaves in the first micro-batch's
 graph: a fused batch normalization in training mode (not the per-row one of Keras's
-``LayerNormalization``), a ``tf.nn.moments`` mean over axis 0, and a hand-written one: a
-``tf.reduce_mean`` over axis 0 of the step's data whose result (through element-wise math) is combined
-with the rows again, as ``x - tf.reduce_mean(x, 0)`` is (a mean that only reaches the loss is the loss's
-own). Other batch-dependent math stays the caller's to avoid (documented).
+``LayerNormalization``), a ``tf.nn.moments`` mean over axis 0, and a hand-written one: a reduction
+(``tf.reduce_mean``, ``reduce_sum``, ``reduce_max``, ...) over axis 0 of the step's data whose result
+(through element-wise math) is combined with the rows again, as ``x - tf.reduce_mean(x, 0)`` or
+``x / tf.reduce_sum(x, 0)`` is (a mean that only reaches the loss is the loss's own); and math that
+combines rows with each other: a matrix product of two tensors of the data (in-batch negatives, ``u @
+tf.transpose(v)``; per-example products are batched matmuls), such an einsum, a softmax over the batch.
+Other batch-dependent math stays the caller's to avoid (documented).
 """
 
 from __future__ import annotations
@@ -26,8 +29,33 @@ _FUSED_BATCH_NORMS = ("FusedBatchNorm", "FusedBatchNormV2", "FusedBatchNormV3")
 _told: set[tuple[str, tuple[str, ...]]] = set()
 
 
-def batch_statistics_ops(operations) -> list[str]:
-    """The names of ``operations`` that compute statistics over the batch (first) dimension."""
+_REDUCTIONS = frozenset(("Mean", "Sum", "Max", "Min", "Prod"))
+
+
+ANY_ROWS = object()  # a micro-batch's number of rows not given: any first dimension may be the rows
+
+
+def rows_of(structure):
+    """The static number of rows (first dimension: an int, or None when unknown) of the first tensor in
+    ``structure`` (a micro-batch's inputs or features), or ``ANY_ROWS`` when it holds none."""
+    for t in tf.nest.flatten(structure, expand_composites=False):
+        if isinstance(t, (tf.Tensor, tf.RaggedTensor)) and t.shape.rank:
+            return t.shape[0]
+    return ANY_ROWS
+
+
+def batch_statistics_ops(operations, rows=ANY_ROWS) -> list[str]:
+    """The names of ``operations`` that compute statistics over the batch (first) dimension, or combine the
+    batch's rows with each other (a product of two tensors of the data, a softmax over the batch).
+
+    ``rows``: the micro-batch's static number of rows (None: unknown), if known; a reduction, product or softmax
+    is then followed only over tensors with that first dimension (a ``tf.stack`` of fields on axis 0, whose
+    first dimension is the static number of fields, is not the batch's).
+    """
+
+    def on_rows(t) -> bool:
+        return bool(t.shape.rank) and (rows is ANY_ROWS or t.shape[0] == rows) and reaches_inputs(t)
+
     found = []
     for op in operations:
         if op.type in _FUSED_BATCH_NORMS:
@@ -36,10 +64,70 @@ def batch_statistics_ops(operations) -> list[str]:
             shape = op.inputs[0].shape
             if op.get_attr("is_training") and not (shape.rank and shape[0] == 1):
                 found.append(op.name)
-        elif op.type == "Mean" and _averages_first_axis(op) and reaches_inputs(op.inputs[0]):  # not a weight's
-            if op.name.split("/")[-2:-1] == ["moments"] or _meets_rows_again(op.outputs[0]):
+        elif op.type in _REDUCTIONS and _averages_first_axis(op) and on_rows(op.inputs[0]):  # not a weight's
+            moments = op.type == "Mean" and op.name.split("/")[-2:-1] == ["moments"]
+            if moments or _meets_rows_again(op.outputs[0], on_rows):
                 found.append(op.name)
+        elif _mixes_rows(op, on_rows):
+            found.append(op.name)
     return found
+
+
+def _mixes_rows(op, on_rows) -> bool:
+    """Whether ``op`` combines different rows of the step's data: a matrix product of two tensors of the data
+    (in-batch negatives ``u @ tf.transpose(v)``, a Gram matrix ``tf.transpose(x) @ x``: per-example products
+    of [rows, ...] tensors are batched matmuls or einsums that keep the rows' label), an einsum of two such
+    tensors whose first labels differ or leave the output (``"bd,cd->bc"``), or a softmax over the rows
+    (``tf.nn.softmax(x, axis=0)``: a transpose that moves axis 0 last, or a vector of the data)."""
+    if op.type == "MatMul":
+        return all(on_rows(t) for t in op.inputs)
+    if op.type == "Einsum" and len(op.inputs) == 2:
+        equation = op.get_attr("equation")
+        equation = equation.decode() if isinstance(equation, bytes) else equation
+        inputs, _, output = equation.replace(" ", "").partition("->")
+        labels = inputs.split(",")
+        if len(labels) != 2 or not all(labels) or any(x.startswith(".") for x in labels) or not output:
+            return False
+        first = {x[0] for x in labels}
+        mixing = len(first) > 1 or not first <= set(output)
+        return mixing and all(on_rows(t) for t in op.inputs)
+    if op.type in ("Softmax", "LogSoftmax"):
+        logits = op.inputs[0]
+        while logits.op.type == "Identity":
+            logits = logits.op.inputs[0]
+        if logits.shape.rank == 1:
+            return on_rows(logits)
+        if logits.op.type == "Transpose":
+            perm = _folded(logits.op.inputs[1])
+            return (
+                perm is not None and np.size(perm) > 1 and int(np.ravel(perm)[-1]) == 0 and on_rows(logits.op.inputs[0])
+            )
+    return False
+
+
+def _folded(tensor, depth: int = 6):
+    """``tensor``'s value when its ops fold to a constant: ``tf.get_static_value``, and the ``Rank`` / ``Range`` /
+    ``ConcatV2`` / ``Pack`` / ``Sub`` / ``AddV2`` ops over such values that ``tf.nn.softmax(x, axis)`` builds the
+    permutation of its transpose with (which ``tf.get_static_value`` does not fold); None otherwise."""
+    value = tf.get_static_value(tensor)
+    if value is not None or depth == 0:
+        return value
+    op = tensor.op
+    if op.type == "Rank":
+        rank = op.inputs[0].shape.rank
+        return None if rank is None else np.int32(rank)
+    parts = [_folded(t, depth - 1) for t in op.inputs]
+    if any(p is None for p in parts):
+        return None
+    if op.type == "Range":
+        return np.arange(*parts)
+    if op.type == "ConcatV2":
+        return np.concatenate([np.ravel(p) for p in parts[:-1]])
+    if op.type == "Pack":
+        return np.stack(parts)
+    if op.type in ("Sub", "AddV2"):
+        return parts[0] - parts[1] if op.type == "Sub" else parts[0] + parts[1]
+    return None
 
 
 # element-wise ops through which a statistic is followed; one whose other operand holds rows of the data joins it
@@ -50,7 +138,7 @@ _ELEMENTWISE = frozenset(
 )
 
 
-def _meets_rows_again(statistic, depth: int = 8) -> bool:
+def _meets_rows_again(statistic, on_rows, depth: int = 8) -> bool:
     """Whether ``statistic`` (a mean over the batch, traced) is combined, through element-wise ops, with a tensor
     of several rows of the step's data: a hand-written normalization ``(x - mean) / std``. A loss's mean (summed,
     scaled, returned) never is."""
@@ -63,7 +151,7 @@ def _meets_rows_again(statistic, depth: int = 8) -> bool:
                     continue
                 seen.add(consumer)
                 others = [t for t in consumer.inputs if t is not tensor]
-                if any(t.shape.rank and t.shape[0] != 1 and reaches_inputs(t) for t in others):
+                if any(on_rows(t) and t.shape[0] != 1 for t in others):
                     return True
                 following.extend(consumer.outputs)
         frontier = following
@@ -71,22 +159,24 @@ def _meets_rows_again(statistic, depth: int = 8) -> bool:
 
 
 @contextlib.contextmanager
-def noted(where: str, enabled: bool = True):
+def noted(where: str, enabled: bool = True, rows=ANY_ROWS):
     """Warns once per (``where``, ops) when the block (a micro-batch's forward pass and loss, traced) creates
-    ops that compute statistics over the batch; nothing eagerly (no graph to read) or unless ``enabled``."""
+    ops that compute statistics over the batch; nothing eagerly (no graph to read) or unless ``enabled``.
+    ``rows``: the micro-batch's static number of rows (``rows_of`` its inputs), when known."""
     if not enabled or tf.executing_eagerly():
         yield
         return
     graph = ops.get_default_graph()
     start = len(graph.get_operations())
     yield
-    found = tuple(batch_statistics_ops(graph.get_operations()[start:]))
+    found = tuple(batch_statistics_ops(graph.get_operations()[start:], rows))
     if found and (where, found) not in _told:
         _told.add((where, found))
         _log.warning(
             "hybridtf: %s computes statistics over the batch in each micro-batch (ops %s: a batch normalization in "
-            "training mode, tf.nn.moments over axis 0, or a mean over axis 0 applied to the rows again): a micro-batch "
-            "normalizes with its own rows' statistics, so the step differs from the whole batch's. Call such layers "
+            "training mode, tf.nn.moments over axis 0, a reduction over axis 0 applied to the rows again, a softmax "
+            "over the batch, or a matmul of two tensors of the data such as in-batch negatives u @ tf.transpose(v)): "
+            "a micro-batch combines only its own rows, so the step differs from the whole batch's. Call such layers "
             "with training=False (moving statistics), compute the statistics before the micro-batched part "
             "(interleave_from after them), or use micro_batches=1.",
             where,
@@ -238,7 +328,8 @@ def _reduces_every_axis(reduction) -> bool:
 
 
 def _averages_first_axis(mean) -> bool:
-    """Whether ``Mean`` op ``mean`` averages over its input's first axis (static axes, known rank >= 1)."""
+    """Whether reduction op ``mean`` (``Mean``, ``Sum``, ...) reduces its input's first axis (static axes, known
+    rank >= 1)."""
     rank = mean.inputs[0].shape.rank
     axes = tf.get_static_value(mean.inputs[1])
     return bool(rank) and axes is not None and any(int(a) % rank == 0 for a in tf.nest.flatten(axes.tolist()))

@@ -292,7 +292,10 @@ def _micro_batched_step(model, data, num_micro_batches: int, interleave_from: st
         preds = []
         for i in range(n):
             xi, yi, swi = split((x, y, sample_weight), bounds[i], bounds[i + 1])
-            with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
+            with (
+                batch_statistics.noted(f"model {model.name!r}", i == 0, batch_statistics.rows_of(xi)),
+                tf.GradientTape() as tape,
+            ):
                 pred = model(xi, training=True)
                 loss = micro_batch_loss(model, xi, yi, pred, swi)
                 scaled = step_loss(model, loss, weights[i], n)
@@ -336,7 +339,10 @@ def _from_mlp(model, x, y, sample_weight, bounds, weights, variables, fused):
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split((x, y, sample_weight), lo, hi)
-        with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
+        with (
+            batch_statistics.noted(f"model {model.name!r}", i == 0, batch_statistics.rows_of(xi)),
+            tf.GradientTape() as tape,
+        ):
             tape.watch(stitch.rows)
             out_i = stitch.micro_batch(lo, hi)
             sliced_i = [_leaf(out_i[j]) for j in sliced]  # a ragged output (Embedding on ragged ids): its values

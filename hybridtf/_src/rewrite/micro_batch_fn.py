@@ -227,7 +227,9 @@ def _per_micro_batch(loss_fn, inputs, variables, bounds, weights):
         part = split(inputs, bounds[i], bounds[i + 1])
         with (
             _segment(),
-            batch_statistics.noted("micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2),
+            batch_statistics.noted(
+                "micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2, batch_statistics.rows_of(part)
+            ),
             tf.GradientTape(watch_accessed_variables=not given) as tape,
         ):
             if given:
@@ -268,7 +270,9 @@ def _from_features(loss_fn, features_fn, inputs, variables, bounds, weights):
         f_i = [f[lo:hi] for f in features]
         with (
             _segment(),
-            batch_statistics.noted("micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2),
+            batch_statistics.noted(
+                "micro_batch_gradients' loss_fn", i == 0 and len(bounds) > 2, batch_statistics.rows_of(f_i)
+            ),
             tf.GradientTape(watch_accessed_variables=not given) as tape,  # lookups in loss_fn: own chains
         ):
             tape.watch(f_i)

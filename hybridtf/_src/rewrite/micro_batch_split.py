@@ -121,7 +121,10 @@ def from_layer_step(model, x, y, sample_weight, bounds, weights, variables, spli
         lo, hi = bounds[i], bounds[i + 1]
         xi, yi, swi = split_fn((x, y, sample_weight), lo, hi)
         f_i = [f[lo:hi] for f in frontier]
-        with batch_statistics.noted(f"model {model.name!r}", i == 0), tf.GradientTape() as tape:
+        with (
+            batch_statistics.noted(f"model {model.name!r}", i == 0, batch_statistics.rows_of(f_i)),
+            tf.GradientTape() as tape,
+        ):
             tape.watch(f_i)
             pred = tail(f_i, training=True)
             loss = micro_batch_loss(model, xi, yi, pred, swi)
