@@ -119,8 +119,9 @@ def _folded(tensor, depth: int = 6):
     parts = [_folded(t, depth - 1) for t in op.inputs]
     if any(p is None for p in parts):
         return None
-    if op.type == "Range":
-        return np.arange(*parts)
+    if op.type == "Range" and len(parts) == 3:  # a permutation's: as long as a rank
+        start, limit, delta = (int(np.reshape(p, ())) for p in parts)
+        return np.arange(start, limit, delta) if delta and len(range(start, limit, delta)) <= 64 else None
     if op.type == "ConcatV2":
         return np.concatenate([np.ravel(p) for p in parts[:-1]])
     if op.type == "Pack":
