@@ -209,6 +209,55 @@ def test_export_saved_model_loads_with_same_predictions(wdl):
     assert not [t for t in op_types if t.startswith("HybridTF")]
 
 
+def _saved_model_op_types(path):
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((Path(path.decode() if isinstance(path, bytes) else path) / "saved_model.pb").read_bytes())
+    return {
+        tuple(graph.meta_info_def.tags): {n.op for n in graph.graph_def.node}
+        | {n.op for f in graph.graph_def.library.function for n in f.node_def}
+        for graph in saved.meta_graphs
+    }
+
+
+def test_eval_and_train_exports_hold_no_hybridtf_op(wdl):
+    """``experimental_export_all_saved_models`` builds an EVAL and a TRAIN graph too: they held hybridtf's packed
+    ops, so a process without hybridtf could not load them (found by a probe). They run the plain model_fn now,
+    over the checkpoint's plain-layout variables, and give the plain model_fn's export's loss."""
+    from tensorflow_estimator.python.estimator.export.export import SupervisedInputReceiver
+
+    def supervised_receiver():
+        feats = {f"C{i}": tf.compat.v1.placeholder(tf.int64, [None], name=f"C{i}") for i in range(FIELDS)}
+        values = tf.compat.v1.placeholder(tf.int64, [None], name="hist_values")
+        lengths = tf.compat.v1.placeholder(tf.int64, [None], name="hist_lengths")
+        labels = tf.compat.v1.placeholder(tf.float32, [None, 1], name="labels")
+        features = {**feats, "hist": tf.RaggedTensor.from_row_lengths(values, lengths)}
+        inputs = {**feats, "hist_values": values, "hist_lengths": lengths, "labels": labels}
+        return SupervisedInputReceiver(features, labels, inputs)
+
+    x, y = DATA
+    lengths = x["hist_lengths"][:BATCH]
+    batch = {f"C{i}": tf.constant(x[f"C{i}"][:BATCH]) for i in range(FIELDS)}
+    batch.update(hist_lengths=tf.constant(lengths), hist_values=tf.constant(x["hist_values"][: int(lengths.sum())]))
+    batch["labels"] = tf.constant(y[:BATCH])
+    losses = {}
+    for name in ("plain", "wrapped"):
+        modes = {tf.estimator.ModeKeys.EVAL: supervised_receiver, tf.estimator.ModeKeys.TRAIN: supervised_receiver}
+        path = wdl[name].experimental_export_all_saved_models(str(wdl["root"] / f"export_all_{name}"), modes)
+        ops = _saved_model_op_types(path)
+        assert set(ops) == {("eval",), ("train",)}
+        hybridtf_ops = {t for op_types in ops.values() for t in op_types if t.startswith("HybridTF")}
+        # the plain model_fn computes its EmbeddingBag with hybridtf's ops (this process has them loaded)
+        assert bool(hybridtf_ops) == (name == "plain"), hybridtf_ops
+        for tag in ("eval", "train"):
+            signature = tf.saved_model.load(path, tags=[tag]).signatures[tag]
+            inputs = {k: v for k, v in batch.items() if k in signature.structured_input_signature[1]}
+            losses[name, tag] = float(signature(**inputs)["loss"])
+    for tag in ("eval", "train"):
+        np.testing.assert_allclose(losses["wrapped", tag], losses["plain", tag], rtol=1e-6)
+
+
 def test_wrapped_checkpoint_restores_into_plain_estimator(wdl):
     target = wdl["root"] / "plain_from_wrapped"
     shutil.copytree(wdl["wrapped"].model_dir, target)

@@ -36,6 +36,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import sys
 
 import tensorflow as tf
 from tensorflow.python.framework import ops
@@ -241,6 +242,20 @@ def _user_args(user_fn) -> set:
         return {"features", "labels", "mode", "params", "config"}
 
 
+def _exporting() -> bool:
+    """Whether an Estimator's SavedModel export calls the model_fn (``export_saved_model``,
+    ``experimental_export_all_saved_models``, exporters: each mode's graph is built by the Estimator's
+    ``_add_meta_graph_for_mode``)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "_add_meta_graph_for_mode" and isinstance(
+            frame.f_locals.get("self"), tf.estimator.Estimator
+        ):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _mode_name(mode) -> str:
     return str(mode) if mode is not None else "unknown"
 
@@ -319,17 +334,21 @@ def build(
     # PREDICT (predict, export_saved_model) runs the plain model_fn with plain lookups: its tables are the
     # plain variables the checkpoint holds (plain layout), so an export serves without hybridtf ops. Not for
     # functional Tables lookups, which exist only packed; dynamic tables are read from the checkpoint's ids
-    # and rows (caching/serving.GraphServingRows).
-    plain_predict = mode == tf.estimator.ModeKeys.PREDICT and not any(lk.kind == "tables" for lk in record.lookups)
-    if not report.packed or plain_predict:
-        if plain_predict:  # the graph runs the plain model_fn: nothing in it is packed
+    # and rows (caching/serving.GraphServingRows). An export's EVAL and TRAIN graphs
+    # (experimental_export_all_saved_models) likewise, without dynamic tables (which train and evaluate only
+    # through hybridtf's ops): they held hybridtf's ops, which a process without hybridtf cannot load.
+    plain_graph = not any(lk.kind == "tables" for lk in record.lookups) and (
+        mode == tf.estimator.ModeKeys.PREDICT or (_exporting() and not estimator_dynamic.dynamic_owners(record.graph))
+    )
+    if not report.packed or plain_graph:
+        if plain_graph:  # the graph runs the plain model_fn: nothing in it is packed
             report.packed, report.plan = False, None
-        with context.plain_ops() if plain_predict else contextlib.nullcontext():
+        with context.plain_ops() if plain_graph else contextlib.nullcontext():
             spec = user_fn(**_own_params(kwargs))
         spec = estimator_dynamic.finish(spec, real_graph, mode, report, config)
         estimator_horovod.check_save_schedule(real_graph, config, mode)
         estimator_horovod.check_same_start(real_graph, config, mode)
-        if not plain_predict:  # plain lookups read the rank's own checkpoint: no collective
+        if not plain_graph:  # plain lookups read the rank's own checkpoint: no collective
             spec = estimator_step_watchdog.guard_steps(spec, real_graph, mode)
         spec = crash_safe_default_saver(spec, config)  # restores clean what killed saves left, as packed graphs'
         report.step_ops_plain = report.step_ops_packed = graph_util.step_ops(_step_fetches(spec))
