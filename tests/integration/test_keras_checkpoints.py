@@ -365,3 +365,44 @@ def test_a_tower_of_an_optimized_model_exports_on_its_own(tmp_path):
     assert _hybridtf_ops(tmp_path / "item_tower") == set()
     loaded = tf.saved_model.load(str(tmp_path / "item_tower"))
     np.testing.assert_array_equal(loaded(ids).numpy(), towers[1](ids).numpy())
+
+
+def _damage(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "cut":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:  # four bytes overwritten at each tenth of the file (every tensor's, some deferred to the optimizer)
+        for at in range(len(data) // 10, len(data) - 4, len(data) // 10):
+            data[at : at + 4] = bytes(b ^ 0xFF for b in data[at : at + 4])
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "part", "how"),
+    [
+        ("tf", "data-00000-of-00001", "cut"),  # TensorFlow: IndexError: Read less bytes than requested
+        ("tf", "data-00000-of-00001", "flip"),  # DataLossError: checksum does not match
+        ("tf", "index", "cut"),  # OpError: not an sstable
+        ("keras", None, "cut"),  # zipfile / h5py errors
+        ("keras", None, "flip"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_naming_the_path_and_the_fix(fmt, part, how, trained, batches, tmp_path):
+    """A checkpoint cut short or overwritten (a failed copy, a disk error) raised TensorFlow's, h5py's or zipfile's
+    own errors, some naming neither the file nor what to do (found by a probe): one DataLossError now."""
+    model = trained("functional", True)
+    if fmt == "tf":
+        prefix = tmp_path / "weights"
+        model.save_weights(str(prefix))
+        damaged, path = tmp_path / f"weights.{part}", str(prefix)
+    else:  # a zip archive with CRCs (a bare .weights.h5 has no checksums: HDF5 reads overwritten bytes as they are)
+        damaged = path = tmp_path / "model.keras"
+        model.save(str(path))
+    _damage(damaged, how)
+    fresh = _compile(_build("functional", batches, wrapped=True))
+    with pytest.raises(tf.errors.DataLossError, match="damaged") as raised:
+        fresh.load_weights(path)
+    assert str(path) in str(raised.value) and "Restore an earlier checkpoint" in str(raised.value)
+    # an error of another kind passes as it is: a path that holds no checkpoint
+    with pytest.raises(tf.errors.NotFoundError):
+        fresh.load_weights(str(tmp_path / "missing"))

@@ -34,6 +34,12 @@ read (the backup when the state file names it) and cleans up.
 ``.weights.h5``): the file is written under a temporary name that keeps the
 extension, then renamed over ``path``.
 
+``naming_damage(path)`` turns the errors TensorFlow, h5py and zipfile raise
+for a damaged checkpoint (cut short, overwritten: ``IndexError: Read less
+bytes than requested``, a checksum mismatch, "not an sstable", "file
+signature not found", a bad zip CRC) into one ``DataLossError`` that names
+the path and the fix, for the optimized models' ``load_weights``.
+
 Assumes one writer per directory at a time (Horovod: rank 0 writes).
 """
 
@@ -45,6 +51,7 @@ import os
 import re
 import shutil
 import uuid
+import zipfile
 
 import tensorflow as tf
 
@@ -267,3 +274,45 @@ def crash_safe_path(filepath, overwrite: bool = True):
     else:
         with protected(path):
             yield path
+
+
+_DAMAGE_SIGNS = (
+    "read less bytes than requested",
+    "sstable",
+    "checksum",
+    "corrupt",
+    "file signature not found",
+    "truncated file",
+)
+
+
+def _damaged(err: BaseException) -> bool:
+    """Whether ``err``, raised reading a checkpoint, says that its files are damaged (not missing, not of another
+    model)."""
+    if isinstance(err, (tf.errors.DataLossError, zipfile.BadZipFile)):
+        return True
+    if isinstance(err, (IndexError, tf.errors.OpError, OSError)):
+        text = str(err).lower()
+        return any(sign in text for sign in _DAMAGE_SIGNS)
+    return False
+
+
+@contextlib.contextmanager
+def naming_damage(filepath):
+    """Re-raises an error of reading a damaged checkpoint at ``filepath`` as a ``DataLossError`` naming the path
+    and the fix (TensorFlow's own, e.g. ``IndexError: Read less bytes than requested``, names neither)."""
+    try:
+        yield
+    except (IndexError, tf.errors.OpError, OSError, zipfile.BadZipFile) as err:
+        if not _damaged(err):
+            raise
+        path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else repr(filepath)
+        raise tf.errors.DataLossError(
+            None,
+            None,
+            f"hybridtf: the checkpoint {path!r} cannot be read: its files are damaged (cut short or overwritten: a "
+            f"copy or a disk that failed; {type(err).__name__}: {str(err)[:300]}). Restore an earlier checkpoint "
+            "(a CheckpointManager's or ModelCheckpoint's previous one; tf.train.get_checkpoint_state(directory)"
+            ".all_model_checkpoint_paths lists a directory's), or copy the files again from where they were "
+            "written.",
+        ) from err

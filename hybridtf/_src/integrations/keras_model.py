@@ -225,7 +225,8 @@ class _HybridModelMixin(
             atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
-        result = super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
+        with atomic_checkpoint.naming_damage(filepath):
+            result = super().load_weights(filepath, skip_mismatch=skip_mismatch, by_name=by_name, options=options)
         # every rank restored the same checkpoint
         agreement.check_model_restored(self, self._htf_runtime.storage.world, rank_local_variables(self))
         return result

@@ -282,7 +282,8 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
             atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(os.fspath(filepath))  # the newest complete checkpoint
-        result = super().load_weights(filepath, *args, **kwargs)
+        with atomic_checkpoint.naming_damage(filepath):
+            result = super().load_weights(filepath, *args, **kwargs)
         tables = dynamic_exchange.sharded_tables(self)
         if tables:  # every rank restored the same checkpoint
             agreement.check_model_restored(self, tables[0].world, rank_local_variables(self))
