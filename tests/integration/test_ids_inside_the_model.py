@@ -201,3 +201,38 @@ def test_lookups_of_ids_computed_inside_keep_their_static_shape():
         model.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
     for _ in range(3):
         np.testing.assert_allclose(packed.train_on_batch(x, y), plain.train_on_batch(x, y), rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocabulary", ["adapt", "set_vocabulary"])
+def test_an_adapted_lookup_layer_packs_and_trains_exactly(vocabulary, tmp_path):
+    """A ``StringLookup`` adapted (or given its vocabulary after it was made) lists a ``VocabWeightHandler``
+    among the model's weights, without a name or a shape: ``optimize`` failed with AttributeError (found by a
+    probe). Its tables pack and train exactly, and the model saves and loads."""
+
+    def build():
+        tf.keras.utils.set_random_seed(6)
+        lookup = tf.keras.layers.StringLookup(name="lookup")
+        if vocabulary == "adapt":
+            lookup.adapt(tf.constant([[w] for w in WORDS]))
+        else:
+            lookup.set_vocabulary(WORDS)
+        word = tf.keras.Input((1,), dtype=tf.string, name="word")
+        emb = tf.keras.layers.Embedding(lookup.vocabulary_size(), 4, name="emb_word")(lookup(word))
+        out = tf.keras.layers.Dense(1, "sigmoid")(tf.keras.layers.Flatten()(emb))
+        model = tf.keras.Model({"word": word}, out)
+        return model
+
+    batches = [({"word": x["word"]}, y) for x, y in _batches(seed=3)]
+    plain, optimized = build(), htf.keras.optimize(build())
+    assert optimized.hybridtf_skipped == [] and len(optimized.hybridtf_plan.packed_tables) == 1
+    losses = []
+    for model in (plain, optimized):
+        model.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+        losses.append([model.train_on_batch(x, y) for x, y in batches])
+    np.testing.assert_allclose(losses[1], losses[0], rtol=1e-5)
+    optimized.save_weights(str(tmp_path / "w"))
+    restored = htf.keras.optimize(build())
+    restored.compile(optimizer=tf.keras.optimizers.Adagrad(0.1), loss="binary_crossentropy")
+    restored.load_weights(str(tmp_path / "w"))
+    x = batches[0][0]
+    np.testing.assert_array_equal(restored.predict_on_batch(x), optimized.predict_on_batch(x))

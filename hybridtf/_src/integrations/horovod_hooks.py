@@ -16,6 +16,7 @@ from __future__ import annotations
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
 from hybridtf._src.distribute import watchdog
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.integrations.keras_variables import variables_only
 
 # Graph collection of the shards created in a TF1 graph (Estimator): rank-local variables.
 LOCAL_VARIABLES = "hybridtf_local_variables"
@@ -52,7 +53,8 @@ class _ShardAwareBroadcastMixin:
         import horovod.tensorflow as hvd
 
         local = {v.ref() for v in self._htf_storage.local_variables()}
-        hvd.broadcast_variables([v for v in self.model.variables if v.ref() not in local], root_rank=self.root_rank)
+        replicated = [v for v in variables_only(self.model.variables) if v.ref() not in local]
+        hvd.broadcast_variables(replicated, root_rank=self.root_rank)
         optimizer_vars = self.model.optimizer.variables
         optimizer_vars = optimizer_vars() if callable(optimizer_vars) else optimizer_vars
         hvd.broadcast_variables([v for v in optimizer_vars if v.ref() not in local], root_rank=self.root_rank)
