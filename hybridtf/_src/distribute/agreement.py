@@ -24,6 +24,14 @@ def digest(value) -> int:
     return int.from_bytes(hashlib.sha256(repr(value).encode()).digest()[:8], "little", signed=True)
 
 
+def variables_only(weights) -> list:
+    """``weights`` (a model's ``variables`` / ``weights``) without what is not a variable: a Keras lookup layer
+    (``StringLookup``, ``IntegerLookup``, ``TextVectorization``) adapted, or given its vocabulary after it was made,
+    lists a ``VocabWeightHandler`` among its weights, with no name, shape, dtype or value (``optimize`` of such a
+    model failed with AttributeError; found by a probe)."""
+    return [w for w in weights if isinstance(w, tf.Variable) or hasattr(w, "dtype")]
+
+
 _SAME_MODEL = (
     "Every rank must build the same model and call hybridtf.keras.optimize with the same arguments: the packing "
     "decides which rows each rank holds and exchanges."

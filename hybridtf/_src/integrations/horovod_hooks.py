@@ -14,9 +14,8 @@ instead of waiting forever.
 from __future__ import annotations
 
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
-from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute import agreement, watchdog
 from hybridtf._src.distribute.world import current_world
-from hybridtf._src.integrations.keras_variables import variables_only
 
 # Graph collection of the shards created in a TF1 graph (Estimator): rank-local variables.
 LOCAL_VARIABLES = "hybridtf_local_variables"
@@ -53,7 +52,7 @@ class _ShardAwareBroadcastMixin:
         import horovod.tensorflow as hvd
 
         local = {v.ref() for v in self._htf_storage.local_variables()}
-        replicated = [v for v in variables_only(self.model.variables) if v.ref() not in local]
+        replicated = [v for v in agreement.variables_only(self.model.variables) if v.ref() not in local]
         hvd.broadcast_variables(replicated, root_rank=self.root_rank)
         optimizer_vars = self.model.optimizer.variables
         optimizer_vars = optimizer_vars() if callable(optimizer_vars) else optimizer_vars

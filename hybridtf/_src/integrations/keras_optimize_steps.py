@@ -33,12 +33,11 @@ from hybridtf._src.capture.keras_capture import (
     qualified_layer_name,
 )
 from hybridtf._src.capture.subclassing import PlainConstruction, runtime_subclass
-from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute import agreement, watchdog
 from hybridtf._src.distribute.agreement import check_same_settings
 from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.integrations import horovod_hooks, keras_interleave
 from hybridtf._src.integrations.keras_optimizers import hybridize_optimizer
-from hybridtf._src.integrations.keras_variables import variables_only
 from hybridtf._src.plan.packing import PackingPlan, plan_packing
 from hybridtf._src.plan.tables import TableSpec, UnpackedTable
 from hybridtf._src.rewrite import regularization
@@ -347,7 +346,7 @@ def install_hooks(
     if world.distributed:  # every rank starts from rank 0's weights (the tables were broadcast when packed)
         table_vars = {id(v) for v in runtime.storage.packed.values()}
         with watchdog.collective_phase(world, watchdog.INITIAL_BROADCAST, f"model {model.name!r}"):
-            others = [w for w in variables_only(model.weights) if id(w) not in table_vars]
+            others = [w for w in agreement.variables_only(model.weights) if id(w) not in table_vars]
             world.hvd.broadcast_variables(others, root_rank=0)
     object.__setattr__(model, "_htf_plain_trainable", state.plain_trainable)
     if getattr(model, "optimizer", None) is not None:  # compiled before optimize()
@@ -408,7 +407,7 @@ def check_ranks_agree(
     settings["the dynamic tables' packing"] = dynamic_groups
     tables = {id(w) for t in captured for w in t.layer.weights}
     key = "the model's other variables"
-    others = [v for v in variables_only(model.variables) if id(v) not in tables]
+    others = [v for v in agreement.variables_only(model.variables) if id(v) not in tables]
     settings[key] = [f"{v.name} {v.shape.as_list()} {v.dtype.name}" for v in others]
     hints = {
         key: "Horovod matches the ranks' dense variables by name: Keras's automatic layer names depend on the layers "

@@ -9,8 +9,6 @@ distinct-rows buffer. Code that trains some layers with their own optimizer
 ``layer_variables``: each packed variable once, and an error when one holds
 tables of layers on both sides of the split (such a split cannot be trained
 exactly on a shared variable).
-
-``variables_only`` leaves out the non-variables Keras lists among a model's weights.
 """
 
 from __future__ import annotations
@@ -83,14 +81,6 @@ def layer_variables(model, layers) -> list:
             raise _split_error(layer.name, packed_name, outside, "static")
         add(storage.packed[packed_name])
     return out
-
-
-def variables_only(weights) -> list:
-    """``weights`` (a model's ``variables`` / ``weights``) without what is not a variable: a Keras lookup layer
-    (``StringLookup``, ``IntegerLookup``, ``TextVectorization``) adapted, or given its vocabulary after it was made,
-    lists a ``VocabWeightHandler`` among its weights, with no name, shape, dtype or value (``optimize`` of such a
-    model failed with AttributeError; found by a probe)."""
-    return [w for w in weights if isinstance(w, tf.Variable) or hasattr(w, "dtype")]
 
 
 def _expand(layers: list) -> list:
@@ -220,5 +210,4 @@ __all__ = [
     "layer_variables",
     "note_split_optimizers",
     "note_split_train_step",
-    "variables_only",
 ]
