@@ -594,3 +594,33 @@ def test_a_checkpoint_of_another_optimizer_keeps_its_rows_and_starts_fresh_slots
     m1.compile(optimizer=htf.keras.dynamic_optimizer(_optimizer("adam")), loss="mse")
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"'items' holds 1 optimizer slot\(s\) per row"):
         _fit(m1, x[:BATCH], y[:BATCH])
+
+
+def _exported_op_types(path) -> set[str]:
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    return {
+        n.op
+        for graph in saved.meta_graphs
+        for n in [*graph.graph_def.node, *(m for f in graph.graph_def.library.function for m in f.node_def)]
+    }
+
+
+@pytest.mark.parametrize("ids_kind", ["ragged", "sparse"])
+def test_an_export_of_bags_holds_no_hybridtf_op(tmp_path, ids_kind):
+    """A DynamicEmbedding pooling ragged or sparse bags (``tf.strings.split`` of a string feature, hashed) was
+    exported with hybridtf's ``BagSplits`` op: a process without hybridtf could not load it (found by a probe).
+    The export's bags are TensorFlow's own ops now, and it serves the trained model's predictions."""
+    dyn = htf.layers.DynamicEmbedding(D, combiner="mean", name="tags")
+    ids = tf.keras.Input((None,), dtype=tf.int64, ragged=ids_kind == "ragged", sparse=ids_kind == "sparse")
+    model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(dyn(ids)))
+    model.compile(optimizer=htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)), loss="mse")
+    bags = tf.ragged.constant([[1, 2], [3], [], [4, 5, 6]] * 8, tf.int64)
+    x = bags if ids_kind == "ragged" else bags.to_sparse()
+    model.fit(x, np.ones((32, 1), np.float32), batch_size=32, epochs=2, verbose=0)
+    tf.saved_model.save(model, str(tmp_path / "sm"))
+    assert not {t for t in _exported_op_types(tmp_path / "sm") if t.startswith("HybridTF")}
+    served = tf.saved_model.load(str(tmp_path / "sm"))
+    np.testing.assert_allclose(served(x).numpy(), model.predict(x, verbose=0), rtol=1e-6, atol=1e-7)

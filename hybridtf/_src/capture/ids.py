@@ -39,16 +39,29 @@ def sparse_bags(ids: tf.SparseTensor, table: str = "ids") -> tf.RaggedTensor:
     ``tf.sparse.reorder`` passes an ordered tensor through unchanged. The row
     splits come from ``BagSplits`` (``run/bag_splits.py``): a row index outside
     ``[0, dense_shape[0])`` fails there, naming ``table``, without assertion ops
-    (the bags can be computed twice: ``hybridtf.function`` lifts them).
+    (the bags can be computed twice: ``hybridtf.function`` lifts them); in an
+    export, from TensorFlow's ``RaggedTensor.from_value_rowids``.
 
     Example:
         >>> sp = tf.SparseTensor([[1, 0], [0, 2]], tf.constant([5, 7], tf.int64), [2, 3])
         >>> sparse_bags(sp).to_list()
         [[7], [5]]
     """
+    ids = tf.sparse.reorder(ids)
+    if _exporting():  # plain ops: an export loads and serves without hybridtf
+        return tf.RaggedTensor.from_value_rowids(ids.values, ids.indices[:, 0], nrows=ids.dense_shape[0])
     from hybridtf._src.run.bag_splits import bags_from_sparse
 
-    return bags_from_sparse(tf.sparse.reorder(ids), table)
+    return bags_from_sparse(ids, table)
+
+
+def _exporting() -> bool:
+    """Whether the ops built now go into a SavedModel export or another graph of plain ops (an Estimator's
+    PREDICT graph): there a bag's row splits are checked by TensorFlow's ops, not by ``BagSplits``, which a
+    process without hybridtf cannot load (found by a probe: a DynamicEmbedding bag's export failed to load)."""
+    from hybridtf._src.capture import context
+
+    return context.in_plain_ops()
 
 
 def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False, check_splits: bool = False):
@@ -108,7 +121,7 @@ def prepare_ids(ids, combiner: str, table: str, *, cast_floats: bool = False, ch
                 f"embedding table {table!r}: multi-hot ids must be a rank-2 tf.RaggedTensor [batch, None], "
                 f"got shape {ids.shape} with ragged_rank {ids.ragged_rank}."
             )
-        if bag and check_splits:
+        if bag and check_splits and not _exporting():
             from hybridtf._src.run.bag_splits import checked_bags
 
             ids = checked_bags(ids, table)
