@@ -17,7 +17,9 @@ writes what happened to ``OUT_DIR/checkpoints_<rank>.json``:
 * ``best_every_batch``: sharded tables, ``MetricAverageCallback`` and a ``ModelCheckpoint(save_best_only=True,
   save_freq=1)``, each rank on its own data (different batch losses): the ranks decide on their mean. Before,
   they decided on their own batch logs, one saved (a collective) while the other trained on, and both ended
-  after the collective timeout (found by a probe).
+  after the collective timeout (found by a probe);
+* ``sharded_view_edits``: a sharded table's ``layer.embeddings`` read by index and written by ``scatter_*``
+  and ``assign_add`` on every rank (a sliced write is refused with the fix).
 """
 
 from __future__ import annotations
@@ -198,6 +200,27 @@ def best_every_batch(out, rank):
     }
 
 
+def sharded_view_edits(rank):
+    view = model().get_layer("emb_b").embeddings  # 200 rows over 2 ranks
+    before = view.numpy()
+    row = view[7].numpy()
+    view.scatter_update(tf.IndexedSlices(tf.ones((2, 4)), tf.constant([0, 199])))
+    view.scatter_add(tf.IndexedSlices(tf.fill((2, 4), 2.0), tf.constant([0, 5])))
+    view.scatter_sub(tf.IndexedSlices(tf.ones((1, 4)), tf.constant([150])))
+    view.assign_add(tf.fill((200, 4), 0.5))
+    try:
+        view[3].assign(tf.zeros(4))
+        refused = None
+    except NotImplementedError as err:
+        refused = str(err)
+    return {
+        "view_before": before.tolist(),
+        "view_row7": row.tolist(),
+        "view_after": view.numpy().tolist(),
+        "view_sliced_write": refused,
+    }
+
+
 def main():
     out = sys.argv[1]
     hvd.init()
@@ -209,6 +232,7 @@ def main():
     result.update(per_rank_path(out, rank))
     result.update(backup(out, rank))
     result.update(best_every_batch(out, rank))
+    result.update(sharded_view_edits(rank))
     with open(os.path.join(out, f"checkpoints_{rank}.json"), "w") as f:
         json.dump(result, f)
 

@@ -97,3 +97,18 @@ def test_a_best_only_checkpoint_every_batch_decides_on_the_ranks_mean(runs):
     assert ranks[0]["best_value"] == ranks[1]["best_value"]
     np.testing.assert_allclose(ranks[0]["best_value"], mean.min(), rtol=1e-6)
     assert (out / "best" / "w.index").exists()
+
+
+def test_a_sharded_tables_view_reads_by_index_and_writes_rows_on_every_rank(runs):
+    _, ranks = runs
+    for result in ranks:
+        before = np.array(result["view_before"], np.float32)
+        np.testing.assert_array_equal(result["view_row7"], before[7])
+        expected = before.copy()
+        expected[[0, 199]] = 1.0
+        expected[[0, 5]] += 2.0
+        expected[150] -= 1.0
+        expected += 0.5
+        np.testing.assert_array_equal(np.array(result["view_after"], np.float32), expected)
+        assert "sharded over the Horovod ranks" in result["view_sliced_write"]
+    assert ranks[0]["view_after"] == ranks[1]["view_after"]

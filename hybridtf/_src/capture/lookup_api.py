@@ -31,6 +31,7 @@ from hybridtf._src.plan.tables import TableSpec
 from hybridtf._src.rewrite.lookup_chain import packed_lookup
 from hybridtf._src.rewrite.packed_storage import PackedTables
 from hybridtf._src.rewrite.runtime import PackedRuntime
+from hybridtf._src.rewrite.table_view_ops import checked_gather
 
 
 def placeholder(ids, combiner: str, dim: int, dtype: tf.DType, direct_fn=None):
@@ -49,16 +50,6 @@ def placeholder(ids, combiner: str, dim: int, dtype: tf.DType, direct_fn=None):
     return tf.zeros(tf.concat([tf.shape(ids), [dim]], axis=0), dtype)
 
 
-def _checked_gather(variable, offset: int, num_rows: int, table: str, ids):
-    ids = tf.cast(ids, tf.int64)
-    in_range = tf.reduce_all((ids >= 0) & (ids < num_rows))
-    check = tf.debugging.Assert(
-        in_range, [f"embedding table {table!r}: an id is outside its vocabulary [0, {num_rows})"], summarize=0
-    )
-    with tf.control_dependencies([check]):
-        return tf.gather(variable, ids + offset) if offset else tf.gather(variable, ids)
-
-
 def plain_lookup(variable, offset: int, num_rows: int, table: str, ids, combiner: str):
     """A lookup with plain TensorFlow ops only (for SavedModel export).
 
@@ -73,9 +64,9 @@ def plain_lookup(variable, offset: int, num_rows: int, table: str, ids, combiner
     """
     if combiner == "none":
         if isinstance(ids, tf.RaggedTensor):
-            return ids.with_flat_values(_checked_gather(variable, offset, num_rows, table, ids.flat_values))
-        return _checked_gather(variable, offset, num_rows, table, ids)
-    rows = _checked_gather(variable, offset, num_rows, table, ids.flat_values)
+            return ids.with_flat_values(checked_gather(variable, offset, num_rows, table, ids.flat_values))
+        return checked_gather(variable, offset, num_rows, table, ids)
+    rows = checked_gather(variable, offset, num_rows, table, ids.flat_values)
     sums = tf.math.unsorted_segment_sum(rows, ids.value_rowids(), ids.nrows())
     if combiner == "sum":
         return sums

@@ -133,6 +133,8 @@ class CapturedTable(TableView):
             in the pass's graph while the pass is active (None: plain lookup).
     """
 
+    _direct_indexing = False  # `table[i]` reads through the conversion below, which records the dense use
+
     def __init__(self, variable, offset, num_rows, table, layer, checkpoint_key, lookup_fn=None):
         super().__init__(variable, offset, num_rows, table)
         self.layer = layer

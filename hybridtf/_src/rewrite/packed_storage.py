@@ -26,6 +26,7 @@ from hybridtf._src.distribute.layout import ShardLayout
 from hybridtf._src.distribute.world import World, current_world
 from hybridtf._src.errors import HybridTFError
 from hybridtf._src.plan.packing import PackingPlan
+from hybridtf._src.rewrite.table_view_ops import VariableLike, checked_gather
 
 
 class CheckpointLayoutError(HybridTFError, ValueError):
@@ -69,11 +70,12 @@ class _ViewSaveable(saveable_object.SaveableObject):
 _view_numbers = itertools.count(1)
 
 
-class TableView(tf.__internal__.tracking.Trackable):
+class TableView(VariableLike, tf.__internal__.tracking.Trackable):
     """One table's rows ``[offset, offset + num_rows)`` inside a packed variable.
 
     Behaves like the table's variable for reading, assigning and
-    checkpointing (key ``<path>/.ATTRIBUTES/VARIABLE_VALUE``, as a variable).
+    checkpointing (key ``<path>/.ATTRIBUTES/VARIABLE_VALUE``, as a variable),
+    and for indexing, operators and sparse writes (``VariableLike``).
 
     When the packed table is sharded over the ranks of a Horovod job
     (``layout``), ``variable`` is this rank's shard: reading gathers the
@@ -154,7 +156,9 @@ class TableView(tf.__internal__.tracking.Trackable):
 
     def read_value(self) -> tf.Tensor:
         if self._layout is None:
-            return self._variable[self._offset : self._offset + self._num_rows]
+            # A gather of the rows, not a slice: a slice reads the whole packed variable first, which copies it
+            # once a sparse op has touched it (a checkpoint holding every table's rows held that many copies).
+            return tf.gather(self._variable, tf.range(self._offset, self._offset + self._num_rows, dtype=tf.int64))
         if self._gathered is not None:
             return self._gathered
         return self._gather()
@@ -190,13 +194,7 @@ class TableView(tf.__internal__.tracking.Trackable):
                 "outside the packed lookup. Save the weights (model.save_weights on every rank), load them "
                 "into the model in one process, and export from there."
             )
-        ids = tf.cast(ids, tf.int64)
-        in_range = tf.reduce_all((ids >= 0) & (ids < self._num_rows))
-        check = tf.debugging.Assert(
-            in_range, [f"embedding table {self.table!r}: id out of range [0, {self._num_rows})"], summarize=0
-        )
-        with tf.control_dependencies([check]):
-            return tf.gather(self._variable, ids + self._offset)
+        return checked_gather(self._variable, self._offset, self._num_rows, self.table, ids)
 
     def assign(self, value, use_locking=None, name=None, read_value=True):
         """Writes the table's rows (this rank's shard of them) in place; like ``tf.Variable.assign``, returns
