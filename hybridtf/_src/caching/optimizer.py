@@ -249,7 +249,7 @@ def _hooked_class(cls: type) -> type:
     model gives back a hooked optimizer: a plain one would try to build Keras slots for the tables'
     distinct-rows buffers (shape ``[None, dim]``) and fail.
     """
-    sub = runtime_subclass(_DynamicOptimizerMixin, cls)
+    sub = runtime_subclass(_DynamicOptimizerMixin, cls, public_path=False)  # loaded by its own name, below
     from keras.src.saving import object_registration
 
     name = f"hybridtf>Dynamic{cls.__name__}"
