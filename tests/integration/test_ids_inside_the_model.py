@@ -146,7 +146,7 @@ def test_eager_steps_warn_once_that_computed_ids_are_recorded_in_inference_mode(
         assert not _noted(caplog, "eagerly")
         for x, y in _batches()[:2]:
             model.train_on_batch(x, y)
-    [record] = _noted(caplog, "runs a training step eagerly")
+    [record] = _noted(caplog, "is called eagerly in training mode")
     assert "Run the steps as a graph" in record.getMessage()
 
 

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow.python.framework import func_graph
 from tensorflow.python.saved_model import save_context
 
-from hybridtf._src.capture import context
+from hybridtf._src.capture import context, outside_calls
 from hybridtf._src.capture.call_reads import call_readers
 from hybridtf._src.capture.context import LookupRequest
 from hybridtf._src.capture.regularizers import RegularizerSpec, find_penalty, regularizer_spec
@@ -370,6 +370,9 @@ class _HybridEmbeddingMixin(PlainConstruction):
         return tf.zeros(tf.concat([tf.shape(ids), [dim]], axis=0), self.compute_dtype)
 
     def _htf_direct(self, request):
+        # Outside the optimized model's call (a model built from this layer, the layer on its own): a training
+        # call there would not train the table unless the step takes the packed variable's gradient.
+        outside_calls.check_training_call(self, self.embeddings.packed_variable)
         return self._htf_runtime.lookup([request])[0]
 
     def _htf_own_weights(self) -> list:

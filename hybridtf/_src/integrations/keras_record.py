@@ -137,9 +137,9 @@ def recorded_in_step_mode(model, base_call, inputs, kwargs):
         eager_training = tf.executing_eagerly() and _training(kwargs)
         if eager_training and first_time(model, "_htf_eager_ids_noted"):
             _log.warning(
-                "hybridtf: model %r runs a training step eagerly (run_eagerly=True, or an eager call with "
-                "training=True): its lookups are recorded in an extra inference-mode pass. Exact when the ids "
-                "are model inputs; ids the model computes itself "
+                "hybridtf: model %r is called eagerly in training mode (run_eagerly=True, or an eager call with "
+                "training=True, a training step or not): its lookups are recorded in an extra inference-mode pass. "
+                "Exact when the ids are model inputs; ids the model computes itself "
                 "(StringLookup, Hashing, your own layer) that depend on the training flag would differ from the "
                 "plain model's, and stateful ops on their way run again. Run the steps as a graph (the default) "
                 "for the exact step.",
