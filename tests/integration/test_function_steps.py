@@ -5,11 +5,16 @@ besides the lookups.
   seeds).
 * Several optimizers: a step that splits the variables without ``htf.keras.layer_variables`` is warned once
   (a split by a table's name or by position sees the packed variables); one that uses it is not.
+* Distillation: an optimized teacher called before the tape, its optimized student inside it. Each model's
+  lookups are built at its own first lookup (before, all of the step's at the first: the student's outside
+  its tape, refused; found by a probe).
 
 Models and batches are ``test_layers_and_function``'s.
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import pytest
@@ -79,3 +84,39 @@ def test_a_step_that_splits_with_layer_variables_is_not_warned(keras_data, caplo
     with caplog.at_level("WARNING", logger="hybridtf"):
         step(*keras_data[0])
     assert not [r for r in caplog.records if "optimizers" in r.getMessage()]
+
+
+def test_a_teacher_called_before_the_tape_and_its_student_inside_it(keras_data):
+    bce = tf.keras.losses.BinaryCrossentropy()
+    results = []
+    for compile_fn in (tf.function, htf.function):
+        teacher, _ = _model_pair()
+        student_plain, student = _model_pair(dropout=0.1)
+        if compile_fn is tf.function:
+            student = student_plain
+        teacher = htf.keras.optimize(teacher) if compile_fn is htf.function else teacher
+        optimizer = tf.keras.optimizers.Adagrad(0.05)
+
+        @compile_fn
+        def step(x, y, teacher=teacher, student=student, optimizer=optimizer):
+            soft = teacher(x, training=False)  # no gradient wanted: before the tape
+            with tf.GradientTape() as tape:
+                p = student(x, training=True)
+                loss = bce(y, p) + bce(soft, p)
+            grads = tape.gradient(loss, student.trainable_variables)
+            optimizer.apply_gradients(zip(grads, student.trainable_variables))
+            return loss
+
+        tf.keras.utils.set_random_seed(11)
+        results.append([step(x, y).numpy() for x, y in keras_data[:LOOP_STEPS]])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=0)
+
+
+def test_an_htf_function_step_is_not_taken_for_a_call_outside_the_model(keras_data, caplog):
+    """htf.function's record pass runs the optimized model's lookups directly, under the step's tape."""
+    _, wrapped = _model_pair()
+    step = _train_step(wrapped, tf.keras.optimizers.Adagrad(0.05), htf.function)
+    with caplog.at_level(logging.WARNING, logger="hybridtf"):
+        for x, y in keras_data[:2]:
+            step(x, y)
+    assert not [r for r in caplog.records if "outside the model that packed" in r.getMessage()]

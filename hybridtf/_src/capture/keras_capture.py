@@ -372,7 +372,8 @@ class _HybridEmbeddingMixin(PlainConstruction):
     def _htf_direct(self, request):
         # Outside the optimized model's call (a model built from this layer, the layer on its own): a training
         # call there would not train the table unless the step takes the packed variable's gradient.
-        outside_calls.check_training_call(self, self.embeddings.packed_variable)
+        if context.active() is None:  # not hybridtf.function's record pass, which runs its lookups directly
+            outside_calls.check_training_call(self, self.embeddings.packed_variable)
         return self._htf_runtime.lookup([request])[0]
 
     def _htf_own_weights(self) -> list:

@@ -58,7 +58,7 @@ from hybridtf._src.integrations.graph_lift import (
     side_effect_op,
 )
 from hybridtf._src.rewrite.micro_batch_fn import current_segment
-from hybridtf._src.rewrite.runtime import lookup_all, runtime_of  # noqa: F401 (re-exported)
+from hybridtf._src.rewrite.runtime import lookup_all, runtime_of
 
 _log = logging.getLogger("hybridtf")
 
@@ -137,9 +137,11 @@ def _gathered_handles(outputs, chain_ops: set) -> list[object_identity.ObjectIde
 class _ServedOutputs:
     """The outputs the replay pass serves: computed per segment at its first lookup, then handed out in order.
 
-    A segment is the lookups of one micro-batch of ``micro_batch_gradients``
-    (all lookups of the step form one segment otherwise): each gets its own
-    packed chains, built inside that micro-batch's gradient tape.
+    A segment is the lookups of one runtime (one optimized model, one
+    ``Tables`` set) in one micro-batch of ``micro_batch_gradients`` (in the
+    whole step otherwise): each gets its own packed chains, built at its first
+    lookup, so inside the gradient tape that first lookup runs under (a
+    teacher model called before the tape, its student inside it).
     ``Graph.version`` counts the ops created so far and ``get_operations()``
     lists them in creation order; ops created since the first lookup (chains
     excepted) are scanned for updates of the tables the lookups read.
@@ -147,7 +149,8 @@ class _ServedOutputs:
 
     def __init__(self, requests, scratch, real, segments=None):
         self._requests = list(requests)
-        self._segments = list(segments) if segments is not None else [None] * len(self._requests)
+        batches = list(segments) if segments is not None else [None] * len(self._requests)
+        self._segments = [(batch, id(runtime_of(r))) for batch, r in zip(batches, self._requests)]
         self._scratch = scratch
         self._real = real
         self._outputs: dict[int, object] = {}
@@ -202,9 +205,10 @@ class _ServedOutputs:
         if _untaped(out):
             raise CaptureError(
                 f"htf.function: {_describe(request, index)} runs under a tf.GradientTape that was not recording "
-                "when the step's first lookup ran, but htf.function runs all lookups of a step at its first lookup "
-                "(one fused chain per packed table): this tape would give the tables no gradient. Call the model "
-                "for the first time in the step inside the tape you differentiate (and nothing before it), use "
+                "when the model's first lookup of the step ran, but htf.function runs all lookups of a model (or "
+                "Tables set) in a step at its first lookup (one fused chain per packed table): this tape would give "
+                "the tables no gradient. Call the model for the first time in the step inside the tape you "
+                "differentiate (and nothing before it), use "
                 "htf.micro_batch_gradients for one tape per micro-batch, or use tf.function for this step (an "
                 "htf.keras.optimize'd model packs its own lookups per call)."
             )
