@@ -2,8 +2,11 @@
 
 The packed layers' tables live in A's packed variable, which a second, plain model B does not hold: its
 ``fit`` trained the head and left the tables untouched, silently (found by a probe; the plain workflow
-trains them). It is now refused with the fix; the fix (optimize B too) trains as the plain workflow does,
-and B with the layers frozen trains its head alone.
+trains them). It is now refused with the fix. Optimizing B as well packed the layers again into B's
+variables: A then predicted with B's tables but never trained them, and B's ``save_weights`` missed them
+(a second probe); that ``optimize`` is refused too. The fix the errors give — rebuild A's layers plain
+(``clone_model`` + ``set_weights``) and optimize B built on them — trains as the plain workflow does, and
+B with the layers frozen trains its head alone.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import tensorflow as tf
 
 import hybridtf as htf
 from hybridtf._src.capture.outside_calls import OutsideTrainingError
+from hybridtf._src.integrations.keras_notices import SharedPackedLayersError
 
 FIELDS, VOCAB = 6, 300
 
@@ -43,7 +47,7 @@ def data():
     return rng.integers(0, VOCAB, (512, FIELDS)), rng.integers(0, 2, (512, 1)).astype(np.float32)
 
 
-def workflow(optimize_a: bool, optimize_b: bool, freeze: bool = False):
+def workflow(optimize_a: bool, optimize_b: bool, freeze: bool = False, rebuild: bool = False):
     """Train A, build B on A's layers, train B: B's losses, A's first table after B's fit, B, and that table
     after A's fit."""
     x, y = data()
@@ -53,6 +57,10 @@ def workflow(optimize_a: bool, optimize_b: bool, freeze: bool = False):
     a.compile(tf.keras.optimizers.Adagrad(0.05), "binary_crossentropy")
     a.fit(x, y, batch_size=128, epochs=1, shuffle=False, verbose=0)
     trained_by_a = a.get_layer("emb0").embeddings.numpy()
+    if rebuild:  # the fix: A's layers rebuilt plain, with A's trained weights
+        copy = tf.keras.models.clone_model(a)
+        copy.set_weights(a.get_weights())
+        a = copy
     b = model_b(a)
     if freeze:
         for i in range(FIELDS):
@@ -70,15 +78,25 @@ def plain():
 
 
 def test_a_plain_model_training_an_optimized_models_layers_is_refused_with_the_fix():
-    with pytest.raises(OutsideTrainingError, match=r"'emb\d'.*hybridtf.keras.optimize\(model\)"):
+    with pytest.raises(OutsideTrainingError, match=r"'emb\d'.*clone_model.*set_weights"):
         workflow(True, False)
 
 
-def test_optimizing_the_second_model_trains_the_tables_as_the_plain_workflow(plain):
-    losses, table, _, before = workflow(True, True)
+def test_optimizing_a_model_that_holds_another_optimized_models_layers_is_refused():
+    with pytest.raises(SharedPackedLayersError, match=r"'emb0'.*clone_model.*set_weights"):
+        workflow(True, True)
+
+
+def test_the_fix_trains_the_tables_as_the_plain_workflow(plain, tmp_path):
+    losses, table, b, before = workflow(True, True, rebuild=True)
     assert np.abs(table - before).max() > 1e-3  # B trained the table
     np.testing.assert_allclose(losses, plain[0], rtol=1e-5)
     np.testing.assert_allclose(table, plain[1], rtol=1e-5, atol=1e-7)
+    b.save_weights(str(tmp_path / "b"))  # B's checkpoint holds the tables it trains
+    fresh = model_b(model_a())
+    fresh.load_weights(str(tmp_path / "b"))
+    x, _ = data()
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), b.predict(x, verbose=0), rtol=1e-6)
 
 
 def test_frozen_layers_leave_the_second_model_training_its_head_alone():

@@ -98,7 +98,8 @@ def test_an_index_outside_the_table_is_refused_naming_it(models, index):
 def test_a_sparse_write_outside_the_table_is_refused_and_writes_nothing(models):
     packed = models[1]
     before = {name: packed.get_layer(name).embeddings.numpy() for name in ("u_emb", "i_emb")}
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"scatter_update of embedding table 'i_emb'.*\[0, 40\)"):
+    refused = r"scatter_update of embedding table 'i_emb': row ids must be in \[0, 40\), got ids from 1 to 40"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=refused):
         packed.get_layer("i_emb").embeddings.scatter_update(tf.IndexedSlices(tf.ones((2, 8)), tf.constant([1, 40])))
     with pytest.raises(TypeError, match=r"tf\.IndexedSlices"):
         packed.get_layer("i_emb").embeddings.scatter_add(tf.ones((2, 8)))
@@ -126,3 +127,11 @@ def test_an_optimized_models_config_and_json_are_the_plain_models():
     assert packed.get_config() == plain.get_config()
     config = next(c for c in packed.get_config()["layers"] if c["name"] == "i_emb")
     assert (config["module"], config["registered_name"]) == ("keras.layers", None)
+
+
+def test_an_assign_of_the_wrong_shape_names_the_table_and_writes_nothing(models):
+    table = models[1].get_layer("i_emb").embeddings
+    before = table.numpy()
+    with pytest.raises(ValueError, match=r"'i_emb' has shape \[40, 8\]; the value assigned has shape \[41, 8\]"):
+        table.assign(tf.zeros((41, 8)))
+    np.testing.assert_array_equal(table.numpy(), before)

@@ -11,9 +11,11 @@ model would have trained them.
 
 ``check_training_call`` runs on such a call. Under a gradient tape, inside a
 Keras ``train_step`` of a model whose trainable variables miss the packed
-variable, it raises with the fix (optimize that model too). Under a tape
-elsewhere (a custom loop, which may take the gradient for A's variables) it
-warns once per packed variable.
+variable, it raises with the fix (``SHARED_LAYERS_FIX``: one joint model, or
+the layers rebuilt plain); under a tape elsewhere (a custom loop, which may
+take the gradient for A's variables) it warns once per packed variable.
+``optimize`` of such a model is refused as well
+(``keras_notices.refuse_layers_of_another_model``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ from hybridtf._src.errors import HybridTFError
 from hybridtf._src.once import first_time
 
 _log = logging.getLogger("hybridtf")
+
+
+SHARED_LAYERS_FIX = (
+    "Models that share embedding layers train exactly as one model: build tf.keras.Model(inputs, [out_a, out_b]) "
+    "from the plain layers and optimize that one (each head, called on its own, then reads the packed tables for "
+    "inference). To reuse an optimized model's trained layers in a new model, rebuild them plain first: "
+    "copy = tf.keras.models.clone_model(optimized); copy.set_weights(optimized.get_weights()); build the new "
+    "model from copy's layers and optimize it."
+)
 
 
 class OutsideTrainingError(HybridTFError, ValueError):
@@ -56,16 +67,13 @@ def check_training_call(layer, variable) -> None:
     if not layer.trainable or not record.could_possibly_record():
         return
     trainer = _training_model()
-    fix = (
-        "Optimize that model as well (model = hybridtf.keras.optimize(model)): the table is then packed into it "
-        "and trained with it; or, to train the head alone, freeze the layer (layer.trainable = False)."
-    )
+    fix = SHARED_LAYERS_FIX + " To train the new model's head alone, freeze the layers (layer.trainable = False)."
     if trainer is not None:
         if any(v is variable for v in trainer.trainable_variables):
             return
         raise OutsideTrainingError(
             f"embedding layer {layer.name!r} is packed into another model's variable {variable.name!r} by "
-            f"hybridtf.keras.optimize, and model {trainer.name!r} (built from the same layer, not optimized) "
+            f"hybridtf.keras.optimize, and model {trainer.name!r} (built from the same layer) "
             f"calls it while it trains: that model's trainable_variables do not hold the table, so its fit would "
             f"train everything but the table, silently. {fix}"
         )

@@ -425,6 +425,7 @@ def optimize(
     if not model.built:
         raise ValueError("optimize() needs a built model: call it on a batch or call model.build(input_shape) first.")
     keras_notices.refuse_distribution_strategy(model, "optimized")
+    keras_notices.refuse_layers_of_another_model(model)
 
     captured, skipped, specs = steps.capture(model)
     exclude, exclude_dynamic = steps.resolve_exclude(model, captured, packed_dynamic.dynamic_layers(model), exclude)

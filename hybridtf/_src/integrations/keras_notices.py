@@ -5,6 +5,7 @@
 * ``warn_nothing_found``: a model without any embedding layer (raw-variable tables are not seen);
 * ``refuse_frozen_packed_layers``: a packed layer frozen after ``optimize`` cannot be frozen alone (checked at
   ``compile`` and when the model is called under a gradient tape: a custom loop);
+* ``refuse_layers_of_another_model``: ``optimize`` of a model holding layers another optimized model packed;
 * ``run_without_xla``: ``jit_compile=True`` falls back to the plain steps (the packed ops have no XLA kernels);
 * ``refuse_distribution_strategy``: a model built or compiled under a multi-replica ``tf.distribute`` strategy;
 * ``refuse_legacy_hdf5``: legacy ``.h5`` saves and loads (also a ``ModelCheckpoint`` to one, when ``fit`` starts).
@@ -18,7 +19,9 @@ import os
 import tensorflow as tf
 
 from hybridtf._src.capture.keras_capture import SkippedLayer, is_captured
+from hybridtf._src.capture.outside_calls import SHARED_LAYERS_FIX
 from hybridtf._src.distribute.world import mirroring_strategy, strategy_fix
+from hybridtf._src.errors import HybridTFError
 
 _log = logging.getLogger("hybridtf")
 
@@ -90,6 +93,34 @@ def refuse_frozen_packed_layers(model) -> None:
             "them alone. Set "
             "trainable=False before htf.keras.optimize() (a frozen table stays unpacked): build the plain model "
             "again, freeze the layers, optimize it and load the weights (model.save_weights / load_weights)."
+        )
+
+
+class SharedPackedLayersError(HybridTFError, ValueError):
+    """``optimize`` of a model that holds embedding layers another optimized model already packed."""
+
+
+def refuse_layers_of_another_model(model) -> None:
+    """Raises when ``model`` holds embedding layers packed by ``optimize`` of another model.
+
+    Packing them again would move their tables into ``model``'s variables: the other model would keep
+    predicting with them but could no longer train them, and ``model``'s ``get_weights`` / ``save_weights``
+    would miss them (found by a probe: both silently).
+
+    Raises:
+        SharedPackedLayersError: naming the layers and the fix.
+    """
+    packed = [
+        layer.name
+        for layer in model._flatten_layers(include_self=False)
+        if getattr(layer, "_htf_runtime", None) is not None
+    ]
+    if packed:
+        raise SharedPackedLayersError(
+            f"hybridtf.keras.optimize: model {model.name!r} holds embedding layer(s) {sorted(set(packed))} that "
+            "hybridtf.keras.optimize of another model already packed (the layer objects are shared). Packing them "
+            "again would leave the other model unable to train them and this one unable to save them. "
+            + SHARED_LAYERS_FIX
         )
 
 

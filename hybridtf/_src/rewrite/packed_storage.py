@@ -64,7 +64,7 @@ class _ViewSaveable(saveable_object.SaveableObject):
 
     def restore(self, restored_tensors, restored_shapes):
         del restored_shapes
-        return self._view.assign(restored_tensors[0], read_value=False)
+        return self._view._write(restored_tensors[0], read_value=False)
 
 
 _view_numbers = itertools.count(1)
@@ -200,8 +200,16 @@ class TableView(VariableLike, tf.__internal__.tracking.Trackable):
         """Writes the table's rows (this rank's shard of them) in place; like ``tf.Variable.assign``, returns
         the new rows with ``read_value`` (the default), else the assignment op (None eagerly)."""
         del use_locking, name
+        return self._write(value, read_value, restoring=False)
+
+    def _write(self, value, read_value=True, restoring=True):
         value = tf.convert_to_tensor(value, dtype=self.dtype)
         if not value.shape.is_compatible_with(self.shape):
+            if not restoring:
+                raise ValueError(
+                    f"embedding table {self.table!r} has shape {self.shape.as_list()}; the value assigned has shape "
+                    f"{value.shape.as_list()} (assign the whole table, or index the rows to write: table[i].assign)."
+                )
             raise CheckpointLayoutError(
                 f"table {self.table!r} has shape {self.shape.as_list()} but the value to restore has shape "
                 f"{value.shape.as_list()}; the checkpoint was written for a different table layout "
@@ -218,7 +226,7 @@ class TableView(VariableLike, tf.__internal__.tracking.Trackable):
         return {"VARIABLE_VALUE": self.read_value()}
 
     def _restore_from_tensors(self, restored_tensors):
-        return self.assign(restored_tensors["VARIABLE_VALUE"], read_value=False)
+        return self._write(restored_tensors["VARIABLE_VALUE"], read_value=False)
 
     def _gather_saveables_for_checkpoint(self):
         # A TF1 Saver (an Estimator model_fn's ``Saver({"emb": layer.embeddings})``) asks for this: a view saves

@@ -195,6 +195,13 @@ class VariableLike:
         n = int(self.shape[0])
         ids = tf.cast(sparse_delta.indices, tf.int64)
         values = tf.convert_to_tensor(sparse_delta.values, self.dtype)
+        if tf.executing_eagerly() and tf.size(ids) > 0 and not bool(tf.reduce_all((ids >= 0) & (ids < n))):
+            raise tf.errors.InvalidArgumentError(
+                None,
+                None,
+                f"scatter_{kind} of embedding table {self.table!r}: row ids must be in [0, {n}), got ids from "
+                f"{int(tf.reduce_min(ids))} to {int(tf.reduce_max(ids))}; nothing was written.",
+            )
         check = tf.debugging.Assert(
             tf.reduce_all((ids >= 0) & (ids < n)),
             [
