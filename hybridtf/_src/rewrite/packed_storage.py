@@ -58,7 +58,9 @@ class _ViewSaveable(saveable_object.SaveableObject):
 
     def __init__(self, view, name=None):
         name = name or view.name.split(":")[0]
-        spec = saveable_object.SaveSpec(view.read_value, "", name, dtype=view.dtype, device=view.packed_variable.device)
+        spec = saveable_object.SaveSpec(
+            view.rows_to_save, "", name, dtype=view.dtype, device=view.packed_variable.device
+        )
         super().__init__(view, [spec], name)
         self._view = view
 
@@ -156,9 +158,9 @@ class TableView(VariableLike, tf.__internal__.tracking.Trackable):
 
     def read_value(self) -> tf.Tensor:
         if self._layout is None:
-            # A gather of the rows, not a slice: a slice reads the whole packed variable first, which copies it
-            # once a sparse op has touched it (a checkpoint holding every table's rows held that many copies).
-            return tf.gather(self._variable, tf.range(self._offset, self._offset + self._num_rows, dtype=tf.int64))
+            # A slice: its gradient is dense, as a read of the table's own variable (a penalty over the table in an
+            # Estimator model_fn updates it densely, as the plain model_fn does).
+            return self._variable[self._offset : self._offset + self._num_rows]
         if self._gathered is not None:
             return self._gathered
         return self._gather()
@@ -175,8 +177,19 @@ class TableView(VariableLike, tf.__internal__.tracking.Trackable):
         with watchdog.collective_phase(self._world, watchdog.CHECKPOINT_GATHER, f"table {self.table!r}"):
             return gather_member(self._variable, self._layout, self._world, self._offset, self._num_rows, name)
 
+    def rows_to_save(self) -> tf.Tensor:
+        """``read_value()`` for a checkpoint or a copy out (no gradient): the rows gathered, not sliced.
+
+        A slice reads the whole packed variable first, which TensorFlow copies once a sparse op has touched
+        it: a checkpoint of every table's rows held one copy of the packed variable per table (a probe's
+        28 tables packed in one 640 MB variable reached 22.7 GB in ``save_weights``).
+        """
+        if self._layout is None:
+            return tf.gather(self._variable, tf.range(self._offset, self._offset + self._num_rows, dtype=tf.int64))
+        return self.read_value()
+
     def numpy(self) -> np.ndarray:
-        return self.read_value().numpy()
+        return self.rows_to_save().numpy()
 
     def __array__(self, dtype=None):  # np.asarray(view), as for a variable
         return np.asarray(self.numpy(), dtype=dtype)
@@ -223,7 +236,7 @@ class TableView(VariableLike, tf.__internal__.tracking.Trackable):
             return self.read_value()
 
     def _serialize_to_tensors(self):
-        return {"VARIABLE_VALUE": self.read_value()}
+        return {"VARIABLE_VALUE": self.rows_to_save()}
 
     def _restore_from_tensors(self, restored_tensors):
         return self._write(restored_tensors["VARIABLE_VALUE"], read_value=False)
