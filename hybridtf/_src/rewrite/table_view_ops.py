@@ -7,8 +7,9 @@ retrieval index, reset a row, scale a table), so the view answers the same
 calls with the same results:
 
 * ``view[key]`` indexes the table's rows (``view[5]``, ``view[:10, :4]``,
-  ``view[..., 0]``, a scalar tensor index), and the result's ``.assign`` /
-  ``.assign_add`` write those rows in place as a variable's slice does;
+  ``view[..., 0]``, a scalar tensor index), reading only the indexed rows,
+  and the result's ``.assign`` writes them in place as a variable's slice's
+  does (it reads the packed variable whole, as TensorFlow's slice assignment does);
 * Python operators (``view * 2``, ``u @ tf.transpose(view)``, ``-view``) act on the rows;
 * ``value()``, ``assign_add``, ``assign_sub``, ``scatter_update``,
   ``scatter_add``, ``scatter_sub``, ``get_shape()``.
