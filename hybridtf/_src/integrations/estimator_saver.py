@@ -53,8 +53,8 @@ class PackedSaveable(saveable_object.SaveableObject):
         for key, offset, num in parts:
 
             def tensor(offset=offset, num=num):
-                if shard is None:  # gathered rows: a slice of a read would hold a copy of the whole variable per table
-                    return tf.gather(variable, tf.range(offset, offset + num, dtype=tf.int64))
+                if shard is None:
+                    return variable.read_value()[offset : offset + num]
                 # the gather is a collective: once it is done every rank joined, and the save's write is not timed
                 return watchdog.joined_marker(gather_member(variable.read_value(), *shard, offset, num))
 
