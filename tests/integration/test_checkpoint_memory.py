@@ -13,6 +13,9 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import tensorflow as tf
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SCRIPT = """
@@ -59,3 +62,36 @@ def test_saving_and_loading_hold_the_packed_rows_about_once(tmp_path):
     for step in ("save", "load"):
         grown = {kind: mb[f"{step}_peak"] - mb["before"] for kind, mb in (("plain", plain), ("optimized", optimized))}
         assert grown["optimized"] < grown["plain"] + 3 * table, (step, grown)
+
+
+def test_estimator_saver_reads_a_packed_variable_once_for_all_of_its_tables(tmp_path):
+    """The Estimator's Saver slices every table's entry from one read of the packed variable.
+
+    Once a sparse op touched the variable, each read copies it whole: read per entry, saving N
+    tables packed together held N copies while the checkpoint was written (a 122 MiB variable of 16
+    tables: the save grew the process by 2,082 MB; from one read, by 139 MB).
+    """
+    from hybridtf._src.integrations.estimator_saver import PackedSaveable
+
+    members = [(f"t{i}/embeddings", 100 * i, 100) for i in range(17)]
+    rows = np.arange(1700 * 4, dtype=np.float32).reshape(1700, 4)
+    with tf.Graph().as_default() as graph:
+        variable = tf.Variable(rows, name="packed")
+        touched = tf.raw_ops.ResourceGather(resource=variable.handle, indices=[3], dtype=tf.float32)
+        saver = tf.compat.v1.train.Saver([PackedSaveable(variable, members)])
+        (save,) = [op for op in graph.get_operations() if op.type == "SaveV2"]
+        reads, todo, seen = [], [save], set()
+        while todo:  # the ops the save runs
+            op = todo.pop()
+            if op.name not in seen:
+                seen.add(op.name)
+                reads += [op] if op.type == "ReadVariableOp" else []
+                todo += [t.op for t in op.inputs] + list(op.control_inputs)
+        assert len(reads) == 1, [op.name for op in reads]
+        with tf.compat.v1.Session() as sess:
+            sess.run(variable.initializer)
+            sess.run(touched)  # the variable is now copied on every read
+            path = saver.save(sess, str(tmp_path / "ckpt"))
+    reader = tf.train.load_checkpoint(path)
+    for key, offset, num in members:
+        np.testing.assert_array_equal(reader.get_tensor(key), rows[offset : offset + num])

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import numbers
 import os
+import weakref
 
 import tensorflow as tf
 from tensorflow.python.training import training_util
@@ -25,6 +26,30 @@ from hybridtf._src.distribute.exchange import gather_member
 from hybridtf._src.integrations import atomic_checkpoint, estimator_end_of_data
 
 _log = logging.getLogger("hybridtf")
+
+
+class _OneRead:
+    """The variable's value, read once per graph for all of its entries.
+
+    A variable a sparse op has touched is in copy-on-read mode: each read copies it whole.
+    Read once per entry, a checkpoint of N tables packed together held N copies of the
+    packed variable while it was written; sliced from one read, it holds one (the aligned
+    row slices share that read's buffer). Eagerly, each call reads (a value is not reused).
+    """
+
+    def __init__(self, variable):
+        self._variable = variable
+        self._reads = weakref.WeakKeyDictionary()  # graph -> its read
+
+    def __call__(self):
+        if tf.executing_eagerly():
+            return self._variable.read_value()
+        graph = tf.compat.v1.get_default_graph()
+        read = self._reads.get(graph)
+        if read is None:
+            with tf.control_dependencies(None):  # not tied to whichever entry asked first
+                read = self._reads[graph] = self._variable.read_value()
+        return read
 
 
 class PackedSaveable(saveable_object.SaveableObject):
@@ -50,11 +75,12 @@ class PackedSaveable(saveable_object.SaveableObject):
         self._parts = parts
         self._variable = variable
         specs = []
+        whole = _OneRead(variable)
         for key, offset, num in parts:
 
             def tensor(offset=offset, num=num):
-                if shard is None:
-                    return variable.read_value()[offset : offset + num]
+                if shard is None:  # slices of one read (see _OneRead)
+                    return whole()[offset : offset + num]
                 # the gather is a collective: once it is done every rank joined, and the save's write is not timed
                 return watchdog.joined_marker(gather_member(variable.read_value(), *shard, offset, num))
 
