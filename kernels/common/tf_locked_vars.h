@@ -1,10 +1,12 @@
-// Resource variables of a fused in-place update: looked up, locked in input
+// Resource variables of a fused in-place update: looked up, locked in address
 // order, checked (initialized, float32) and made exclusively owned (a buffer
 // someone else still references is copied first).
 #ifndef HYBRIDTF_KERNELS_COMMON_TF_LOCKED_VARS_H_
 #define HYBRIDTF_KERNELS_COMMON_TF_LOCKED_VARS_H_
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -36,7 +38,12 @@ class TfLockedVars {
         }
       }
     }
-    for (auto& var : vars_) var->mu()->lock();
+    // Locked in address order, as TensorFlow's own updates lock theirs: two updates of the same
+    // variables passed in another order (or one of TensorFlow's) cannot wait on each other.
+    order_.reserve(vars_.size());
+    for (auto& var : vars_) order_.push_back(var->mu());
+    std::sort(order_.begin(), order_.end(), std::less<::tensorflow::mutex*>());
+    for (auto* mu : order_) mu->lock();
     locked_ = true;
     for (auto& var : vars_) {
       ::tensorflow::Tensor* t = var->tensor();
@@ -60,7 +67,7 @@ class TfLockedVars {
   }
   ~TfLockedVars() {
     if (locked_) {
-      for (auto& var : vars_) var->mu()->unlock();
+      for (auto it = order_.rbegin(); it != order_.rend(); ++it) (*it)->unlock();
     }
   }
   TfLockedVars(const TfLockedVars&) = delete;
@@ -72,6 +79,7 @@ class TfLockedVars {
 
  private:
   std::vector<::tensorflow::core::RefCountPtr<::tensorflow::Var>> vars_;
+  std::vector<::tensorflow::mutex*> order_;
   ::tensorflow::Status status_;
   bool locked_ = false;
 };
