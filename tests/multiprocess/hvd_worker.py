@@ -131,8 +131,13 @@ def fit(kind, optimizer, rank, size, fs=None, batches=None, epochs=None, **optim
     return model, record.losses
 
 
-def custom_loop(rank, size, steps=20, compiled=False):
-    """``compiled``: the optimizer also compiled into the model (its checkpoint layout), so hooked as ``fit``'s."""
+def custom_loop(rank, size, steps=20, compiled=False, tape_kind="htf"):
+    """``compiled``: the optimizer also compiled into the model (its checkpoint layout), so hooked as ``fit``'s.
+
+    ``tape_kind``: ``"htf"`` averages with ``htf.horovod.DistributedGradientTape``; ``"none"`` averages
+    nothing (hybridtf's hook of the step's optimizer must); ``"hvd"`` is Horovod's own tape without the shards
+    registered as local sources (refused).
+    """
     fs = fields()
     model = build("wdl", fs, seed=3)
     model(eval_batch(fs))
@@ -146,7 +151,10 @@ def custom_loop(rank, size, steps=20, compiled=False):
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))
-        tape = htf.horovod.DistributedGradientTape(tape, model) if size > 1 else tape
+        if size > 1 and tape_kind == "htf":
+            tape = htf.horovod.DistributedGradientTape(tape, model)
+        elif size > 1 and tape_kind == "hvd":
+            tape = hvd.DistributedGradientTape(tape)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
@@ -195,6 +203,15 @@ def main():
     result["loop_pred"] = model.predict_on_batch(ev).ravel().tolist()
     # the step's tape averages; the compiled (hooked) optimizer must not average again
     _, result["loop_compiled_losses"] = custom_loop(rank, size, compiled=True)
+    # a step that averages nothing, with an optimizer never compiled: hybridtf's hook averages
+    model, result["loop_unaveraged_losses"] = custom_loop(rank, size, tape_kind="none")
+    result["loop_unaveraged_pred"] = model.predict_on_batch(ev).ravel().tolist()
+    if size > 1:  # Horovod's tape without the shards registered would allgather their gradients: refused
+        try:
+            custom_loop(rank, size, steps=1, tape_kind="hvd")
+            result["loop_hvd_tape_error"] = None
+        except ValueError as err:
+            result["loop_hvd_tape_error"] = str(err)
 
     model, result["skew_losses"] = fit(
         "wdl", tf.keras.optimizers.Adagrad(0.05), rank, size, SKEW_FIELDS, skewed_batches(), shard_strategy="range"

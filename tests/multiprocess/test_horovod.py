@@ -75,6 +75,7 @@ def _mean_over_ranks(runs, key):
         "dlrm_losses",
         "loop_losses",
         "loop_compiled_losses",
+        "loop_unaveraged_losses",  # a custom step that averages nothing: the hooked optimizer averages
         "skew_losses",
         "replicated_losses",
         "reg_losses",  # regularized tables: the penalty's gradient counted once
@@ -109,11 +110,18 @@ def test_sharded_tables_without_gradient_and_the_end_of_data_train_as_one_proces
     tf.keras.backend.clear_session()
 
 
-@pytest.mark.parametrize("key", ["wdl_pred", "dlrm_pred", "loop_pred"])
+@pytest.mark.parametrize("key", ["wdl_pred", "dlrm_pred", "loop_pred", "loop_unaveraged_pred"])
 def test_trained_predictions_equal_single_process(runs, key):
     single = np.array(runs["single"][key])
     for r in runs["ranks"]:
         np.testing.assert_allclose(r[key], single, rtol=RTOL, atol=1e-7)
+
+
+def test_horovods_own_tape_without_the_shards_registered_is_refused(runs):
+    for r in runs["ranks"]:
+        error = r["loop_hvd_tape_error"]
+        assert error is not None and "went through a Horovod" in error, error
+        assert "htf.horovod.DistributedGradientTape(tape, model)" in error and "register_local_source" in error
 
 
 def test_tables_are_sharded_only_with_several_ranks(runs):

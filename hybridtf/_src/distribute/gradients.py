@@ -93,6 +93,45 @@ def already_averaged(grads_and_vars, sharded_ids: set) -> bool:
     return False
 
 
+_SHARD_WALK = 4  # a tape's allgather or allreduce of a shard's gradient is its producer, maybe behind a division
+
+
+def check_shards_not_reduced(grads_and_vars, sharded_ids: set) -> None:
+    """Refuses a traced step whose tape allreduced (or allgathered) a shard's gradient as if it were global.
+
+    A shard's rows are rank-local: its gradient already holds every rank's rows for them (the lookups' alltoall)
+    and must only be divided by the number of ranks. Horovod's own ``DistributedGradientTape`` reduces every
+    source not registered with ``register_local_source``: the tables then train on other numbers than the plain
+    model's, with no error (found by a probe). Only a traced step's gradients show it.
+
+    Raises:
+        ValueError: naming the variable and the fix.
+    """
+    for g, v in grads_and_vars:
+        if g is None or not (id(v) in sharded_ids or is_rank_local(v)):
+            continue
+        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
+        if not hasattr(tensor, "op"):
+            continue  # (eager: nothing to read)
+        op, stack, seen = None, [tensor.op], set()
+        while stack and len(seen) < _SHARD_WALK:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type in _AVERAGING or (op.type in ("If", "StatelessIf") and _branches_average(op)):
+                raise ValueError(
+                    f"the gradient of {v.name}, this rank's shard of embedding tables, went through a Horovod "
+                    f"{op.type}: the step's tape reduced it over the ranks as if its rows were global, and the "
+                    "tables would train unlike the plain model. Its rows are rank-local: use "
+                    "htf.horovod.DistributedGradientTape(tape, model) instead of hvd.DistributedGradientTape(tape), "
+                    "or register them on Horovod's tape: for v in htf.horovod.local_variables(model): "
+                    "tape.register_local_source(v)."
+                )
+            if not op.type.startswith("Horovod"):  # (the lookups' alltoall ends the walk)
+                stack.extend(t.op for t in op.inputs)
+
+
 def _branches_average(op) -> bool:
     from tensorflow.python.ops import cond_v2
 

@@ -79,10 +79,10 @@ class PackedSaveable(saveable_object.SaveableObject):
         for key, offset, num in parts:
 
             def tensor(offset=offset, num=num):
-                if shard is None:  # slices of one read (see _OneRead)
+                if shard is None:  # slices of one read (see _OneRead), as the shard's gathers below
                     return whole()[offset : offset + num]
                 # the gather is a collective: once it is done every rank joined, and the save's write is not timed
-                return watchdog.joined_marker(gather_member(variable.read_value(), *shard, offset, num))
+                return watchdog.joined_marker(gather_member(whole(), *shard, offset, num))
 
             specs.append(saveable_object.SaveSpec(tensor, "", key, dtype=variable.dtype, device=variable.device))
         super().__init__(variable, specs, variable.op.name)

@@ -30,27 +30,28 @@ def attach_optimizers(objects: list) -> None:
     into the plain model, nor the plain model's into it) and its updates
     would not be fused. When the step reaches exactly one optimized model
     and some optimizers (arguments, closure, globals), each optimizer not
-    yet hooked gets ``hybridize_optimizer`` with that model's tables. Not in
-    a Horovod job (there the step's tape averages the gradients, and a
-    hooked optimizer would average the shards' gradients a second time), nor
-    for a model with L1/L2-regularized tables (a hooked optimizer adds their
+    yet hooked gets ``hybridize_optimizer`` with that model's tables (under
+    Horovod it averages the gradients when the step did not), except for a
+    model with L1/L2-regularized tables (a hooked optimizer adds their
     penalties' gradients, right only when the step's loss holds
-    ``model.losses``). ``objects`` are what the step reaches directly (``_referenced``).
+    ``model.losses``). Under Horovod the optimizers left unhooked are then
+    hooked to average (``_average_over_sharded_tables``). ``objects`` are what
+    the step reaches directly (``_referenced``).
     """
     from hybridtf._src.integrations.keras_variables import hook_optimizers
 
-    _average_over_sharded_tables(objects)
     models = {}
     for obj in objects:
         if isinstance(obj, tf.keras.Model) and getattr(obj, "_htf_plain_trainable", None) is not None:
             models[id(obj._htf_runtime.storage)] = obj
     if len(models) == 1:
         hook_optimizers(next(iter(models.values())), objects)
+    _average_over_sharded_tables(objects)
 
 
 def _average_over_sharded_tables(objects: list) -> None:
-    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` sharded over the ranks (as
-    ``dynamic_optimizer`` hooks them).
+    """Under Horovod, hooks the Keras optimizers of a step over ``Tables`` or Keras models with tables sharded
+    over the ranks, not hooked yet (as ``dynamic_optimizer`` hooks them).
 
     The hooked optimizer averages the dense gradients over the ranks, and scales the shards' own, when the step
     did not (no ``DistributedGradientTape``, no ``average_gradients``: ``gradients.already_averaged``), as a
@@ -60,6 +61,7 @@ def _average_over_sharded_tables(objects: list) -> None:
     """
     from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin, dynamic_optimizer
     from hybridtf._src.capture.lookup_api import Tables
+    from hybridtf._src.distribute.dynamic_exchange import is_rank_local
     from hybridtf._src.distribute.world import current_world
     from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
     from hybridtf._src.integrations.keras_optimizers import loss_scale_inner
@@ -73,6 +75,8 @@ def _average_over_sharded_tables(objects: list) -> None:
         storage = getattr(getattr(tables, "_htf_runtime", None), "storage", None)
         dynamic = any(t.table is not None and t.table.world.distributed for t in tables.dynamic_tables.values())
         sharded = sharded or dynamic or bool(storage is not None and storage.sharded)
+    keras_models = [obj for obj in objects if isinstance(obj, tf.keras.Model)]
+    sharded = sharded or any(is_rank_local(v) for m in keras_models for v in m.trainable_variables)
     if not sharded:
         return
     for obj in objects:
@@ -81,7 +85,7 @@ def _average_over_sharded_tables(objects: list) -> None:
         if isinstance(target, tf.keras.optimizers.legacy.Optimizer) and not is_horovod_distributed(target):
             if first_time(target, "_htf_unaveraged_told"):
                 _log.warning(
-                    "hybridtf.function: the legacy optimizer %s trains Tables sharded over the Horovod ranks; hybridtf "
+                    "hybridtf.function: the legacy optimizer %s trains tables sharded over the Horovod ranks; hybridtf "
                     "cannot hook it to average the dense gradients over the ranks when the step does not. Unless the "
                     "step averages them itself (htf.horovod.DistributedGradientTape(tape, tables), average_gradients), "
                     "each rank trains its own dense layers: average them there, or use a tf.keras.optimizers "

@@ -197,6 +197,8 @@ class _HybridOptimizerMixin:
     def _htf_apply_gradients(self, grads_and_vars, *args, **kwargs):
         current_learning_rate(self)  # the fused updates run before Keras's apply_gradients would set it
         storage = self._htf_storage
+        if storage is not None and storage.world.distributed:
+            gradients.check_shards_not_reduced(grads_and_vars, self._htf_sharded)
         if (
             storage is not None
             and storage.world.distributed

@@ -122,9 +122,10 @@ def hook_optimizers(model, candidates) -> None:
     """Hooks each Keras optimizer among ``candidates`` not hooked yet into optimized ``model``, as ``compile`` does.
 
     Its state for the packed tables is then checkpointed in the plain model's
-    layout and its updates are fused. Not in a Horovod job (there the step's
-    tape averages the gradients, and a hooked optimizer would average the
-    shards' gradients a second time), nor for a model with L1/L2-regularized
+    layout and its updates are fused. In a Horovod job it averages the
+    gradients over the ranks when the step did not (``gradients.already_averaged``),
+    as a compiled optimizer does: unhooked, each rank of a step that averaged
+    nothing trained its own dense layers. Not for a model with L1/L2-regularized
     tables (a hooked optimizer adds their penalties' gradients itself, right
     only when the step's loss holds ``model.losses``, as compile's does).
     """
@@ -132,7 +133,7 @@ def hook_optimizers(model, candidates) -> None:
     from hybridtf._src.integrations.keras_optimizers import clipping_can_be_exact, hybridize_optimizer, warn_inexact
 
     storage = model._htf_runtime.storage
-    if storage.world.distributed or storage.regularizers:
+    if storage.regularizers:
         return
     for obj in candidates:
         if isinstance(obj, tf.keras.optimizers.Optimizer) and getattr(obj, "_htf_storage", None) is None:
