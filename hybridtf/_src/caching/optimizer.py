@@ -25,6 +25,7 @@ from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
 from hybridtf._src.distribute.dynamic_exchange import is_rank_local
 from hybridtf._src.distribute.world import current_world
+from hybridtf._src.gradient_registry import graph_owned_gradients
 from hybridtf._src.integrations import keras_end_of_data
 from hybridtf._src.integrations.keras_horovod_classes import (
     horovod_class_with,
@@ -77,6 +78,10 @@ class _DynamicOptimizerMixin:
         return super().build([v for v in var_list if _layer_of(v) is None])
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        with graph_owned_gradients():  # Keras aggregates dense gradients with a custom gradient
+            return self._htf_apply_dynamic(grads_and_vars, *args, **kwargs)
+
+    def _htf_apply_dynamic(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = _averaged_over_ranks(self, list(grads_and_vars))
         dynamic = [(g, v) for g, v in grads_and_vars if _layer_of(v) is not None]
         if not dynamic:
@@ -141,6 +146,8 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
     if getattr(optimizer, "_htf_storage", None) is not None or is_horovod_distributed(optimizer):
         return grads_and_vars
     local = [v for g, v in grads_and_vars if g is not None and is_rank_local(v)]
+    if local:
+        gradients.check_shards_not_reduced(grads_and_vars, set())
     if not local or len(local) == sum(g is not None for g, _ in grads_and_vars):
         # (only tables' gradients: whether the step scaled them by 1 / size shows nowhere; a dense gradient
         # that comes out of an allreduce does)

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from hybridtf._src.capture.subclassing import runtime_subclass
 from hybridtf._src.distribute import gradients
+from hybridtf._src.gradient_registry import graph_owned_gradients
 from hybridtf._src.integrations import keras_end_of_data, keras_kept_rows, keras_legacy_slots, keras_slots
 from hybridtf._src.integrations.keras_horovod_classes import (
     horovod_class_with,
@@ -189,7 +190,8 @@ class _HybridOptimizerMixin:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         restore = keras_kept_rows.keep_rows_without_gradient(self, grads_and_vars)  # tables without gradient
-        result = self._htf_apply_gradients(grads_and_vars, *args, **kwargs)
+        with graph_owned_gradients():  # Keras aggregates dense gradients (all of them here) with a custom gradient
+            result = self._htf_apply_gradients(grads_and_vars, *args, **kwargs)
         if restore is not None:
             restore()
         return result

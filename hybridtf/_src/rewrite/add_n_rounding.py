@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hybridtf._src.gradient_registry import graph_owned_gradients
+
 ADD_N_CHUNK = 8  # TensorFlow's CPU AddN kernel adds its inputs eight at a time
 FUSED_SUM_SCOPE = "fused_field_sum"  # name scope of add_n_sum's ops (its adds are not the user's)
 
@@ -44,8 +46,14 @@ def _column_sum(x: tf.Tensor, n: int) -> tf.Tensor:
     return _in_order(tf.split(x, n, axis=1)) if n > 1 else x
 
 
+def add_n_sum(x: tf.Tensor) -> tf.Tensor:
+    """``_add_n_sum``, its custom gradient owned by the graph (``gradient_registry``)."""
+    with graph_owned_gradients():
+        return _add_n_sum(x)
+
+
 @tf.custom_gradient
-def add_n_sum(x: tf.Tensor):
+def _add_n_sum(x: tf.Tensor):
     """The sum over axis 1 of ``x`` (``[B, n, ...]``, n >= 2) rounded as TensorFlow's CPU ``AddN`` kernel rounds it.
 
     What the plain graph runs for a sum of fields: Grappler's arithmetic

@@ -42,6 +42,8 @@ import logging
 import numpy as np
 import tensorflow as tf
 
+from hybridtf._src.gradient_registry import graph_owned_gradients
+
 _log = logging.getLogger("hybridtf")
 
 
@@ -95,7 +97,8 @@ class GradientNorms:
 
             return tf.identity(t), grad
 
-        return identity(x)
+        with graph_owned_gradients():
+            return identity(x)
 
     def take(self) -> tf.Tensor:
         """The sums of this step (the reset for the next step runs after this read)."""
