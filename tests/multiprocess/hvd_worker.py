@@ -170,6 +170,43 @@ def custom_loop(rank, size, steps=20, compiled=False, tape_kind="htf"):
     return model, losses
 
 
+def table_only_loop(rank, size, variant, steps=20):
+    """A model of tables only (matrix factorization): the sole sign that a step averaged is the shards' scaling.
+
+    ``variant``: ``"tape"`` (hybridtf's tape; the optimizer hooked by the step), ``"compiled"`` (the same,
+    the optimizer compiled) or ``"none"`` (the step averages nothing: the hooked optimizer does).
+    """
+    ids = [tf.keras.Input((1,), dtype=tf.int64, name=n) for n in ("user", "item")]
+    uniform = tf.keras.initializers.RandomUniform
+    vectors = [
+        tf.keras.layers.Flatten()(tf.keras.layers.Embedding(vocab, 8, embeddings_initializer=uniform(-1, 1, seed))(x))
+        for x, vocab, seed in zip(ids, (100, 80), (1, 2))
+    ]
+    model = tf.keras.Model(ids, tf.keras.layers.Activation("sigmoid")(tf.keras.layers.Dot(axes=1)(vectors)))
+    model = htf.keras.optimize(model)
+    optimizer = tf.keras.optimizers.Adagrad(0.5)
+    if variant == "compiled":
+        model.compile(optimizer)
+    loss_fn = tf.keras.losses.BinaryCrossentropy()
+
+    @htf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if size > 1 and variant != "none":
+            tape = htf.horovod.DistributedGradientTape(tape, model)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    rng, losses = np.random.default_rng(0), []
+    for _ in range(steps):
+        x = {"user": rng.integers(0, 100, (GLOBAL_BATCH, 1)), "item": rng.integers(0, 80, (GLOBAL_BATCH, 1))}
+        x, y = local_part((x, rng.integers(0, 2, (GLOBAL_BATCH, 1)).astype(np.float32)), rank, size)
+        losses.append(float(step({k: tf.constant(v) for k, v in x.items()}, tf.constant(y))))
+    return losses
+
+
 def skewed_batches():
     """Ids that all live on rank 0 under range sharding (packed rows [0, 550) of 1100)."""
     batches = global_batches(SKEW_FIELDS, 20, seed=4)
@@ -206,6 +243,8 @@ def main():
     # a step that averages nothing, with an optimizer never compiled: hybridtf's hook averages
     model, result["loop_unaveraged_losses"] = custom_loop(rank, size, tape_kind="none")
     result["loop_unaveraged_pred"] = model.predict_on_batch(ev).ravel().tolist()
+    for variant in ("tape", "compiled", "none"):
+        result[f"table_only_{variant}_losses"] = table_only_loop(rank, size, variant)
     if size > 1:  # Horovod's tape without the shards registered would allgather their gradients: refused
         try:
             custom_loop(rank, size, steps=1, tape_kind="hvd")

@@ -76,6 +76,9 @@ def _mean_over_ranks(runs, key):
         "loop_losses",
         "loop_compiled_losses",
         "loop_unaveraged_losses",  # a custom step that averages nothing: the hooked optimizer averages
+        "table_only_tape_losses",  # no dense gradient: the tape's scaling of the shards shows it averaged
+        "table_only_compiled_losses",
+        "table_only_none_losses",
         "skew_losses",
         "replicated_losses",
         "reg_losses",  # regularized tables: the penalty's gradient counted once

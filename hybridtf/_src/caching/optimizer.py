@@ -140,18 +140,15 @@ def _averaged_over_ranks(optimizer, grads_and_vars: list) -> list:
     a ``hvd.DistributedOptimizer``, in a step that did not average (no Horovod tape, no ``average_gradients``):
     hybridtf averages, as it does for a model with static tables (whose hook, ``_htf_storage``, averages the
     buffers too). Without it each rank trained its own dense layers, silently (found by a probe). An eager step's
-    gradients cannot show whether a tape averaged them: warned once, left as they are; nor can a step's that
-    trains tables only (``average_gradients`` of ``Tables``): left as they are.
+    gradients cannot show whether a tape averaged them: warned once, left as they are. A traced step's show it
+    (``gradients.already_averaged``; a step that trains tables only, by the shards' scaling).
     """
     if getattr(optimizer, "_htf_storage", None) is not None or is_horovod_distributed(optimizer):
         return grads_and_vars
     local = [v for g, v in grads_and_vars if g is not None and is_rank_local(v)]
-    if local:
-        gradients.check_shards_not_reduced(grads_and_vars, set())
-    if not local or len(local) == sum(g is not None for g, _ in grads_and_vars):
-        # (only tables' gradients: whether the step scaled them by 1 / size shows nowhere; a dense gradient
-        # that comes out of an allreduce does)
+    if not local:
         return grads_and_vars
+    gradients.check_shards_not_reduced(grads_and_vars, set())
     if tf.executing_eagerly():
         if first_time(optimizer, "_htf_eager_unaveraged_told"):
             _log.warning(

@@ -72,12 +72,15 @@ def already_averaged(grads_and_vars, sharded_ids: set) -> bool:
     or ``average_gradients``: a replicated variable's gradient then comes out of a Horovod allreduce
     (or, for sparse rows, allgather), maybe through the step's own ops (a clip, a scale). The
     optimizer must not average it again (the shards' gradients would be divided by the size twice).
-    The shards' own gradients (``sharded_ids``) come out of the lookups' alltoall in any step: not
-    looked at.
+    The shards' own gradients (``sharded_ids``) come out of the lookups' alltoall in any step: looked
+    at only when there is no other gradient (``_shards_scaled``).
     """
-    for g, v in grads_and_vars:
+    dense = [(g, v) for g, v in grads_and_vars if g is not None and id(v) not in sharded_ids and not is_rank_local(v)]
+    if not dense:  # tables only (a matrix factorization): a tape's average shows as the shards' scaling
+        return _shards_scaled(grads_and_vars, sharded_ids)
+    for g, _ in dense:
         tensor = g.values if isinstance(g, tf.IndexedSlices) else g
-        if g is None or id(v) in sharded_ids or is_rank_local(v) or not hasattr(tensor, "op"):
+        if not hasattr(tensor, "op"):
             continue  # (eager: nothing to read)
         seen, stack = set(), [tensor.op]
         while stack and len(seen) < _REDUCED_WALK:
@@ -130,6 +133,43 @@ def check_shards_not_reduced(grads_and_vars, sharded_ids: set) -> None:
                 )
             if not op.type.startswith("Horovod"):  # (the lookups' alltoall ends the walk)
                 stack.extend(t.op for t in op.inputs)
+
+
+def _shards_scaled(grads_and_vars, sharded_ids: set) -> bool:
+    """Whether the shards' gradients were divided by the number of ranks (a traced step only).
+
+    Horovod's tape divides its registered local sources' gradients by the size (``hybridtf.horovod.
+    DistributedGradientTape`` is one), and ``average_gradients`` multiplies them by ``1 / size``: in a step
+    with no dense gradient that is the only sign that the step averaged. A shard's gradient otherwise ends in
+    the lookups' backward ops.
+    """
+    from hybridtf._src.distribute.world import current_world
+
+    size = current_world().size
+    for g, v in grads_and_vars:
+        if g is None or not (id(v) in sharded_ids or is_rank_local(v)):
+            continue
+        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
+        stack, seen = [tensor.op] if hasattr(tensor, "op") else [], set()
+        while stack and len(seen) < _SHARD_WALK:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type == "RealDiv" and _constant_is(op.inputs[1], size):
+                return True
+            if op.type == "Mul" and any(_constant_is(t, 1.0 / size) for t in op.inputs):
+                return True
+            if op.type in ("Identity", "RealDiv", "Mul", "Cast"):
+                stack.extend(t.op for t in op.inputs)
+    return False
+
+
+def _constant_is(tensor, value: float) -> bool:
+    if tensor.op.type != "Const":
+        return False
+    found = tf.get_static_value(tensor)
+    return found is not None and found.size == 1 and abs(float(found.reshape(())) - value) <= 1e-6 * abs(value)
 
 
 def _branches_average(op) -> bool:
