@@ -11,6 +11,8 @@ Scenarios (rank 1 always has fewer batches, or fails):
 * ``uneven_evaluate`` / ``uneven_predict``: the same, then ``evaluate`` / ``predict``;
 * ``uneven_exit``: the same in a custom loop (``htf.function`` steps under
   ``htf.horovod.collective_phase``), then the script ends;
+* ``uneven_epochs``: rank 0 fits 6 batches per epoch, rank 1 3, for 3 epochs: rank 1 waits at its
+  first epoch's end while rank 0 is in its fourth step;
 * ``raise`` / ``kill``: rank 1 raises in a callback after its third step / kills itself (SIGKILL);
 * ``interleaved``: both fit 6 batches with 2 micro-batches and 2 K-interleaving groups; rank 1's
   fourth step fails inside the graph, in its second micro-batch's loss (a NaN label meets
@@ -199,6 +201,8 @@ def main():
         model.fit(dataset(batches, seed=10 + rank, nan_row=nan_row), epochs=1, verbose=0, callbacks=[DivergesAfter()])
     elif scenario == "uneven_exit":
         custom_loop(model, dataset(batches, seed=10 + rank))
+    elif scenario == "uneven_epochs":
+        model.fit(dataset(batches, seed=10 + rank), epochs=3, verbose=0)
     else:
         model.fit(dataset(batches, seed=10 + rank), epochs=1, verbose=0, callbacks=callbacks)
     start = time.monotonic()

@@ -38,6 +38,7 @@ SCENARIOS = (
     "uneven_evaluate",
     "uneven_predict",
     "uneven_exit",
+    "uneven_epochs",
     "raise",
     "kill",
     "interleaved",
@@ -107,6 +108,20 @@ def test_uneven_batches_then_another_collective_end_every_rank(launches, scenari
             assert "rank 0: training step" in lines and f"rank 1: {phase1}" in lines, lines[-4000:]
             assert "The ranks reached different collectives." in lines
             assert f"HYBRIDTF_COLLECTIVE_TIMEOUT_S={TIMEOUT_S}" in lines
+
+
+def test_ranks_with_different_batch_counts_per_epoch_end_at_the_first_epochs_end(launches):
+    """Before, each epoch's end was not a collective: the ranks' steps paired across epochs, silently."""
+    code, output, _ = launches["uneven_epochs"]
+    assert code != 0, output[-3000:]
+    assert "hybridtf-fault-test: rank 1 diverges" not in output  # fit did not return on the shorter rank
+    for rank, own in ((0, "training step #4"), (1, "end of epoch #1")):
+        lines = _rank_lines(output, rank)
+        timed_out = re.search(rf"rank {rank} of 2 waited [\d.]+ s in the collective {own}", lines)
+        aborted = re.search(rf"CollectiveAbortedError: hybridtf: rank {rank} of 2 was in the collective {own}", lines)
+        assert timed_out or aborted, f"rank {rank} printed no clear error:\n{lines[-4000:]}"
+        if timed_out:
+            assert "rank 0: training step #4" in lines and "rank 1: end of epoch #1" in lines, lines[-4000:]
 
 
 def test_rank_that_finishes_its_data_and_exits_ends_the_others_in_a_custom_loop(launches):

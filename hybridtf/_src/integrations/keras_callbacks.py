@@ -22,6 +22,11 @@
   ``agreement.check_model_restored``), so ranks that found different backups
   (one of another number of ranks, a missing directory) raise naming the fix
   instead of meeting in different collectives.
+* under Horovod with rank-local tables, each epoch's end but the last is a collective
+  (``keras_unpacked.with_epoch_agreement``, which both model classes call): ranks whose data
+  gives different numbers of batches per epoch met each other's next epoch's steps, silently,
+  until one reached something else; now the rank that ends its epoch first waits there, and the
+  watchdog names both ranks' places.
 """
 
 from __future__ import annotations

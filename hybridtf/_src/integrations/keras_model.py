@@ -48,6 +48,7 @@ from hybridtf._src.integrations.keras_unpacked import (
     rank_local_variables,
     sharded_save_error,
     sharded_size,
+    with_epoch_agreement,
     writes_here,
 )
 from hybridtf._src.integrations.keras_variables import hook_attribute_optimizers, note_split_train_step
@@ -132,6 +133,7 @@ class _HybridModelMixin(
     def fit(self, *args, **kwargs):
         storage = self._htf_runtime.storage
         keras_callbacks.adapt_callbacks(self, kwargs.get("callbacks"))  # .h5 checkpoints, table histograms
+        with_epoch_agreement(self, kwargs)  # under Horovod: the ranks' batch counts at each epoch's end
         if storage.sharded:
             for callback in kwargs.get("callbacks") or ():
                 horovod_hooks.shard_aware_callback(callback, storage, self)

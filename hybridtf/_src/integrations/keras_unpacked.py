@@ -239,6 +239,7 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         average_best_batch_metric(self, kwargs.get("callbacks"))
         for callback in kwargs.get("callbacks") or ():
             keep_best_tables(callback, self)  # EarlyStopping(restore_best_weights=True): the dynamic tables too
+        with_epoch_agreement(self, kwargs)
         return super().fit(*args, **kwargs)
 
     def save(self, filepath, overwrite=True, save_format=None, **kwargs):
@@ -303,3 +304,55 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
     def hybridtf_shared_uniques(self) -> dict[str, str]:
         """Nothing is packed, so no table shares unique ids."""
         return {}
+
+
+def with_epoch_agreement(model, kwargs: dict) -> None:
+    """Under Horovod with rank-local tables, adds ``_EpochAgreement`` to ``fit``'s callbacks (``kwargs``)."""
+    world = current_world()
+    callbacks = kwargs.get("callbacks")
+    if not world.distributed or not rank_local_variables(model) or not isinstance(callbacks, (list, tuple, type(None))):
+        return
+    kwargs["callbacks"] = [*(callbacks or ()), _EpochAgreement(world)]
+
+
+_EPOCH_FIX = (
+    "Give every rank the same number of batches per epoch: steps_per_epoch=, drop_remainder=True, an even split "
+    "of the files, or dataset.repeat() with steps_per_epoch."
+)
+
+
+class _EpochAgreement(tf.keras.callbacks.Callback):
+    """Each epoch's end but the last: the ranks compare their epoch's batch counts in one allgather, armed.
+
+    A rank whose epoch ended first waits in it while another is still in a training step: the
+    watchdog's diagnosis then names both (``rank 0: training step #5, rank 1: end of epoch 1``)
+    instead of the ranks going on to exchange rows with each other's next epoch's steps. The last
+    epoch's end is left to what follows ``fit`` (a save, ``evaluate``, the end of the job), as
+    with one epoch.
+    """
+
+    def __init__(self, world):
+        super().__init__()
+        self._world = world
+        self._start = 0
+
+    def _steps(self) -> int:
+        counter = getattr(self.model, "_train_counter", None)
+        return int(counter.numpy()) if counter is not None else 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._start = self._steps()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 >= self.params.get("epochs", epoch + 1) or self.model.stop_training:
+            return
+        steps = self._steps() - self._start
+        detail = f"model {self.model.name!r}: end of epoch {epoch + 1}"
+        with watchdog.collective_phase(self._world, watchdog.EPOCH_END, detail, epoch + 1):
+            local = np.array([steps], np.int64)
+            counts = np.asarray(self._world.hvd.allgather(local, name="hybridtf_epoch_batches")).ravel()
+        if len(set(counts.tolist())) > 1:
+            raise ValueError(
+                f"Horovod ranks ran different numbers of batches in epoch {epoch + 1} of model {self.model.name!r} "
+                f"(per rank: {counts.tolist()}); their tables' exchanges paired each other's steps. {_EPOCH_FIX}"
+            )
