@@ -13,8 +13,8 @@ Adagrad; the plain model's memory stays flat).
 (hybridtf's own, and Keras's gradient aggregation, which is one when every
 gradient is dense): each gradient function it registers is held by the
 outermost graph being built, and the registry holds only a weak reference to
-it. The gradient works as before for as long as its graph lives; after that,
-only a small stale entry is left.
+it. The gradient works as before for as long as its graph lives; then its
+registry entry is removed.
 """
 
 from __future__ import annotations
@@ -74,3 +74,4 @@ def graph_owned_gradients():
                         continue
                     owned.append(function)
                     entry[registry._TYPE_TAG] = _WeakGradient(function, name)
+                    weakref.finalize(function, entries.pop, name, None)  # gone with its graph

@@ -48,6 +48,13 @@ OPTIMIZERS = {
     "clipped": lambda: tf.keras.optimizers.Adagrad(0.1, clipnorm=0.5),
     "dynamic": lambda: htf.keras.dynamic_optimizer(tf.keras.optimizers.Adagrad(0.1)),
 }
+
+
+def custom_gradients():  # tf.custom_gradient's registrations (op gradients register once, at import)
+    return sum(1 for name in ops._gradient_registry.list() if name.startswith("CustomGradient"))
+
+
+registered = custom_gradients()
 seen = {}
 for kind, optimizer in OPTIMIZERS.items():
     for _ in range(2):
@@ -58,6 +65,23 @@ for kind, optimizer in OPTIMIZERS.items():
         tf.keras.backend.clear_session()
         gc.collect()
     seen[kind] = step_ops()
+seen["registry"] = custom_gradients() - registered
+
+
+def model_fn(features, labels, mode):
+    outs = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(V, 4)(features[f"f{i}"])) for i in range(F)]
+    loss = tf.reduce_mean(tf.square(tf.keras.layers.Dense(1)(tf.concat(outs, 1)) - labels))
+    step = tf.compat.v1.train.get_global_step()
+    train = tf.compat.v1.train.AdagradOptimizer(0.1).minimize(loss, step)
+    return tf.estimator.EstimatorSpec(mode, loss=loss, train_op=train)
+
+
+for _ in range(2):  # an Estimator's graphs (wrapped model_fn) are gone with it
+    estimator = tf.estimator.Estimator(htf.estimator.model_fn(model_fn))
+    estimator.train(lambda: tf.data.Dataset.from_tensors((x, y)).repeat(2), steps=2)
+    del estimator
+    gc.collect()
+seen["estimator"] = sum(1 for o in gc.get_objects() if type(o) is ops.Operation and type(o.graph) is ops.Graph)
 print(json.dumps(seen))
 """
 
@@ -68,4 +92,5 @@ def test_trained_optimized_models_are_freed_with_their_steps():
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     live = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert live == {"static": 0, "clipped": 0, "dynamic": 0}, live  # ops of dropped models' traced steps
+    # ops of dropped models' traced steps and Estimators' graphs; gradient functions registered
+    assert live == {"static": 0, "clipped": 0, "dynamic": 0, "registry": 0, "estimator": 0}, live

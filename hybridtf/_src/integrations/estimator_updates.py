@@ -76,18 +76,20 @@ def _data_parallel(op: tf.Operation, ranks: int) -> bool:
     return False
 
 
-_SCOPE_INDEX: dict = {}  # id(graph) -> (version, graph, sorted names of update-scope ops, the ops)
+_SCOPE_INDEX = "_htf_update_scope_index"  # graph attribute: (version, sorted names of update-scope ops, the ops)
 
 
 def _update_scope_ops(graph, prefix: str) -> list:
-    """The ops of ``graph`` whose name starts with ``prefix`` (an optimizer's ``.../update_<variable>/`` scope)."""
-    cached = _SCOPE_INDEX.get(id(graph))
-    if cached is None or cached[0] != graph.version or cached[1] is not graph:
+    """The ops of ``graph`` whose name starts with ``prefix`` (an optimizer's ``.../update_<variable>/`` scope).
+
+    The index lives on the graph (a module-level cache held the last graph alive after its Estimator was gone).
+    """
+    cached = getattr(graph, _SCOPE_INDEX, None)
+    if cached is None or cached[0] != graph.version:
         names = sorted((op.name, op) for op in graph.get_operations() if "/update_" in op.name)
-        cached = (graph.version, graph, [n for n, _ in names], [op for _, op in names])
-        _SCOPE_INDEX.clear()  # one graph at a time (the record pass's, then the real one)
-        _SCOPE_INDEX[id(graph)] = cached
-    keys, ops = cached[2], cached[3]
+        cached = (graph.version, [n for n, _ in names], [op for _, op in names])
+        setattr(graph, _SCOPE_INDEX, cached)
+    keys, ops = cached[1], cached[2]
     return ops[bisect.bisect_left(keys, prefix) : bisect.bisect_left(keys, prefix + "\U0010ffff")]
 
 
