@@ -21,7 +21,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from hybridtf._src.distribute.dynamic_exchange import is_rank_local
-from hybridtf._src.distribute.world import World
+from hybridtf._src.distribute.world import World, current_world
 
 
 def reduce_gradients(grads_and_vars, sharded_ids: set, world: World) -> list:
@@ -75,25 +75,36 @@ def already_averaged(grads_and_vars, sharded_ids: set) -> bool:
     The shards' own gradients (``sharded_ids``) come out of the lookups' alltoall in any step: looked
     at only when there is no other gradient (``_shards_scaled``).
     """
-    dense = [(g, v) for g, v in grads_and_vars if g is not None and id(v) not in sharded_ids and not is_rank_local(v)]
+    dense = [(g, v) for g, v in grads_and_vars if g is not None and not _is_shard(v, sharded_ids)]
     if not dense:  # tables only (a matrix factorization): a tape's average shows as the shards' scaling
         return _shards_scaled(grads_and_vars, sharded_ids)
-    for g, _ in dense:
-        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
-        if not hasattr(tensor, "op"):
-            continue  # (eager: nothing to read)
-        seen, stack = set(), [tensor.op]
-        while stack and len(seen) < _REDUCED_WALK:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            if op.type in _AVERAGING:
-                return True
-            if op.type in ("If", "StatelessIf") and _branches_average(op):  # Horovod's tape averages in a tf.cond
-                return True
+    return any(_averages(op) for g, _ in dense for op in _ops_behind(g, _REDUCED_WALK))
+
+
+def _averages(op) -> bool:
+    """Whether ``op`` is a Horovod allreduce / allgather, or a ``tf.cond`` holding one (as Horovod's tape builds)."""
+    return op.type in _AVERAGING or (op.type in ("If", "StatelessIf") and _branches_average(op))
+
+
+def _is_shard(variable, sharded_ids: set) -> bool:
+    return id(variable) in sharded_ids or is_rank_local(variable)
+
+
+def _ops_behind(gradient, limit: int, follow=lambda op: True):
+    """The ops that produced ``gradient``, walked back from it (at most ``limit``), into the inputs of the ops
+    ``follow`` accepts; none for an eager gradient (nothing to read)."""
+    tensor = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    if not hasattr(tensor, "op"):
+        return
+    seen, stack = set(), [tensor.op]
+    while stack and len(seen) < limit:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        yield op
+        if follow(op):
             stack.extend(t.op for t in op.inputs)
-    return False
 
 
 _SHARD_WALK = 4  # a tape's allgather or allreduce of a shard's gradient is its producer, maybe behind a division
@@ -111,18 +122,10 @@ def check_shards_not_reduced(grads_and_vars, sharded_ids: set) -> None:
         ValueError: naming the variable and the fix.
     """
     for g, v in grads_and_vars:
-        if g is None or not (id(v) in sharded_ids or is_rank_local(v)):
+        if g is None or not _is_shard(v, sharded_ids):
             continue
-        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
-        if not hasattr(tensor, "op"):
-            continue  # (eager: nothing to read)
-        op, stack, seen = None, [tensor.op], set()
-        while stack and len(seen) < _SHARD_WALK:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            if op.type in _AVERAGING or (op.type in ("If", "StatelessIf") and _branches_average(op)):
+        for op in _ops_behind(g, _SHARD_WALK, _not_horovod):
+            if _averages(op):
                 raise ValueError(
                     f"the gradient of {v.name}, this rank's shard of embedding tables, went through a Horovod "
                     f"{op.type}: the step's tape reduced it over the ranks as if its rows were global, and the "
@@ -131,8 +134,6 @@ def check_shards_not_reduced(grads_and_vars, sharded_ids: set) -> None:
                     "or register them on Horovod's tape: for v in htf.horovod.local_variables(model): "
                     "tape.register_local_source(v)."
                 )
-            if not op.type.startswith("Horovod"):  # (the lookups' alltoall ends the walk)
-                stack.extend(t.op for t in op.inputs)
 
 
 def _shards_scaled(grads_and_vars, sharded_ids: set) -> bool:
@@ -143,26 +144,24 @@ def _shards_scaled(grads_and_vars, sharded_ids: set) -> bool:
     with no dense gradient that is the only sign that the step averaged. A shard's gradient otherwise ends in
     the lookups' backward ops.
     """
-    from hybridtf._src.distribute.world import current_world
-
     size = current_world().size
     for g, v in grads_and_vars:
-        if g is None or not (id(v) in sharded_ids or is_rank_local(v)):
+        if g is None or not _is_shard(v, sharded_ids):
             continue
-        tensor = g.values if isinstance(g, tf.IndexedSlices) else g
-        stack, seen = [tensor.op] if hasattr(tensor, "op") else [], set()
-        while stack and len(seen) < _SHARD_WALK:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
+        for op in _ops_behind(g, _SHARD_WALK, _scaling):
             if op.type == "RealDiv" and _constant_is(op.inputs[1], size):
                 return True
             if op.type == "Mul" and any(_constant_is(t, 1.0 / size) for t in op.inputs):
                 return True
-            if op.type in ("Identity", "RealDiv", "Mul", "Cast"):
-                stack.extend(t.op for t in op.inputs)
     return False
+
+
+def _not_horovod(op) -> bool:
+    return not op.type.startswith("Horovod")  # the lookups' alltoall ends a shard gradient's walk
+
+
+def _scaling(op) -> bool:
+    return op.type in ("Identity", "RealDiv", "Mul", "Cast")
 
 
 def _constant_is(tensor, value: float) -> bool:

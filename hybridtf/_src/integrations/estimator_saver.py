@@ -15,7 +15,6 @@ import contextlib
 import logging
 import numbers
 import os
-import weakref
 
 import tensorflow as tf
 from tensorflow.python.training import training_util
@@ -39,17 +38,16 @@ class _OneRead:
 
     def __init__(self, variable):
         self._variable = variable
-        self._reads = weakref.WeakKeyDictionary()  # graph -> its read
+        self._graph = self._read = None  # the graph of the last read, and that read
 
     def __call__(self):
         if tf.executing_eagerly():
             return self._variable.read_value()
         graph = tf.compat.v1.get_default_graph()
-        read = self._reads.get(graph)
-        if read is None:
+        if self._graph is not graph:
             with tf.control_dependencies(None):  # not tied to whichever entry asked first
-                read = self._reads[graph] = self._variable.read_value()
-        return read
+                self._graph, self._read = graph, self._variable.read_value()
+        return self._read
 
 
 class PackedSaveable(saveable_object.SaveableObject):

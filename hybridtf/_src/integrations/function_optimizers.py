@@ -61,10 +61,10 @@ def _average_over_sharded_tables(objects: list) -> None:
     """
     from hybridtf._src.caching.optimizer import _DynamicOptimizerMixin, dynamic_optimizer
     from hybridtf._src.capture.lookup_api import Tables
-    from hybridtf._src.distribute.dynamic_exchange import is_rank_local
     from hybridtf._src.distribute.world import current_world
     from hybridtf._src.integrations.keras_horovod_classes import is_horovod_distributed
     from hybridtf._src.integrations.keras_optimizers import loss_scale_inner
+    from hybridtf._src.integrations.keras_unpacked import rank_local_variables
 
     if not current_world().distributed:
         return
@@ -75,8 +75,7 @@ def _average_over_sharded_tables(objects: list) -> None:
         storage = getattr(getattr(tables, "_htf_runtime", None), "storage", None)
         dynamic = any(t.table is not None and t.table.world.distributed for t in tables.dynamic_tables.values())
         sharded = sharded or dynamic or bool(storage is not None and storage.sharded)
-    keras_models = [obj for obj in objects if isinstance(obj, tf.keras.Model)]
-    sharded = sharded or any(is_rank_local(v) for m in keras_models for v in m.trainable_variables)
+    sharded = sharded or any(rank_local_variables(obj) for obj in objects if isinstance(obj, tf.keras.Model))
     if not sharded:
         return
     for obj in objects:
