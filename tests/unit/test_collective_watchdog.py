@@ -138,6 +138,49 @@ def test_the_watchdogs_shutdown_finishes_before_the_error_and_the_exit():
     assert proc.stdout.split("\n")[:2] == ["raised while joining: False", "most shutdowns at once: 1"]
 
 
+_ABORTED_DURING_DIAGNOSIS = """
+import threading, time
+from hybridtf._src.distribute import watchdog
+from hybridtf._src.distribute.world import World
+from hybridtf.errors import CollectiveAbortedError, CollectiveTimeoutError
+
+
+class RacingHorovod:  # the other rank's diagnosis ends first: it shuts Horovod down while this one's exchanges
+    def __init__(self):
+        self.diagnosing = threading.Event()
+
+    def allgather(self, row, name=None):
+        self.diagnosing.set()
+        time.sleep(1.5)
+        return row
+
+    def shutdown(self):
+        pass
+
+
+hvd = RacingHorovod()
+watchdog.set_collective_timeout(1)
+try:
+    with watchdog.collective_phase(World(1, 2, hvd), watchdog.CHECKPOINT_GATHER, "Estimator checkpoint"):
+        hvd.diagnosing.wait(30)
+        raise RuntimeError("Horovod has been shut down")  # the other rank's shutdown reaches this rank's gather
+except (CollectiveTimeoutError, CollectiveAbortedError) as err:
+    print(type(err).__name__, flush=True)
+"""
+
+
+def test_the_other_ranks_shutdown_during_this_ranks_diagnosis_still_raises_the_timeout():
+    """The body failed with Horovod's shutdown while this rank's own diagnosis was still exchanging phases: the
+    rank printed the timeout's diagnosis, then raised an abort blaming the other rank (a CI run's 2-rank test)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _ABORTED_DURING_DIAGNOSIS], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["CollectiveTimeoutError"], proc.stderr[-3000:]
+    assert "rank 1 of 2 waited 1 s in the collective checkpoint gather (Estimator checkpoint)" in proc.stderr
+    assert "was in the collective" not in proc.stderr  # no abort message
+
+
 def test_a_thread_awaiting_the_shutdown_never_joins_an_unstarted_one(monkeypatch):
     """A rank raised "cannot join thread before it is started" when it awaited the watchdog's shutdown
     between the shutdown thread's publication and its start."""

@@ -155,7 +155,10 @@ class _Armed:
     thread: int
     paused: int = 0
     message: str | None = None
+    firing: bool = False  # the watchdog thread took this deadline (under the watchdog's lock)
+    failed: bool = False  # the body raised: the watchdog no longer takes it (under the watchdog's lock)
     left: threading.Event = dataclasses.field(default_factory=threading.Event)
+    diagnosed: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def describe(self) -> str:
         return _describe(self.phase, self.seq) + (f" ({self.detail})" if self.detail else "")
@@ -190,6 +193,20 @@ class _Watchdog:
         if armed is not None:
             armed.left.set()
 
+    def settle(self, armed: _Armed) -> None:
+        """The body failed: if the watchdog already took this deadline, waits for its diagnosis.
+
+        Another rank's diagnosis can finish first and shut Horovod down while this rank's is still exchanging
+        phases: the body then fails with Horovod's shutdown error, and the error raised must still be the
+        timeout with its diagnosis, not an abort blaming the other rank. Marked under the lock, so the watchdog
+        either took it already (wait) or never will.
+        """
+        with self._lock:
+            armed.failed = True
+            firing = armed.firing
+        if firing:
+            armed.diagnosed.wait(armed.grace + _EXIT_GRACE_S)
+
     def pause(self, thread: int, delta: int) -> None:
         now = time.monotonic()
         with self._lock:
@@ -204,26 +221,31 @@ class _Watchdog:
             time.sleep(_POLL_S)
             now = time.monotonic()
             with self._lock:
-                expired = [a for a in self._armed.values() if not a.paused and a.deadline <= now]
+                expired = [a for a in self._armed.values() if not (a.paused or a.failed) and a.deadline <= now]
                 if not expired or self._fired:
                     continue
                 self._fired = True
-            self._fire(min(expired, key=lambda a: a.deadline))
+                first = min(expired, key=lambda a: a.deadline)
+                first.firing = True
+            self._fire(first)
             return
 
     def _fire(self, armed: _Armed) -> None:
         world = self.world
         grace = armed.grace
-        others = _diagnose(world, PHASES.index(armed.phase), armed.seq, grace)
-        armed.message = _timeout_message(world, armed, others, grace)
-        _print(armed.message)
-        _shut_down(world)
+        try:
+            others = _diagnose(world, PHASES.index(armed.phase), armed.seq, grace)
+            armed.message = _timeout_message(world, armed, others, grace)
+            _print(armed.message)
+            _shut_down(world, published=armed.diagnosed)
+        finally:
+            armed.diagnosed.set()
         if not armed.left.wait(_EXIT_GRACE_S):
             _print(f"hybridtf: rank {world.rank} did not leave the collective after Horovod shut down; exiting.")
             os._exit(EXIT_STATUS)
 
 
-def _shut_down(world: World) -> None:
+def _shut_down(world: World, published: threading.Event | None = None) -> None:
     """``hvd.shutdown()`` in its own thread, waited for at most ``_EXIT_GRACE_S``.
 
     Horovod's shutdown joins its background thread, and a second shutdown while the first is still joining
@@ -238,6 +260,8 @@ def _shut_down(world: World) -> None:
     with _lock:  # started before it is published: a thread in await_shutdown never joins an unstarted one
         closer.start()
         _closer = closer
+    if published is not None:  # a failed body waiting in ``settle`` may now raise: ``await_shutdown`` sees it
+        published.set()
     closer.join(_EXIT_GRACE_S)
 
 
@@ -418,6 +442,7 @@ def collective_phase(
     try:
         yield
     except Exception as err:
+        dog.settle(armed)
         await_shutdown()  # before the caller or the script's exit can start a second, hanging hvd.shutdown()
         if armed.message is not None:
             raise CollectiveTimeoutError(armed.message) from err
