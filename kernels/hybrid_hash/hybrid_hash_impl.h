@@ -83,6 +83,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -245,6 +246,23 @@ struct Snapshot {
   int64_t step = 0;
 };
 
+// Where an export writes, allocated by the caller once the row count is known:
+// ids, members, counts [n]; rows [n, dim]; slots [n, num_slots, dim]; slot_init
+// [num_slots]; step a scalar. A TF kernel points them at its output tensors, so
+// an export holds no second copy of the table.
+struct ExportBuffers {
+  int64_t* ids = nullptr;
+  int64_t* members = nullptr;
+  float* rows = nullptr;
+  float* slots = nullptr;
+  int64_t* counts = nullptr;
+  float* slot_init = nullptr;
+  int64_t* step = nullptr;
+};
+// Called once, under the store's lock, with (n, num_slots); returns false to
+// abandon the export (its allocation failed; nothing is written).
+using ExportAllocator = std::function<bool(int64_t n, int64_t num_slots, ExportBuffers* out)>;
+
 class Store {
  public:
   static ImplStatus Create(const Config& config, std::unique_ptr<Store>* out);
@@ -313,6 +331,9 @@ class Store {
   // flush before (see touched_).
   int64_t LastFlushCandidates() const;
   void Export(Snapshot* out);
+  // The same export written straight into the allocator's buffers; false if it
+  // abandoned the export.
+  bool Export(const ExportAllocator& allocate);
   // Replaces the content. ids distinct; rows [n, dim]; slots [n, num_slots, dim].
   // members (nullptr: member 0) give each row's member. only_member >= 0
   // replaces that member's rows only (every members[i] must equal it) and

@@ -11,6 +11,22 @@ namespace hybridtf {
 namespace hybrid_hash {
 
 void Store::Export(Snapshot* out) {
+  const int64_t dim = config_.dim;
+  Export([out, dim](int64_t n, int64_t num_slots, ExportBuffers* b) {
+    out->num_slots = num_slots;
+    out->ids.resize(n);
+    out->members.resize(n);
+    out->counts.resize(n);
+    out->rows.resize(n * dim);
+    out->slots.resize(n * num_slots * dim);
+    out->slot_init.resize(num_slots);
+    *b = {out->ids.data(),    out->members.data(),   out->rows.data(), out->slots.data(),
+          out->counts.data(), out->slot_init.data(), &out->step};
+    return true;
+  });
+}
+
+bool Store::Export(const ExportAllocator& allocate) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   WriteBackLocked();  // the hot tier is written back first
   std::vector<uint32_t> live;
@@ -25,23 +41,21 @@ void Store::Export(Snapshot* out) {
     return mx != my ? mx < my : x->id < y->id;
   });
   const int64_t dim = config_.dim, n = static_cast<int64_t>(live.size());
-  out->num_slots = num_slots_;
-  out->slot_init = slot_init_;
-  out->step = step_;
-  out->ids.resize(n);
-  out->members.resize(n);
-  out->counts.resize(n);
-  out->rows.resize(n * dim);
-  out->slots.resize(n * num_slots_ * dim);
+  ExportBuffers out;
+  if (!allocate(n, num_slots_, &out)) return false;
+  if (num_slots_)
+    std::memcpy(out.slot_init, slot_init_.data(), 4 * static_cast<size_t>(num_slots_));
+  *out.step = step_;
   for (int64_t i = 0; i < n; ++i) {
     Header* h = Record(live[i]);
     const float* f = ColdFloats(h);
-    out->ids[i] = h->id;
-    out->members[i] = MemberOf(h);
-    out->counts[i] = h->count;
-    std::memcpy(out->rows.data() + i * dim, f, 4 * dim);
-    std::memcpy(out->slots.data() + i * num_slots_ * dim, f + dim, 4 * num_slots_ * dim);
+    out.ids[i] = h->id;
+    out.members[i] = MemberOf(h);
+    out.counts[i] = h->count;
+    std::memcpy(out.rows + i * dim, f, 4 * dim);
+    std::memcpy(out.slots + i * num_slots_ * dim, f + dim, 4 * num_slots_ * dim);
   }
+  return true;
 }
 
 void Store::ClearLocked() {

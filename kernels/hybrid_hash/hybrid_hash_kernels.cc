@@ -384,24 +384,26 @@ class ExportOp : public OpKernel {
     OP_REQUIRES(ctx, dim_ == store->dim(),
                 errors::InvalidArgument(Name(*store), " has dim ", store->dim(),
                                         " but the export asks for dim ", dim_, "."));
-    Snapshot snap;
-    store->Export(&snap);
-    const int64_t n = static_cast<int64_t>(snap.ids.size()), dim = store->dim();
-    Tensor *ids, *rows, *slots, *counts, *slot_init, *step, *members;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n}), &ids));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n, dim}), &rows));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({n, snap.num_slots, dim}), &slots));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({n}), &counts));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({snap.num_slots}), &slot_init));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(5, TensorShape({}), &step));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(6, TensorShape({n}), &members));
-    std::memcpy(members->flat<int64_t>().data(), snap.members.data(), 8 * n);
-    std::memcpy(ids->flat<int64_t>().data(), snap.ids.data(), 8 * n);
-    std::memcpy(rows->flat<float>().data(), snap.rows.data(), 4 * snap.rows.size());
-    std::memcpy(slots->flat<float>().data(), snap.slots.data(), 4 * snap.slots.size());
-    std::memcpy(counts->flat<int64_t>().data(), snap.counts.data(), 8 * n);
-    std::memcpy(slot_init->flat<float>().data(), snap.slot_init.data(), 4 * snap.slot_init.size());
-    step->scalar<int64_t>()() = snap.step;
+    const int64_t dim = store->dim();
+    // written straight into the outputs: a save holds the table once more, not twice
+    Status status;
+    store->Export([&](int64_t n, int64_t num_slots, ExportBuffers* b) {
+      Tensor *ids, *rows, *slots, *counts, *slot_init, *step, *members;
+      status = ctx->allocate_output(0, TensorShape({n}), &ids);
+      if (status.ok()) status = ctx->allocate_output(1, TensorShape({n, dim}), &rows);
+      if (status.ok()) status = ctx->allocate_output(2, TensorShape({n, num_slots, dim}), &slots);
+      if (status.ok()) status = ctx->allocate_output(3, TensorShape({n}), &counts);
+      if (status.ok()) status = ctx->allocate_output(4, TensorShape({num_slots}), &slot_init);
+      if (status.ok()) status = ctx->allocate_output(5, TensorShape({}), &step);
+      if (status.ok()) status = ctx->allocate_output(6, TensorShape({n}), &members);
+      if (!status.ok()) return false;
+      *b = {ids->flat<int64_t>().data(),    members->flat<int64_t>().data(),
+            rows->flat<float>().data(),     slots->flat<float>().data(),
+            counts->flat<int64_t>().data(), slot_init->flat<float>().data(),
+            &step->scalar<int64_t>()()};
+      return true;
+    });
+    OP_REQUIRES_OK(ctx, status);
   }
 
  private:
