@@ -104,3 +104,92 @@ def test_save_weights_that_hits_a_file_size_limit_leaves_the_previous_checkpoint
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert "previous checkpoint intact" in run.stdout
+
+
+def _read_only(monkeypatch):
+    """Removals fail as on a read-only mount (root ignores permission bits, so a chmod cannot show it)."""
+
+    def refuse(path, *args, **kwargs):
+        raise OSError(30, "Read-only file system", path)
+
+    monkeypatch.setattr(os, "remove", refuse)
+    monkeypatch.setattr(os, "unlink", refuse)
+
+
+def test_reading_a_read_only_directory_with_leftovers_of_killed_saves_skips_their_cleanup(tmp_path, monkeypatch):
+    """An evaluation job reading the training job's checkpoints from a read-only mount: the optimized model's
+    ``load_weights`` and an Estimator's restore failed with ``OSError: [Errno 30] Read-only file system``
+    naming a ``checkpoint.tmp<hex>`` TensorFlow left, while plain TensorFlow read the checkpoint."""
+    from hybridtf._src.integrations import atomic_checkpoint
+
+    prefix = str(tmp_path / "ckpt")
+    _save(prefix, 3.0)
+    leftovers = [tmp_path / ("checkpoint.tmp" + "ab" * 16), tmp_path / "ckpt.htf-bak-0123abcd.index"]
+    for path in leftovers:
+        path.write_bytes(b"left by a killed save")
+    (tmp_path / "m.htf-tmp-0123abcd.keras").write_bytes(b"left by a killed save")
+    _read_only(monkeypatch)
+    assert atomic_checkpoint.resolve(prefix) == prefix
+    atomic_checkpoint.clean_file(str(tmp_path / "m.keras"), reading=True)
+    assert all(path.exists() for path in leftovers)
+    assert tf.train.load_checkpoint(prefix).get_tensor(KEY) == 3.0
+    with pytest.raises(OSError, match="Read-only"):  # a save cannot write either: it fails at once
+        atomic_checkpoint.clean(prefix)
+    monkeypatch.undo()
+    assert atomic_checkpoint.resolve(prefix) == prefix  # writable again: cleaned as before
+    assert not any(path.exists() for path in leftovers)
+
+
+def test_an_optimized_model_loads_from_a_read_only_directory_with_leftovers(tmp_path, monkeypatch):
+    import numpy as np
+
+    import hybridtf as htf
+
+    def build():
+        ids = tf.keras.Input((1,), dtype=tf.int64)
+        out = tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(tf.keras.layers.Embedding(50, 4)(ids)))
+        model = htf.keras.optimize(tf.keras.Model(ids, out))
+        model.compile(tf.keras.optimizers.Adagrad(0.1), "mse")
+        return model
+
+    x = np.arange(8, dtype=np.int64)[:, None]
+    trained = build()
+    trained.train_on_batch(x, np.ones((8, 1)))
+    trained.save_weights(str(tmp_path / "w"))
+    trained.save_weights(str(tmp_path / "w.weights.h5"))
+    (tmp_path / ("checkpoint.tmp" + "cd" * 16)).write_bytes(b"")
+    (tmp_path / "w.htf-tmp-0123abcd.weights.h5").write_bytes(b"")
+    _read_only(monkeypatch)
+    for path in ("w", "w.weights.h5"):
+        restored = build()
+        restored.load_weights(str(tmp_path / path))
+        np.testing.assert_array_equal(restored(x).numpy(), trained(x).numpy())
+
+
+def test_a_failed_save_names_the_checkpoint_not_only_a_temporary(tmp_path, monkeypatch):
+    """A full disk met in hybridtf's own steps of a save named only ``checkpoint.tmp<hex>`` or a backup's file,
+    and a ``.keras`` save's error no path at all."""
+    from hybridtf._src.integrations import atomic_checkpoint
+
+    prefix = str(tmp_path / "ckpt")
+    _save(prefix, 4.0)
+
+    def full(source, target, *args, **kwargs):
+        raise OSError(28, "No space left on device", target)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "link", full)
+        patch.setattr(atomic_checkpoint.shutil, "copy2", full)
+        with pytest.raises(OSError, match=f"No space left on device: hybridtf could not save {prefix} ") as err:
+            with protected(prefix):
+                pytest.fail("the save ran")
+    assert err.value.errno == 28 and "still readable" in str(err.value)
+    assert tf.train.load_checkpoint(atomic_checkpoint.resolve(prefix)).get_tensor(KEY) == 4.0
+
+    target = tmp_path / "m.keras"
+    target.write_bytes(b"the previous file")
+    with pytest.raises(OSError, match=f"hybridtf could not save {target} "):
+        with atomic_checkpoint.atomic_file(target):
+            raise OSError(28, "No space left on device")  # as zipfile raises it, without a path
+    assert target.read_bytes() == b"the previous file"
+    assert not any(".htf-tmp" in n for n in os.listdir(tmp_path))

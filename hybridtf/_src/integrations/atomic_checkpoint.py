@@ -28,7 +28,8 @@ directory.
 
 A kill before step 3 finishes leaves the state file naming the backup, which
 is complete; after it, naming ``P``. ``resolve(prefix)`` gives the prefix to
-read (the backup when the state file names it) and cleans up.
+read (the backup when the state file names it) and cleans up what it can (a
+read-only directory's leftovers stay: a reader reads what TensorFlow reads).
 
 ``atomic_file(path)`` covers single-file formats (``.keras``,
 ``.weights.h5``): the file is written under a temporary name that keeps the
@@ -87,13 +88,37 @@ def _remove(path: str) -> None:
             os.remove(path)
 
 
-def clean(prefix: str, latest_filename: str | None = None) -> None:
+@contextlib.contextmanager
+def _best_effort(reading: bool, path: str):
+    """On a read, a cleanup that cannot write (a read-only mount, another user's directory) is skipped.
+
+    A reader must read what plain TensorFlow reads: an evaluation or serving job that mounts the
+    training job's checkpoints read-only failed in ``load_weights`` / an Estimator's restore with
+    ``OSError: [Errno 30] Read-only file system`` naming a leftover of a killed save. A save still
+    fails on it (it could not write its own files either).
+    """
+    if not reading:
+        yield
+        return
+    try:
+        yield
+    except OSError as err:
+        _log.debug("hybridtf: left the leftovers of killed saves next to %s as they are (%s)", path, err)
+
+
+def clean(prefix: str, latest_filename: str | None = None, reading: bool = False) -> None:
     """Removes what killed saves of ``prefix``'s family left: ``*_temp`` dirs, state temporaries, stale backups.
 
     The family is ``prefix`` and, for a prefix ending in ``-<step>``, every
     ``<stem>-<step>`` (an Estimator's ``model.ckpt-<n>``). Only names of the
-    forms TensorFlow and this module create are touched.
+    forms TensorFlow and this module create are touched. ``reading``: on a
+    read, what cannot be removed stays (``_best_effort``).
     """
+    with _best_effort(reading, prefix):
+        _clean(prefix, latest_filename)
+
+
+def _clean(prefix: str, latest_filename: str | None) -> None:
     directory = os.path.dirname(prefix) or "."
     if not os.path.isdir(directory):
         return
@@ -123,7 +148,7 @@ def resolve(prefix: str, latest_filename: str | None = None) -> str:
     if "://" in prefix:
         return prefix
     directory = os.path.dirname(prefix) or "."
-    clean(prefix, latest_filename)
+    clean(prefix, latest_filename, reading=True)
     state = _state(directory, latest_filename)
     if state is not None and state.model_checkpoint_path:
         latest = os.path.basename(state.model_checkpoint_path)
@@ -154,17 +179,18 @@ def protected(prefix: str, latest_filename: str | None = None):
         yield
         return
     directory = os.path.dirname(prefix) or "."
-    clean(prefix, latest_filename)
-    existing = _files_of(prefix)
     backup = before = None
-    if existing:
-        backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
-        _link_all(existing, prefix, backup)
-        if os.path.basename(prefix) in _referenced(directory, latest_filename):
-            before = _state(directory, latest_filename)
-            _point_state_at(directory, backup, latest_filename)
-        for path in existing:  # TensorFlow then writes new files, never into the backup's
-            _remove(path)
+    with _naming_the_save(prefix):
+        clean(prefix, latest_filename)
+        existing = _files_of(prefix)
+        if existing:
+            backup = f"{prefix}{_BACKUP}{uuid.uuid4().hex[:8]}"
+            _link_all(existing, prefix, backup)
+            if os.path.basename(prefix) in _referenced(directory, latest_filename):
+                before = _state(directory, latest_filename)
+                _point_state_at(directory, backup, latest_filename)
+            for path in existing:  # TensorFlow then writes new files, never into the backup's
+                _remove(path)
     try:
         yield
     except GeneratorExit:  # the context was abandoned, never left (as by a killed process): nothing to undo
@@ -177,6 +203,22 @@ def protected(prefix: str, latest_filename: str | None = None):
         for path in _files_of(backup):
             _remove(path)
     clean(prefix, latest_filename)  # backups of earlier killed saves, no longer named by the state file
+
+
+@contextlib.contextmanager
+def _naming_the_save(path: str):
+    """An ``OSError`` of hybridtf's own steps of a save names the checkpoint, not only a temporary's name."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno is None:
+            raise
+        raise OSError(
+            err.errno,
+            f"{err.strerror}: hybridtf could not save {path} (at {err.filename or 'a temporary file'}). The "
+            "previous checkpoint there, if any, is still readable; free space or make the directory writable "
+            "and save again",
+        ) from err
 
 
 def _link_all(paths: list[str], prefix: str, target: str) -> None:
@@ -226,11 +268,16 @@ def _stem_and_extension(name: str) -> tuple[str, str]:
     return os.path.splitext(name)
 
 
-def clean_file(path) -> None:
-    """Removes the temporaries that killed ``atomic_file`` saves of ``path`` left."""
+def clean_file(path, reading: bool = False) -> None:
+    """Removes the temporaries that killed ``atomic_file`` saves of ``path`` left (on a read: those it can)."""
     path = os.fspath(path)
     if "://" in path:
         return
+    with _best_effort(reading, path):
+        _clean_file(path)
+
+
+def _clean_file(path: str) -> None:
     directory, name = os.path.split(path)
     stem = _stem_and_extension(name)[0]
     if not os.path.isdir(directory or "."):
@@ -249,11 +296,12 @@ def atomic_file(path):
         return
     directory, name = os.path.split(path)
     stem, ext = _stem_and_extension(name)
-    clean_file(path)
     tmp = os.path.join(directory, f"{stem}{_TMP_FILE}-{uuid.uuid4().hex[:8]}{ext}")
     try:
-        yield tmp
-        os.replace(tmp, path)
+        with _naming_the_save(path):
+            clean_file(path)
+            yield tmp
+            os.replace(tmp, path)
     finally:
         _remove(tmp)
 

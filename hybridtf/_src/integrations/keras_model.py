@@ -224,7 +224,7 @@ class _HybridModelMixin(
         if str(filepath).endswith((".keras", ".weights.h5")):
             # Keras files hold the optimizer's state by position: build it first
             keras_slots.build_optimizer(self, filepath, user_class)
-            atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
+            atomic_checkpoint.clean_file(filepath, reading=True)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(filepath)  # the newest complete checkpoint of this prefix
         with atomic_checkpoint.naming_damage(filepath):

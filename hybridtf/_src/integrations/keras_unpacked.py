@@ -280,7 +280,7 @@ class UnpackedModelMixin(keras_end_of_data.EndOfDataMixin, FusionListsMixin, Pla
         if str(filepath).endswith((".keras", ".weights.h5")):
             # its dynamic stores' optimizer state too, as an optimized model's
             keras_slots.build_optimizer(self, user_class=user_class)
-            atomic_checkpoint.clean_file(filepath)  # temporaries of killed saves
+            atomic_checkpoint.clean_file(filepath, reading=True)  # temporaries of killed saves
         elif isinstance(filepath, (str, os.PathLike)) and not os.path.isdir(filepath):
             filepath = atomic_checkpoint.resolve(os.fspath(filepath))  # the newest complete checkpoint
         with atomic_checkpoint.naming_damage(filepath):
