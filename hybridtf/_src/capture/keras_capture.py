@@ -304,6 +304,18 @@ class PackedLayerWeights(list):
             ) from None
 
 
+def _dense_ids_of_sparse(ids: tf.SparseTensor) -> tf.Tensor:
+    """The dense ids whose lookup equals Keras ``Embedding``'s of a ``tf.SparseTensor`` (``sparse=False``).
+
+    Keras looks each position up as a bag of at most one id (``safe_embedding_lookup_sparse`` with
+    ``default_id=0``, the ids expanded by one axis): ids < 0 are pruned, and a position without an id
+    (missing or pruned) gets row 0, in the output and in the gradient. A mean of one row is the row
+    itself, so the dense lookup of the ids with those positions set to 0 is the same, value and gradient.
+    """
+    dense = tf.sparse.to_dense(tf.sparse.reorder(ids), default_value=tf.zeros([], ids.dtype))
+    return tf.maximum(dense, tf.zeros([], ids.dtype))
+
+
 class _HybridEmbeddingMixin(PlainConstruction):
     """Per-instance overrides of a captured Embedding layer."""
 
@@ -327,11 +339,11 @@ class _HybridEmbeddingMixin(PlainConstruction):
     @tf.autograph.experimental.do_not_convert
     def call(self, inputs):
         ids = inputs
-        if isinstance(ids, tf.SparseTensor):
-            raise TypeError(f"embedding layer {self.name!r} got a tf.SparseTensor; Keras Embedding takes dense ids.")
         base = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
         if base.dtype not in (tf.int32, tf.int64):
             ids = tf.cast(ids, tf.int32)
+        if isinstance(ids, tf.SparseTensor):
+            ids = _dense_ids_of_sparse(ids)
         if save_context.in_save_context():
             # SavedModel export (``model.save``, ``tf.saved_model.save``) traces
             # every layer in a function of its own: no record/replay across
