@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the standalone (TensorFlow-free) CUDA test harnesses with nvcc alone and,
-# when a GPU is present (or with --run), runs them. With --compile-only it only
-# builds: that is what CI does on its GPU-less machine. With --sanitize it runs each
+# when a GPU is present (or with --run), runs them. Without a GPU a harness runs the
+# kernels' per-index bodies on the host against the CPU layer (what CI does with
+# --run on its GPU-less machine). With --compile-only it only builds. With --sanitize it runs each
 # harness under compute-sanitizer's memcheck, racecheck, initcheck and synccheck
 # (batch sizes capped at HYBRIDTF_HARNESS_MAX_IDS, default 65537: the tools are slow).
 # With --time it runs them and then times the GPU layers against the CPU layers

@@ -65,12 +65,19 @@ __global__ void LazyAdamKernel(HotTierGpu tier, const int32_t* entry, const floa
   }
 }
 
-// n ids of tier.dim columns: the number of element threads, overflow-checked.
-ImplStatus Elements(const HotTierGpu& tier, int64_t n, int64_t* elements) {
+// n ids of tier.dim columns: the number of element threads, overflow-checked;
+// and entries wide enough for the row and `slots` optimizer slots.
+ImplStatus Elements(const HotTierGpu& tier, int64_t n, int64_t slots, int64_t* elements) {
   if (n < 0 || tier.dim <= 0 || n > kMaxThreads / tier.dim) {
     return ImplStatus::InvalidArgument("HybridHash hot tier: " + std::to_string(n) + " ids of " +
                                        std::to_string(tier.dim) +
                                        " columns is out of range; split the batch");
+  }
+  if (tier.row_floats < (1 + slots) * tier.dim) {  // dim <= kMaxThreads: no overflow
+    return ImplStatus::InvalidArgument(
+        "HybridHash hot tier: entries of " + std::to_string(tier.row_floats) +
+        " floats cannot hold a row of " + std::to_string(tier.dim) + " and " +
+        std::to_string(slots) + " optimizer slot(s); build the tier for this optimizer");
   }
   *elements = n * tier.dim;
   return ImplStatus::Ok();
@@ -78,11 +85,13 @@ ImplStatus Elements(const HotTierGpu& tier, int64_t n, int64_t* elements) {
 
 }  // namespace
 
-// Updates need distinct ids (as on the CPU): no two threads share an element.
+// Updates need distinct entries (as the CPU store needs distinct ids): no two threads
+// share an element. Not checked on the device: callers pass the entries of a
+// lookup of distinct ids (a Unique&Partition's output, as the packed chain has).
 ImplStatus HotLookupGpu(const HotTierGpu& tier, const int64_t* ids, int64_t n, float* out,
                         int32_t* entry, void* stream) {
   int64_t elements = 0;
-  ImplStatus s = Elements(tier, n, &elements);
+  ImplStatus s = Elements(tier, n, 0, &elements);
   if (!s.ok() || elements == 0) return s;
   const cudaStream_t st = static_cast<cudaStream_t>(stream);
   FindKernel<<<Blocks(n), kThreads, 0, st>>>(tier.index, ids, n, entry);
@@ -95,7 +104,7 @@ ImplStatus HotLookupGpu(const HotTierGpu& tier, const int64_t* ids, int64_t n, f
 ImplStatus HotSgdGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,
                      float lr, void* stream) {
   int64_t elements = 0;
-  ImplStatus s = Elements(tier, n, &elements);
+  ImplStatus s = Elements(tier, n, 0, &elements);
   if (!s.ok() || elements == 0) return s;
   SgdKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(tier, entry, grad,
                                                                                   elements, lr);
@@ -105,7 +114,7 @@ ImplStatus HotSgdGpu(const HotTierGpu& tier, const int32_t* entry, const float* 
 ImplStatus HotAdagradGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,
                          float lr, float eps, void* stream) {
   int64_t elements = 0;
-  ImplStatus s = Elements(tier, n, &elements);
+  ImplStatus s = Elements(tier, n, 1, &elements);
   if (!s.ok() || elements == 0) return s;
   AdagradKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       tier, entry, grad, elements, lr, eps);
@@ -115,7 +124,7 @@ ImplStatus HotAdagradGpu(const HotTierGpu& tier, const int32_t* entry, const flo
 ImplStatus HotLazyAdamGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad,
                           int64_t n, float alpha, float c1, float c2, float eps, void* stream) {
   int64_t elements = 0;
-  ImplStatus s = Elements(tier, n, &elements);
+  ImplStatus s = Elements(tier, n, 2, &elements);
   if (!s.ok() || elements == 0) return s;
   LazyAdamKernel<<<Blocks(elements), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       tier, entry, grad, elements, alpha, c1, c2, eps);

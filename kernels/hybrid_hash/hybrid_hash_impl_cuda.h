@@ -22,6 +22,12 @@ struct HotTierGpu {
 
 ImplStatus HotLookupGpu(const HotTierGpu& tier, const int64_t* ids, int64_t n, float* out,
                         int32_t* entry, void* stream);
+// The updates need distinct entries (no two ids of a call in the same hot
+// entry): two threads would otherwise update the same floats, and one update
+// would be lost. The CPU store refuses repeated ids; here the caller passes the
+// entries HotLookupGpu found for distinct ids (a Unique&Partition's output).
+// Entries must hold the row and the optimizer's slots: row_floats >=
+// (1 + slots) * dim (SGD 0, Adagrad 1, LazyAdam 2), else InvalidArgument.
 ImplStatus HotSgdGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,
                      float lr, void* stream);
 ImplStatus HotAdagradGpu(const HotTierGpu& tier, const int32_t* entry, const float* grad, int64_t n,

@@ -319,6 +319,15 @@ int main(int argc, char** argv) {
            "a lookup of 2^45 ids is refused");
     Expect(!hybridtf::hybrid_hash::HotSgdGpu(big, nullptr, nullptr, -1, 0.1f, nullptr).ok(),
            "a negative id count is refused");
+    // entries of one row and one slot (32 floats of dim 16): LazyAdam needs two slots
+    Expect(!hybridtf::hybrid_hash::HotLazyAdamGpu(big, nullptr, nullptr, 4, 0.1f, 0.9f, 0.999f,
+                                                  1e-7f, nullptr)
+                .ok(),
+           "LazyAdam on entries without room for both moments is refused");
+    const hybridtf::hybrid_hash::HotTierGpu bare{{nullptr, nullptr, 0}, nullptr, 16, 16};
+    Expect(
+        !hybridtf::hybrid_hash::HotAdagradGpu(bare, nullptr, nullptr, 4, 0.1f, 1e-7f, nullptr).ok(),
+        "Adagrad on entries without an accumulator is refused");
   }
   if (gpu && argc > 1 && std::strcmp(argv[1], "--time") == 0) {
     for (int64_t hot : {int64_t{1} << 16, int64_t{1} << 20, int64_t{1} << 23}) {

@@ -8,6 +8,7 @@
 #include <limits>
 #include <string>
 
+#include "kernels/unique_partition/unique_partition_device.h"
 #include "kernels/unique_partition/unique_partition_impl_cuda.h"
 
 namespace hybridtf {
@@ -52,78 +53,27 @@ __global__ void IotaKernel(int32_t* out, int64_t n) {
 template <typename Id>
 __global__ void MarkHeadsKernel(const Id* sorted, int64_t n, int32_t* heads) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j < n) heads[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
+  if (j < n) device::MarkHead(sorted, j, heads);
 }
 
 template <typename Id>
-__device__ bool Owner(Id id, int32_t num_partitions, bool range, const Id* bounds, int32_t* owner) {
-  if (!range) {
-    int64_t r = static_cast<int64_t>(id) % num_partitions;
-    if (r < 0) r += num_partitions;
-    *owner = static_cast<int32_t>(r);
-    return true;
-  }
-  if (id < 0 || id >= bounds[num_partitions]) return false;
-  // First p in [0, P) with id < bounds[p + 1] (upper_bound on bounds[1..P]).
-  int32_t lo = 0, hi = num_partitions - 1;
-  while (lo < hi) {
-    const int32_t mid = (lo + hi) / 2;
-    if (id < bounds[mid + 1]) {
-      hi = mid;
-    } else {
-      lo = mid + 1;
-    }
-  }
-  *owner = lo;
-  return true;
-}
-
-template <typename Id>
-__global__ void CollectUniquesKernel(const Id* sorted, const int32_t* sorted_pos,
-                                     const int32_t* heads, const int32_t* segment, int64_t n,
-                                     int32_t num_partitions, bool range, bool sorted_order,
-                                     const Id* bounds, Id* uniq, uint64_t* keys, int32_t* counts,
-                                     PrepareSummary* summary) {
+__global__ void CollectUniquesKernel(device::CollectArgs<Id> args) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j >= n) return;
-  if (j == n - 1) summary->num_unique = segment[j];
-  if (!heads[j]) return;
-  const int32_t u = segment[j] - 1;
-  const Id id = sorted[j];
-  const int32_t first_pos = sorted_pos[j];  // stable sort: first occurrence
-  int32_t owner = 0;
-  if (!Owner(id, num_partitions, range, bounds, &owner)) {
-    atomicMin(&summary->first_bad_position, first_pos);
-    owner = 0;
-  }
-  uniq[u] = id;
-  // Inside an owner: first-occurrence order, or id order (u ranks the ids).
-  const uint32_t rank = sorted_order ? static_cast<uint32_t>(u) : static_cast<uint32_t>(first_pos);
-  keys[u] = (static_cast<uint64_t>(owner) << 32) | rank;
-  atomicAdd(&counts[owner], 1);
+  if (j < args.n) device::CollectUnique(args, j);
 }
 
 template <typename Id>
 __global__ void ScatterUniquesKernel(const int32_t* order, const Id* uniq, int64_t num_unique,
                                      Id* out, int32_t* slot) {
   const int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (k >= num_unique) return;
-  const int32_t u = order[k];
-  out[k] = uniq[u];
-  slot[u] = static_cast<int32_t>(k);
+  if (k < num_unique) device::ScatterUnique(order, uniq, k, out, slot);
 }
 
 template <typename Idx>
 __global__ void InverseKernel(const int32_t* sorted_pos, const int32_t* segment,
                               const int32_t* slot, int64_t n, Idx* inverse) {
   const int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (j < n) inverse[sorted_pos[j]] = static_cast<Idx>(slot[segment[j] - 1]);
-}
-
-int HighestBit(int32_t value) {
-  int bits = 0;
-  while ((int64_t{1} << bits) <= value) ++bits;
-  return bits;
+  if (j < n) device::Inverse(sorted_pos, segment, slot, j, inverse);
 }
 
 }  // namespace
@@ -189,9 +139,21 @@ ImplStatus UniquePartitionGpu<Id>::Prepare(const Id* d_ids, int64_t n,
       cudaMemcpyAsync(d_summary, &init, sizeof(init), cudaMemcpyHostToDevice, stream));
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cudaMemsetAsync(counts, 0, num_partitions_ * sizeof(int32_t), stream));
-  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(
-      sorted, sorted_pos_, heads, segment_, n, num_partitions_, range, spec.sorted, d_bounds, uniq_,
-      keys_, counts, d_summary);
+  const device::CollectArgs<Id> collect{sorted,
+                                        sorted_pos_,
+                                        heads,
+                                        segment_,
+                                        n,
+                                        num_partitions_,
+                                        range,
+                                        spec.sorted,
+                                        d_bounds,
+                                        uniq_,
+                                        keys_,
+                                        counts,
+                                        &d_summary->num_unique,
+                                        &d_summary->first_bad_position};
+  CollectUniquesKernel<Id><<<Blocks(n), kThreads, 0, stream>>>(collect);
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaGetLastError());
 
   PrepareSummary summary{};
@@ -202,9 +164,11 @@ ImplStatus UniquePartitionGpu<Id>::Prepare(const Id* d_ids, int64_t n,
   HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
 
   if (summary.first_bad_position != std::numeric_limits<int32_t>::max()) {
-    Id bad_id{};
-    HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpy(&bad_id, d_ids + summary.first_bad_position,
-                                             sizeof(Id), cudaMemcpyDeviceToHost));
+    Id bad_id{};  // read on the call's stream: the legacy default stream would wait for every
+                  // stream
+    HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&bad_id, d_ids + summary.first_bad_position,
+                                                  sizeof(Id), cudaMemcpyDeviceToHost, stream));
+    HYBRIDTF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     return BadRangeIdError(summary.first_bad_position, static_cast<int64_t>(bad_id),
                            static_cast<int64_t>(spec.bounds[num_partitions_]));
   }
@@ -232,7 +196,7 @@ ImplStatus UniquePartitionGpu<Id>::Finish(Id* d_unique_ids, int32_t* h_partition
   IotaKernel<<<Blocks(u), kThreads, 0, stream>>>(order_in, u);
   // Keys are owner << 32 | first position: sort the low 32 bits and as many
   // owner bits as num_partitions - 1 needs.
-  const int end_bit = 32 + HighestBit(num_partitions_ - 1);
+  const int end_bit = device::KeyEndBit(num_partitions_);
   size_t sort_bytes = 0;
   HYBRIDTF_CUDA_RETURN_IF_ERROR(
       cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys_, keys_sorted, order_in, order,
