@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -127,8 +128,6 @@ def test_saving_a_dynamic_table_holds_its_rows_once_more_not_twice(tmp_path):
     table peaked at twice its rows and slots (2M rows of dim 32 with Adagrad: +1,036 MB for 512 MB of rows
     and slots); the export now writes into the output tensors (+518 MB)."""
     if not os.access("/proc/self/clear_refs", os.W_OK):
-        import pytest
-
         pytest.skip("needs /proc/self/clear_refs to reset the peak RSS")
     rows = 1_000_000
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -312,8 +312,7 @@ def _dense_ids_of_sparse(ids: tf.SparseTensor) -> tf.Tensor:
     (missing or pruned) gets row 0, in the output and in the gradient. A mean of one row is the row
     itself, so the dense lookup of the ids with those positions set to 0 is the same, value and gradient.
     """
-    dense = tf.sparse.to_dense(tf.sparse.reorder(ids), default_value=tf.zeros([], ids.dtype))
-    return tf.maximum(dense, tf.zeros([], ids.dtype))
+    return tf.maximum(tf.sparse.to_dense(tf.sparse.reorder(ids)), 0)  # to_dense fills with 0
 
 
 class _HybridEmbeddingMixin(PlainConstruction):

@@ -97,12 +97,11 @@ def _best_effort(reading: bool, path: str):
     ``OSError: [Errno 30] Read-only file system`` naming a leftover of a killed save. A save still
     fails on it (it could not write its own files either).
     """
-    if not reading:
-        yield
-        return
     try:
         yield
     except OSError as err:
+        if not reading:
+            raise
         _log.debug("hybridtf: left the leftovers of killed saves next to %s as they are (%s)", path, err)
 
 
